@@ -1,0 +1,186 @@
+"""The task registry: :class:`App` and :class:`Task`. No I/O happens here."""
+
+from __future__ import annotations
+
+import inspect
+import random
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from pgq.errors import ConfigError, UnknownTaskError
+from pgq.job import JobContext
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
+_TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
+
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_ATTEMPTS = 20
+
+
+def check_queue_name(name: object) -> str:
+    """Return ``name`` if it is a valid queue name, else raise :class:`ConfigError`."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > 128:
+        raise ConfigError(
+            f"invalid queue name {name!r}: use 1 to 128 letters, digits, '_', '.' or '-', "
+            "not starting with '.' or '-'"
+        )
+    return name
+
+
+def check_task_name(name: object) -> str:
+    """Return ``name`` if it is a valid task name, else raise :class:`ConfigError`."""
+    if not isinstance(name, str) or not _TASK_NAME.fullmatch(name) or len(name) > 255:
+        raise ConfigError(
+            f"invalid task name {name!r}: use 1 to 255 letters, digits, '_', '.', ':' or '-'"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential backoff with jitter: ``base_s * 2**(attempt-1)``, capped at ``max_s``,
+    then spread by ``±jitter`` (a fraction) so failed jobs do not retry in lockstep."""
+
+    base_s: float = 1.0
+    max_s: float = 3600.0
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.base_s < 0 or self.max_s < self.base_s or not 0 <= self.jitter < 1:
+            raise ConfigError(
+                f"invalid backoff {self!r}: need 0 <= base_s <= max_s and 0 <= jitter < 1"
+            )
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before the attempt after ``attempt`` (which failed)."""
+        raw = min(self.max_s, self.base_s * 2.0 ** min(max(attempt - 1, 0), 60))
+        spread = (rng or random).uniform(-self.jitter, self.jitter)
+        return max(0.0, raw * (1.0 + spread))
+
+
+class Task(Generic[P, R]):
+    """A registered task: the function and the options its jobs get by default."""
+
+    __slots__ = ("backoff", "fn", "is_async", "max_attempts", "name", "priority", "queue",
+                 "timeout")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str,
+        queue: str,
+        max_attempts: int,
+        timeout: float | None,
+        priority: int,
+        backoff: Backoff,
+    ) -> None:
+        if max_attempts < 1:
+            raise ConfigError(f"task {name!r}: max_attempts must be at least 1")
+        if timeout is not None and timeout <= 0:
+            raise ConfigError(f"task {name!r}: timeout must be a positive number of seconds")
+        self.fn = fn
+        self.name = check_task_name(name)
+        self.queue = check_queue_name(queue)
+        self.max_attempts = max_attempts
+        #: Seconds an attempt may run before it is cancelled (None: no limit).
+        self.timeout = timeout
+        self.priority = priority
+        self.backoff = backoff
+        self.is_async = inspect.iscoroutinefunction(fn)
+
+    def __call__(self, ctx: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """Call the function directly (no queue): handy in tests."""
+        return self.fn(ctx, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name!r} queue={self.queue!r}>"
+
+
+class App:
+    """A registry of tasks. Create one, decorate functions with :meth:`task`, and hand it to
+    a :class:`~pgq.Worker` (and optionally a :class:`~pgq.Client`, which then checks names)."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task[Any, Any]] = {}
+
+    @overload
+    def task(self, fn: Callable[..., Awaitable[Any]] | Callable[..., Any], /) -> Task[Any, Any]: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout: float | None = None,
+        priority: int = 0,
+        backoff: Backoff | None = None,
+    ) -> Callable[[Callable[..., Any]], Task[Any, Any]]: ...
+
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout: float | None = None,
+        priority: int = 0,
+        backoff: Backoff | None = None,
+    ) -> Task[Any, Any] | Callable[[Callable[..., Any]], Task[Any, Any]]:
+        """Register a task. Its first parameter receives a :class:`~pgq.JobContext`; the
+        job's args are passed as keyword arguments. ``async def`` tasks run on the event
+        loop; plain ``def`` tasks run in a bounded pool of worker threads.
+
+        ``timeout`` is in seconds; ``backoff`` shapes retries after failures.
+        """
+
+        def register(f: Callable[..., Any]) -> Task[Any, Any]:
+            task: Task[Any, Any] = Task(
+                f,
+                name=name or f.__name__,
+                queue=queue,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                priority=priority,
+                backoff=backoff or Backoff(),
+            )
+            if task.name in self._tasks:
+                raise ConfigError(f"task {task.name!r} is registered twice; pass name= to one")
+            self._tasks[task.name] = task
+            return task
+
+        return register(fn) if fn is not None else register
+
+    @property
+    def tasks(self) -> Mapping[str, Task[Any, Any]]:
+        """Registered tasks by name."""
+        return self._tasks
+
+    def get(self, name: str) -> Task[Any, Any]:
+        """The task called ``name``, or :class:`UnknownTaskError` listing the known ones."""
+        try:
+            return self._tasks[name]
+        except KeyError:
+            known = ", ".join(sorted(self._tasks)) or "none"
+            raise UnknownTaskError(
+                f"unknown task {name!r}: this App registers {known}; "
+                "check the name or register it with @app.task"
+            ) from None
+
+    def queues(self) -> list[str]:
+        """The queues the registered tasks use, in registration order."""
+        return list(dict.fromkeys(t.queue for t in self._tasks.values()))
+
+    def __iter__(self) -> Iterator[Task[Any, Any]]:
+        return iter(self._tasks.values())
+
+

@@ -1,0 +1,138 @@
+"""Connections: opening pools with clear errors, the schema revision check, and adapting a
+caller's connection (asyncpg, or SQLAlchemy's AsyncConnection / AsyncSession)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import asyncpg
+
+from pgq import sql
+from pgq.dsn import mask_dsn
+from pgq.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
+from pgq.schema import SCHEMA_REVISION
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+log = logging.getLogger("pgq")
+
+#: Revisions any pgq release has shipped, oldest first; used to read a shared version table.
+KNOWN_REVISIONS = ("0001",)
+
+Connection = asyncpg.Connection  # type: ignore[type-arg]
+Pool = asyncpg.Pool  # type: ignore[type-arg]
+
+# Errors that mean "the database is not there" rather than "the statement was wrong".
+CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.ConnectionDoesNotExistError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.ConnectionFailureError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.QueryCanceledError,
+)
+
+
+def _unavailable(dsn: str | None, exc: BaseException) -> DatabaseUnavailable:
+    reason = str(exc) or type(exc).__name__
+    err = DatabaseUnavailable(
+        f"cannot connect to PostgreSQL at {mask_dsn(dsn)}: {reason}; check that the server "
+        "is running and the DSN (--dsn, PGQ_DSN or DATABASE_URL) is right"
+    )
+    err.__cause__ = exc
+    return err
+
+
+_connect_errors = (
+    *CONNECTION_ERRORS,
+    asyncpg.InvalidAuthorizationSpecificationError,
+    asyncpg.InvalidPasswordError,
+    asyncpg.InvalidCatalogNameError,
+)
+
+
+async def connect(dsn: str | None, *, timeout_s: float = 10.0, **kwargs: Any) -> Connection:
+    """Open one connection, turning driver and socket failures into DatabaseUnavailable."""
+    try:
+        return await asyncpg.connect(dsn, timeout=timeout_s, **kwargs)
+    except _connect_errors as exc:
+        raise _unavailable(dsn, exc) from exc
+    except ValueError as exc:  # asyncpg's own DSN parser
+        raise ConfigError(f"malformed DSN {mask_dsn(dsn)}: {exc}") from None
+
+
+async def create_pool(
+    dsn: str | None, *, min_size: int, max_size: int, timeout_s: float = 10.0, **kwargs: Any
+) -> Pool:
+    """Open a pool (its first connections too), with the same error translation."""
+    try:
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, timeout=timeout_s, **kwargs
+        )
+    except _connect_errors as exc:
+        raise _unavailable(dsn, exc) from exc
+    except ValueError as exc:
+        raise ConfigError(f"malformed DSN {mask_dsn(dsn)}: {exc}") from None
+    assert pool is not None
+    return pool
+
+
+async def schema_revision(conn: Connection) -> str | None:
+    """The pgq revision the database is at, or None when pgq was never migrated there."""
+    own, shared, has_jobs = await conn.fetchrow(sql.SCHEMA_VERSION_TABLES)  # type: ignore[misc]
+    if own:
+        rows = await conn.fetch(sql.PGQ_VERSION)
+        if rows:
+            return str(rows[0][0])
+    if shared:
+        rows = await conn.fetch(sql.SHARED_VERSION, list(KNOWN_REVISIONS))
+        if rows:
+            return max((str(r[0]) for r in rows), key=KNOWN_REVISIONS.index)
+    return "unknown (tables exist, no version recorded)" if has_jobs else None
+
+
+async def check_schema(conn: Connection) -> None:
+    """Raise :class:`SchemaMismatch` unless the database is at :data:`SCHEMA_REVISION`."""
+    found = await schema_revision(conn)
+    if found != SCHEMA_REVISION:
+        raise SchemaMismatch(found, SCHEMA_REVISION)
+
+
+async def caller_connection(
+    connection: Connection | AsyncConnection | AsyncSession,
+) -> Connection:
+    """The asyncpg connection behind ``connection``, inside the caller's transaction.
+
+    A SQLAlchemy connection begins its database transaction lazily, at its first
+    statement; when it has not yet, a no-op statement through SQLAlchemy begins it, so our
+    write commits or rolls back with the caller's.
+    """
+    if isinstance(connection, asyncpg.Connection):
+        return connection
+    try:
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    except ImportError:  # pragma: no cover - sqlalchemy is a dependency
+        AsyncConnection = AsyncSession = ()  # type: ignore[assignment,misc]  # noqa: N806
+    if isinstance(connection, AsyncSession):
+        connection = await connection.connection()
+    if not isinstance(connection, AsyncConnection):
+        raise ConfigError(
+            f"connection= takes an asyncpg connection or a SQLAlchemy AsyncConnection or "
+            f"AsyncSession, not {type(connection).__name__}"
+        )
+    raw = await connection.get_raw_connection()
+    driver = raw.driver_connection
+    if not isinstance(driver, asyncpg.Connection):
+        raise ConfigError(
+            "pgq needs SQLAlchemy's asyncpg driver for connection=: create the engine with a "
+            "postgresql+asyncpg:// URL"
+        )
+    if not driver.is_in_transaction() and connection.in_transaction():
+        await connection.exec_driver_sql("SELECT 1")
+    return driver

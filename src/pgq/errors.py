@@ -1,0 +1,64 @@
+"""Every error pgq raises derives from :class:`PgqError`.
+
+The tree::
+
+    PgqError
+    ├── ConfigError               a setting, a DSN or a name is wrong; fix the call
+    │   └── UnknownTaskError      a task name no App registered
+    ├── SerializationError        job arguments (or a result) are not JSON
+    └── DatabaseError             the database could not do what pgq asked
+        ├── DatabaseUnavailable   the server does not answer, or refuses us
+        └── SchemaMismatch        the pgq tables are missing or at another revision
+
+The driver's exception, when there is one, stays on ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = (
+    "ConfigError",
+    "DatabaseError",
+    "DatabaseUnavailable",
+    "PgqError",
+    "SchemaMismatch",
+    "SerializationError",
+    "UnknownTaskError",
+)
+
+
+class PgqError(Exception):
+    """Root of every error pgq raises."""
+
+
+class ConfigError(PgqError, ValueError):
+    """A setting, DSN, queue or task name is invalid; the message says which and why."""
+
+
+class UnknownTaskError(ConfigError, LookupError):
+    """A task name that the App in use has not registered."""
+
+
+class SerializationError(PgqError, TypeError):
+    """A value that cannot be stored as JSON; ``path`` names where it sits."""
+
+    def __init__(self, message: str, path: str) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class DatabaseError(PgqError):
+    """The database failed to do what pgq asked."""
+
+
+class DatabaseUnavailable(DatabaseError, ConnectionError):
+    """The server does not answer, or refuses the connection."""
+
+
+class SchemaMismatch(DatabaseError):
+    """The pgq schema is missing or at a revision this pgq does not run on."""
+
+    def __init__(self, found: str | None, needed: str) -> None:
+        shown = found if found is not None else "none (pgq tables not found)"
+        super().__init__(f"schema at revision {shown}, this pgq needs {needed}: run `pgq migrate`")
+        self.found = found
+        self.needed = needed

@@ -1,0 +1,114 @@
+"""Runs one job: the task call, its timeout, cancellation, thread offload, and the outcome."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import traceback
+import uuid
+from typing import Any
+
+import anyio
+
+from pgq import serde
+from pgq.app import Task
+from pgq.completer import Outcome
+from pgq.errors import SerializationError
+from pgq.job import Cancel, Job, JobContext, Retry, Snooze
+
+log = logging.getLogger("pgq.executor")
+
+#: Why a job's cancel scope was cancelled by the worker.
+SHUTDOWN = "shutdown"
+
+
+class Execution:
+    """One running attempt: its context and the scope that cancels it."""
+
+    __slots__ = ("ctx", "reason", "scope")
+
+    def __init__(self, job: Job) -> None:
+        self.ctx = JobContext(job)
+        self.scope = anyio.CancelScope()
+        self.reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        """Stop the attempt: async tasks are cancelled, threads see ``cancel_requested``."""
+        self.reason = reason
+        self.ctx._request_cancel()
+        self.scope.cancel()
+
+
+def _error(attempt: int, kind: str, message: str, tb: str | None = None) -> str:
+    return serde.dumps(
+        {"attempt": attempt, "kind": kind, "message": message, "traceback": tb}, "error"
+    )
+
+
+def _failure(job: Job, task: Task[Any, Any], producer_id: uuid.UUID, error: str,
+             delay_s: float | None = None) -> Outcome:
+    if job.attempt >= job.max_attempts:
+        return Outcome(job.id, job.attempt, producer_id, "discarded", error=error)
+    if delay_s is None:
+        delay_s = task.backoff.delay(job.attempt)
+    return Outcome(job.id, job.attempt, producer_id, "retryable", delay_s=delay_s, error=error)
+
+
+async def execute(
+    task: Task[Any, Any],
+    execution: Execution,
+    producer_id: uuid.UUID,
+    limiter: anyio.CapacityLimiter,
+) -> Outcome:
+    """Run ``execution``'s job and return its outcome; never raises for a task's failure."""
+    ctx = execution.ctx
+    job = ctx.job
+    result: Any = None
+    try:
+        with execution.scope:
+            with anyio.move_on_after(task.timeout) as t:
+                if task.is_async:
+                    result = await task.fn(ctx, **job.args)
+                else:
+                    call = functools.partial(task.fn, ctx, **job.args)
+                    result = await anyio.to_thread.run_sync(
+                        call, limiter=limiter, abandon_on_cancel=True
+                    )
+            if t.cancelled_caught:
+                ctx._request_cancel()
+                message = f"timed out after {task.timeout:g}s"
+                log.warning("job %d (%s) attempt %d %s", job.id, job.task, job.attempt, message)
+                return _failure(job, task, producer_id, _error(job.attempt, "timeout", message))
+        if execution.scope.cancelled_caught:
+            return _interrupted(job, producer_id, execution.reason or SHUTDOWN)
+    except Retry as exc:
+        return _failure(job, task, producer_id, _error(job.attempt, "retry", exc.reason),
+                        exc.delay_s)
+    except Snooze as exc:
+        return Outcome(job.id, job.attempt, producer_id, "retryable" if exc.delay_s else "available",
+                       delay_s=exc.delay_s, attempt_delta=-1)
+    except Cancel as exc:
+        return Outcome(job.id, job.attempt, producer_id, "cancelled",
+                       error=_error(job.attempt, "cancel", exc.reason))
+    except Exception as exc:
+        message = f"{type(exc).__name__}: {exc}"
+        log.debug("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt, message)
+        return _failure(job, task, producer_id, _error(job.attempt, "exception", message,
+                                                       traceback.format_exc()))
+    try:
+        encoded = None if result is None else serde.dumps(result, "result")
+    except SerializationError as exc:
+        # The work is done; running it again to get a storable result could repeat side
+        # effects. Complete it and keep the reason.
+        log.warning("job %d (%s): %s", job.id, job.task, exc)
+        return Outcome(job.id, job.attempt, producer_id, "completed",
+                       error=_error(job.attempt, "result", str(exc)))
+    return Outcome(job.id, job.attempt, producer_id, "completed", result=encoded)
+
+
+def _interrupted(job: Job, producer_id: uuid.UUID, reason: str) -> Outcome:
+    """A job the worker stopped (shutdown): retryable at once; the attempt does not count,
+    since the job did not fail."""
+    return Outcome(job.id, job.attempt, producer_id, "retryable", delay_s=0.0,
+                   error=_error(job.attempt, reason, f"interrupted by worker {reason}"),
+                   attempt_delta=-1)

@@ -1,0 +1,164 @@
+"""Jobs as the worker and the client see them, the context a task receives, and the
+exceptions a task raises to choose its outcome."""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import uuid
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+
+class JobState(enum.StrEnum):
+    """Where a job is in its life. ``completed``, ``discarded`` and ``cancelled`` are final."""
+
+    SCHEDULED = "scheduled"
+    AVAILABLE = "available"
+    RUNNING = "running"
+    RETRYABLE = "retryable"
+    COMPLETED = "completed"
+    DISCARDED = "discarded"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        """True for the states a job never leaves by itself."""
+        return self in (JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED)
+
+
+@dataclass(slots=True)
+class Job:
+    """One job row. Fields the caller did not load are left at their defaults."""
+
+    id: int
+    queue: str
+    task: str
+    args: dict[str, Any]
+    state: JobState
+    priority: int = 0
+    attempt: int = 0
+    max_attempts: int = 20
+    scheduled_at: datetime | None = None
+    attempted_at: datetime | None = None
+    finalized_at: datetime | None = None
+    created_at: datetime | None = None
+    producer_id: uuid.UUID | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
+
+
+def _seconds(delay: float | timedelta | None) -> float | None:
+    if delay is None:
+        return None
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    if seconds < 0 or seconds != seconds:
+        raise ValueError(f"a delay must be zero or more seconds, got {delay!r}")
+    return seconds
+
+
+class Retry(Exception):  # noqa: N818 - reads as an instruction: raise pgq.Retry(10)
+    """Raise from a task to retry it after ``delay`` seconds (default: the task's backoff).
+
+    The attempt counts: a job out of attempts is discarded.
+    """
+
+    def __init__(self, delay: float | timedelta | None = None, reason: str = "retry requested"):
+        super().__init__(reason)
+        self.delay_s = _seconds(delay)
+        self.reason = reason
+
+
+class Snooze(Exception):  # noqa: N818
+    """Raise from a task to run it again after ``delay`` seconds without using an attempt."""
+
+    def __init__(self, delay: float | timedelta, reason: str = "snoozed"):
+        super().__init__(reason)
+        seconds = _seconds(delay)
+        assert seconds is not None
+        self.delay_s = seconds
+        self.reason = reason
+
+
+class Cancel(Exception):  # noqa: N818
+    """Raise from a task to end its job as ``cancelled``: it will not run again."""
+
+    def __init__(self, reason: str = "cancelled by the task"):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class JobLogger(logging.LoggerAdapter[logging.Logger]):
+    """A logger that adds the job's id, task and attempt to each record."""
+
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[Any, MutableMapping[str, Any]]:
+        extra = self.extra or {}
+        kwargs.setdefault("extra", {}).update(extra)
+        return f"[job {extra['job_id']} {extra['task']}#{extra['attempt']}] {msg}", kwargs
+
+
+_task_logger = logging.getLogger("pgq.task")
+
+
+class JobContext:
+    """What a task receives first: its job, a logger bound to it, and cancellation state."""
+
+    __slots__ = ("_cancel", "_log", "job")
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self._cancel = threading.Event()
+        self._log: JobLogger | None = None
+
+    @property
+    def id(self) -> int:
+        """The job's id."""
+        return self.job.id
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, from 1."""
+        return self.job.attempt
+
+    @property
+    def args(self) -> Mapping[str, Any]:
+        """The job's arguments, as enqueued."""
+        return self.job.args
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        """The job's metadata, as enqueued."""
+        return self.job.metadata
+
+    @property
+    def log(self) -> JobLogger:
+        """A logger whose records carry ``job_id``, ``task`` and ``attempt``."""
+        if self._log is None:
+            job = self.job
+            self._log = JobLogger(
+                _task_logger, {"job_id": job.id, "task": job.task, "attempt": job.attempt}
+            )
+        return self._log
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the worker wants this job to stop (timeout, shutdown, cancel).
+
+        Async tasks are cancelled outright; tasks running in a thread should check this
+        between steps and return early.
+        """
+        return self._cancel.is_set()
+
+    def _request_cancel(self) -> None:
+        self._cancel.set()
+
+
+__all__ = ("Cancel", "Job", "JobContext", "JobState", "Retry", "Snooze")
+

@@ -1,0 +1,205 @@
+"""A producer: claims jobs of one queue into free slots and runs them; tracks its health."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import anyio.abc
+import asyncpg
+
+from pgq import serde, sql
+from pgq.app import Task
+from pgq.completer import Completer
+from pgq.db import CONNECTION_ERRORS, Pool
+from pgq.executor import Execution, execute
+from pgq.job import Job, JobState
+
+log = logging.getLogger("pgq.producer")
+
+
+class Producer:
+    """Runs up to ``concurrency`` jobs of ``queue`` at once.
+
+    It claims as many jobs as it has free slots in one statement, when notified of new
+    jobs, when a slot frees after a full batch, or every ``poll_interval``. An unhealthy
+    producer (its heartbeats keep failing) claims nothing until a heartbeat succeeds.
+    """
+
+    def __init__(
+        self,
+        *,
+        queue: str,
+        concurrency: int,
+        tasks: Mapping[str, Task[Any, Any]],
+        pool: Pool,
+        completer: Completer,
+        limiter: anyio.CapacityLimiter,
+        poll_interval: float,
+    ) -> None:
+        self.id = uuid.uuid4()
+        self.queue = queue
+        self.concurrency = concurrency
+        self._tasks = dict(tasks)
+        self._task_names = list(self._tasks)
+        self._timeouts = [t.timeout for t in self._tasks.values()]
+        self._pool = pool
+        self._completer = completer
+        self._limiter = limiter
+        self._poll_interval = poll_interval
+        self.running: dict[int, Execution] = {}
+        self._wake = anyio.Event()
+        self._slot = anyio.Event()
+        self._healthy = anyio.Event()
+        self._healthy.set()
+        self._empty = anyio.Event()
+        self._empty.set()
+        self._stopping = False
+        self.fetching = False
+        # Health, as the heartbeat sees it.
+        self.consecutive_failures = 0
+        self.last_heartbeat_ok_at: float | None = None  # time.time() of the last success
+        # Counters.
+        self.claimed = 0
+        self.completed = 0
+        self.failed = 0
+        self.rejected_outcomes = 0
+
+    # ------------------------------------------------------------------ control
+
+    @property
+    def healthy(self) -> bool:
+        """False while the producer has fenced itself (claims nothing)."""
+        return self._healthy.is_set()
+
+    def set_healthy(self, healthy: bool) -> None:
+        """Fence (False) or unfence (True); unfencing fetches at once."""
+        if healthy and not self._healthy.is_set():
+            self._healthy.set()
+            self.wake()
+        elif not healthy and self._healthy.is_set():
+            self._healthy = anyio.Event()
+
+    def wake(self) -> None:
+        """Fetch now (new jobs were announced, or the producer became healthy)."""
+        self._wake.set()
+
+    def stop_fetching(self) -> None:
+        """Claim nothing more; running jobs go on."""
+        self._stopping = True
+        self._wake.set()
+        self._slot.set()
+        self._healthy.set()
+
+    def cancel_running(self, reason: str) -> None:
+        """Cancel every running job; each records its interruption as its outcome."""
+        for execution in list(self.running.values()):
+            execution.cancel(reason)
+
+    async def wait_empty(self) -> None:
+        """Return when no job runs."""
+        await self._empty.wait()
+
+    # ------------------------------------------------------------------ loop
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Fetch and run jobs until :meth:`stop_fetching`, then wait for running jobs."""
+        async with anyio.create_task_group() as tg:
+            task_status.started()
+            await self._fetch_loop(tg)
+
+    async def _fetch_loop(self, tg: anyio.abc.TaskGroup) -> None:
+        more = True  # fetch at once on start
+        failures = 0
+        while not self._stopping:
+            if not self._healthy.is_set():
+                await self._healthy.wait()
+                more = True
+                continue
+            if len(self.running) >= self.concurrency:
+                self._slot = anyio.Event()
+                if len(self.running) >= self.concurrency:
+                    await self._slot.wait()
+                continue
+            if not more:
+                with anyio.move_on_after(self._poll_interval):
+                    await self._wake.wait()
+                if self._stopping or not self._healthy.is_set():
+                    continue
+            # A notification that arrives during the fetch sets the new event: not lost.
+            self._wake = anyio.Event()
+            limit = self.concurrency - len(self.running)
+            try:
+                jobs = await self._fetch(limit)
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                failures += 1
+                delay = min(self._poll_interval * failures, 5.0)
+                log.warning("queue %s: fetch failed (%s); retrying in %.1fs", self.queue, exc, delay)
+                more = False
+                await anyio.sleep(delay)
+                continue
+            failures = 0
+            more = len(jobs) == limit
+            for job in jobs:
+                execution = Execution(job)
+                self.running[job.id] = execution
+                self._empty = anyio.Event()
+                tg.start_soon(self._run_one, execution, name=f"pgq job {job.id}")
+
+    async def _fetch(self, limit: int) -> list[Job]:
+        self.fetching = True
+        try:
+            # Shielded: a claim cut off between the server's commit and our reading of the
+            # rows would leave jobs running that nobody runs (until rescued).
+            with anyio.CancelScope(shield=True), anyio.fail_after(30):
+                async with self._pool.acquire() as conn:
+                    rows = await conn.fetch(
+                        sql.FETCH_JOBS, self.queue, self._task_names, limit, self.id,
+                        self._timeouts,
+                    )
+        finally:
+            self.fetching = False
+        self.claimed += len(rows)
+        return [
+            Job(
+                id=r[0], queue=r[1], task=r[2], args=serde.loads(r[3]), state=JobState.RUNNING,
+                priority=r[4], attempt=r[5], max_attempts=r[6], scheduled_at=r[7],
+                attempted_at=r[8], created_at=r[9], producer_id=self.id, tags=list(r[10]),
+                metadata=serde.loads(r[11]),
+            )
+            for r in rows
+        ]
+
+    async def _run_one(self, execution: Execution) -> None:
+        job = execution.ctx.job
+        try:
+            outcome = await execute(self._tasks[job.task], execution, self.id, self._limiter)
+            self._completer.add(outcome)
+        finally:
+            del self.running[job.id]
+            self._slot.set()
+            if not self.running:
+                self._empty.set()
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self, now: float | None = None) -> dict[str, Any]:
+        """A snapshot for :meth:`pgq.Worker.stats`."""
+        return {
+            "producer_id": str(self.id),
+            "queue": self.queue,
+            "healthy": self.healthy,
+            "consecutive_failures": self.consecutive_failures,
+            "last_heartbeat_ok_at": self.last_heartbeat_ok_at,
+            "concurrency": self.concurrency,
+            "running": len(self.running),
+            "claimed": self.claimed,
+            "completed": self.completed,
+            "failed": self.failed,
+            "rejected_outcomes": self.rejected_outcomes,
+        }
+
+

@@ -1,0 +1,157 @@
+"""The pgq schema as SQLAlchemy metadata: the single source of truth for migrations.
+
+Alembic revisions under ``migrations/versions`` are written from this module, and a test
+proves ``alembic upgrade head`` yields exactly what ``metadata.create_all`` yields.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    Enum,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    func,
+    literal_column,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
+
+#: The alembic revision this code runs on; a test checks it is the migrations' head.
+SCHEMA_REVISION = "0001"
+
+#: pgq keeps its own alembic version table, so it never collides with the user's.
+VERSION_TABLE = "pgq_alembic_version"
+
+STATES = ("scheduled", "available", "running", "retryable", "completed", "discarded", "cancelled")
+FINAL_STATES = ("completed", "discarded", "cancelled")
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "%(table_name)s_%(column_0_N_name)s_idx",
+        "uq": "%(table_name)s_%(column_0_N_name)s_key",
+        "ck": "%(table_name)s_%(constraint_name)s_check",
+        "pk": "%(table_name)s_pkey",
+    }
+)
+
+job_state = Enum(*STATES, name="pgq_job_state", metadata=metadata)
+
+TSTZ = TIMESTAMP(timezone=True)
+
+jobs = Table(
+    "pgq_jobs",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("queue", Text, nullable=False, server_default="default"),
+    Column("task", Text, nullable=False),
+    Column("args", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("state", job_state, nullable=False, server_default="available"),
+    Column("priority", Integer, nullable=False, server_default="0"),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer, nullable=False, server_default="20"),
+    Column("scheduled_at", TSTZ, nullable=False, server_default=func.now()),
+    Column("attempted_at", TSTZ),
+    Column("finalized_at", TSTZ),
+    Column("created_at", TSTZ, nullable=False, server_default=func.now()),
+    # The fencing token is (id, attempt, producer_id): every outcome write matches all three.
+    Column("producer_id", UUID(as_uuid=True)),
+    # When a running attempt overran its task's timeout; the rescuer uses it for hung jobs.
+    Column("deadline_at", TSTZ),
+    Column("errors", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("tags", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("metadata", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("result", JSONB),
+    CheckConstraint(
+        "(finalized_at IS NOT NULL) = (state IN ('completed', 'discarded', 'cancelled'))",
+        name="finalized_at",
+    ),
+    CheckConstraint("attempt >= 0 AND max_attempts >= 1", name="attempts"),
+    CheckConstraint("char_length(queue) BETWEEN 1 AND 128", name="queue_length"),
+    CheckConstraint("char_length(task) BETWEEN 1 AND 255", name="task_length"),
+    CheckConstraint("jsonb_typeof(args) = 'object'", name="args_object"),
+)
+
+# The fetch path: the next available jobs of one queue, by priority then schedule time.
+Index(
+    "pgq_jobs_fetch_idx",
+    jobs.c.queue,
+    jobs.c.priority.desc(),
+    jobs.c.scheduled_at,
+    jobs.c.id,
+    postgresql_where=jobs.c.state == literal_column("'available'"),
+)
+# The scheduler: scheduled and retryable jobs that came due.
+Index(
+    "pgq_jobs_due_idx",
+    jobs.c.scheduled_at,
+    postgresql_where=jobs.c.state.in_([literal_column("'scheduled'"), literal_column("'retryable'")]),
+)
+# The rescuer: running jobs, joined to their producer.
+Index(
+    "pgq_jobs_running_idx",
+    jobs.c.producer_id,
+    postgresql_where=jobs.c.state == literal_column("'running'"),
+)
+# Retention and operator listings: finished jobs by state and age.
+Index(
+    "pgq_jobs_finalized_idx",
+    jobs.c.state,
+    jobs.c.finalized_at,
+    postgresql_where=jobs.c.finalized_at.isnot(None),
+)
+
+producers = Table(
+    "pgq_producers",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("worker_name", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("started_at", TSTZ, nullable=False, server_default=func.now()),
+    Column("heartbeat_at", TSTZ, nullable=False, server_default=func.now()),
+    Column("concurrency", Integer, nullable=False),
+    Column("running", Integer, nullable=False, server_default="0"),
+    Column("healthy", Boolean, nullable=False, server_default=text("true")),
+    Column("claimed", BigInteger, nullable=False, server_default="0"),
+    Column("completed", BigInteger, nullable=False, server_default="0"),
+    Column("failed", BigInteger, nullable=False, server_default="0"),
+    Column("rejected_outcomes", BigInteger, nullable=False, server_default="0"),
+)
+
+# One row per election (only "default" is used): who leads and until when, on the db clock.
+leader = Table(
+    "pgq_leader",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("leader_id", UUID(as_uuid=True), nullable=False),
+    Column("worker_name", Text, nullable=False),
+    Column("elected_at", TSTZ, nullable=False, server_default=func.now()),
+    Column("expires_at", TSTZ, nullable=False),
+)
+
+queues = Table(
+    "pgq_queues",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("paused_at", TSTZ),
+    Column("created_at", TSTZ, nullable=False, server_default=func.now()),
+)
+
+__all__ = (
+    "FINAL_STATES",
+    "SCHEMA_REVISION",
+    "STATES",
+    "VERSION_TABLE",
+    "jobs",
+    "leader",
+    "metadata",
+    "producers",
+    "queues",
+)

@@ -1,0 +1,100 @@
+"""Worker settings: one table of names, defaults and environment variables.
+
+Each setting is a keyword of :class:`pgq.Worker`, a ``pgq worker`` flag of the same name
+(``--stale-after 30``) and an environment variable (``PGQ_STALE_AFTER=30``). Precedence:
+keyword or flag > environment variable > default. Durations are seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from pgq.errors import ConfigError
+
+
+def _setting(default: Any, help: str, *, minimum: float | None = 0.001) -> Any:
+    return field(default=default, metadata={"help": help, "minimum": minimum})
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSettings:
+    """Every tunable of a worker, in seconds where it is a duration."""
+
+    concurrency: int = _setting(10, "jobs run at once per queue, unless --queue NAME:N says", minimum=1)
+    poll_interval: float = _setting(1.0, "seconds between fetches when no notification arrives")
+    poll_only: bool = _setting(False, "never LISTEN; poll only (for PgBouncer in transaction mode)", minimum=None)
+    shutdown_timeout: float = _setting(30.0, "seconds running jobs get to finish on a graceful stop")
+    max_threads: int = _setting(16, "worker threads for plain `def` tasks", minimum=1)
+    schedule_interval: float = _setting(1.0, "seconds between promotions of due scheduled/retryable jobs")
+    heartbeat_interval: float = _setting(5.0, "seconds between producer heartbeats")
+    heartbeat_timeout: float = _setting(2.0, "seconds one heartbeat may take before it counts as failed")
+    max_heartbeat_failures: int = _setting(3, "consecutive failed heartbeats that make a producer stop claiming", minimum=1)
+    stale_after: float = _setting(30.0, "seconds without a heartbeat after which peers rescue a producer's jobs")
+    rescue_interval: float = _setting(5.0, "seconds between the leader's rescue rounds")
+    rescue_grace: float = _setting(10.0, "seconds past a job's own timeout before it counts as hung")
+    leader_ttl: float = _setting(15.0, "seconds a leader's lease lasts without renewal")
+    reap_after: float = _setting(300.0, "seconds without a heartbeat after which a producer row is deleted")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value, minimum = getattr(self, f.name), f.metadata["minimum"]
+            if minimum is None:
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{f.name} must be true or false, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int | float) or not value >= minimum:
+                raise ConfigError(f"{f.name} must be a number of at least {minimum:g}, got {value!r}")
+            elif isinstance(f.default, int) and not isinstance(value, int):
+                raise ConfigError(f"{f.name} must be a whole number, got {value!r}")
+
+    @classmethod
+    def resolve(cls, overrides: Mapping[str, Any] | None = None,
+                environ: Mapping[str, str] | None = None) -> WorkerSettings:
+        """Settings from ``overrides`` (None values ignored), then ``PGQ_*`` variables."""
+        environ = os.environ if environ is None else environ
+        overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown worker setting(s): {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name in overrides:
+                values[f.name] = overrides[f.name]
+                continue
+            var = env_name(f.name)
+            if var in environ:
+                values[f.name] = _parse(var, environ[var], f.default)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> WorkerSettings:
+        """A copy with ``changes`` applied (and checked)."""
+        return dataclasses.replace(self, **changes)
+
+
+def env_name(setting: str) -> str:
+    """``stale_after`` -> ``PGQ_STALE_AFTER``."""
+    return "PGQ_" + setting.upper()
+
+
+def _parse(var: str, raw: str, default: Any) -> Any:
+    try:
+        if isinstance(default, bool):
+            if raw.strip().lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.strip().lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if isinstance(default, int):
+            return int(raw)
+        return float(raw)
+    except ValueError:
+        kind = "true or false" if isinstance(default, bool) else type(default).__name__
+        raise ConfigError(f"{var}={raw!r} is not a valid {kind}") from None
+
+
+def setting_help() -> dict[str, tuple[Any, str]]:
+    """Name -> (default, help) for every setting, for the CLI and the docs."""
+    return {f.name: (f.default, f.metadata["help"]) for f in fields(WorkerSettings)}

@@ -1,0 +1,286 @@
+"""The :class:`Worker`: owns the producers, the notifier, the completer and maintenance, and
+their lifecycle (start, graceful stop, burst)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import anyio.abc
+import asyncpg
+
+from pgq import sql
+from pgq.app import App, check_queue_name
+from pgq.completer import Completer, Outcome
+from pgq.db import CONNECTION_ERRORS, Pool, check_schema, create_pool
+from pgq.dsn import resolve_dsn
+from pgq.errors import ConfigError
+from pgq.executor import SHUTDOWN
+from pgq.notifier import Notifier
+from pgq.producer import Producer
+from pgq.settings import WorkerSettings
+
+log = logging.getLogger("pgq.worker")
+
+
+def default_worker_name() -> str:
+    """``host:pid``; override with ``name=`` (e.g. the Kubernetes pod name)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Worker:
+    """Runs the jobs of an :class:`~pgq.App`.
+
+    ``queues`` maps queue names to their concurrency, or lists names (each gets
+    ``concurrency``); by default every queue the App's tasks use. Every other keyword is a
+    :class:`~pgq.settings.WorkerSettings` field and falls back to its ``PGQ_*`` variable.
+
+    Embedded: ``async with pgq.Worker(app, dsn) as worker:`` runs it in the background
+    until the block ends (then stops gracefully). Standalone: ``await worker.run()``.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        dsn: str | None = None,
+        *,
+        queues: Mapping[str, int] | Sequence[str] | None = None,
+        name: str | None = None,
+        **settings: Any,
+    ) -> None:
+        self.app = app
+        self.settings = WorkerSettings.resolve(settings)
+        self.name = name or os.environ.get("PGQ_WORKER_NAME") or default_worker_name()
+        self._dsn = resolve_dsn(dsn)
+        self._queues = self._resolve_queues(queues)
+        self._stop_requested = anyio.Event()
+        self._stop_now = False
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.producers: list[Producer] = []
+        self._by_id: dict[Any, Producer] = {}
+        self.started = anyio.Event()
+
+    def _resolve_queues(self, queues: Mapping[str, int] | Sequence[str] | None) -> dict[str, int]:
+        if isinstance(queues, str):
+            queues = [queues]
+        if queues is None:
+            names = self.app.queues()
+            if not names:
+                raise ConfigError("the App registers no task: decorate functions with @app.task")
+            resolved = dict.fromkeys(names, self.settings.concurrency)
+        elif isinstance(queues, Mapping):
+            resolved = dict(queues)
+        else:
+            resolved = dict.fromkeys(queues, self.settings.concurrency)
+        if not resolved:
+            raise ConfigError("a worker needs at least one queue")
+        for queue, n in resolved.items():
+            check_queue_name(queue)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ConfigError(f"queue {queue!r}: concurrency must be a whole number >= 1, got {n!r}")
+            if not any(t.queue == queue for t in self.app):
+                raise ConfigError(
+                    f"queue {queue!r} has no task in this App (its queues: "
+                    f"{', '.join(self.app.queues()) or 'none'}); a worker only runs tasks it "
+                    "registers"
+                )
+        return resolved
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stop(self, *, now: bool = False) -> None:
+        """Ask the worker to stop: claim nothing more, let running jobs finish within
+        ``shutdown_timeout`` (``now=True``: cancel them at once), record the rest retryable."""
+        if now:
+            self._stop_now = True
+            for producer in self.producers:
+                producer.cancel_running(SHUTDOWN)
+        self._stop_requested.set()
+
+    async def run(self, *, burst: bool = False) -> None:
+        """Run until :meth:`stop` (or, with ``burst=True``, until no runnable job is left)."""
+        await self._main(burst)
+
+    async def __aenter__(self) -> Self:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self._tg.start(self._main, False)
+        except BaseException as exc:
+            await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self.stop()
+        assert self._tg is not None
+        return await self._tg.__aexit__(et, e, tb)
+
+    async def _main(
+        self, burst: bool, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        s = self.settings
+        pool = await create_pool(
+            self._dsn, min_size=1, max_size=len(self._queues) + 3,
+            server_settings={"application_name": f"pgq worker {self.name}"[:63]},
+        )
+        try:
+            async with pool.acquire() as conn:
+                await check_schema(conn)
+            await self._serve(pool, burst, task_status)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
+                await pool.close()
+            if scope.cancelled_caught:
+                pool.terminate()
+
+    async def _serve(self, pool: Pool, burst: bool, task_status: anyio.abc.TaskStatus[None]) -> None:
+        s = self.settings
+        completer = Completer(pool, self._report)
+        limiter = anyio.CapacityLimiter(s.max_threads)
+        self.producers = [
+            Producer(
+                queue=queue,
+                concurrency=n,
+                tasks={t.name: t for t in self.app if t.queue == queue},
+                pool=pool,
+                completer=completer,
+                limiter=limiter,
+                poll_interval=s.poll_interval,
+            )
+            for queue, n in self._queues.items()
+        ]
+        self._by_id = {p.id: p for p in self.producers}
+        by_queue = {p.queue: p for p in self.producers}
+        async with pool.acquire() as conn:
+            await conn.executemany(
+                sql.REGISTER_PRODUCER,
+                [(p.id, self.name, p.queue, p.concurrency) for p in self.producers],
+            )
+        try:
+            async with anyio.create_task_group() as tg:
+                if not s.poll_only:
+                    notifier = Notifier(
+                        self._dsn,
+                        {sql.CHANNEL_JOBS: lambda q: (p := by_queue.get(q)) and p.wake()},
+                        on_connect=lambda: [p.wake() for p in self.producers] and None,
+                    )
+                    await tg.start(notifier.run)
+                tg.start_soon(completer.run)
+                tg.start_soon(self._schedule_loop, pool)
+                async with anyio.create_task_group() as producers_tg:
+                    for producer in self.producers:
+                        await producers_tg.start(producer.run)
+                    log.info(
+                        "worker %s started: %s", self.name,
+                        ", ".join(f"{q}[{n}]" for q, n in self._queues.items()),
+                    )
+                    self.started.set()
+                    task_status.started()
+                    if burst:
+                        producers_tg.start_soon(self._watch_burst, pool, completer)
+                    await self._stop_requested.wait()
+                    await self._drain()
+                # Every job has ended; make the outcomes durable before letting go.
+                with anyio.move_on_after(10) as flush:
+                    await completer.wait_idle()
+                if flush.cancelled_caught:
+                    log.error("%d outcomes could not be written; the rescuer will retry "
+                              "those jobs", completer.pending)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                try:
+                    async with pool.acquire() as conn:
+                        await conn.execute(sql.DELETE_PRODUCERS, [p.id for p in self.producers])
+                except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                    log.warning("could not delete this worker's producer rows: %s", exc)
+            log.info("worker %s stopped", self.name)
+
+    async def _drain(self) -> None:
+        for producer in self.producers:
+            producer.stop_fetching()
+        if not self._stop_now:
+            with anyio.move_on_after(self.settings.shutdown_timeout):
+                for producer in self.producers:
+                    await producer.wait_empty()
+        running = sum(len(p.running) for p in self.producers)
+        if running:
+            log.warning("cancelling %d jobs still running at shutdown; they will be retried",
+                        running)
+            for producer in self.producers:
+                producer.cancel_running(SHUTDOWN)
+
+    async def _watch_burst(self, pool: Pool, completer: Completer) -> None:
+        """Stop once nothing runs, nothing is being claimed or written, and the database
+        holds no job these producers could run now."""
+        while not self._stop_requested.is_set():
+            await anyio.sleep(0.05)
+            if any(p.running or p.fetching for p in self.producers) or completer.pending:
+                continue
+            try:
+                async with pool.acquire() as conn:
+                    await conn.fetch(sql.PROMOTE_DUE, 1000)
+                    left = [
+                        await conn.fetchval(sql.RUNNABLE_LEFT, p.queue, list(p._tasks))
+                        for p in self.producers
+                    ]
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                log.warning("burst check failed: %s", exc)
+                continue
+            if not any(left):
+                log.info("burst: no runnable job left")
+                self.stop()
+            else:
+                for producer in self.producers:
+                    producer.wake()
+
+    async def _schedule_loop(self, pool: Pool) -> None:
+        """Makes due scheduled and retryable jobs available (until the liveness work moves
+        it to the leader)."""
+        while True:
+            try:
+                async with pool.acquire() as conn:
+                    while True:
+                        rows = await conn.fetch(sql.PROMOTE_DUE, 1000)
+                        if sum(r[1] for r in rows) < 1000:
+                            break
+            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                log.warning("scheduler step failed: %s", exc)
+            await anyio.sleep(self.settings.schedule_interval)
+
+    def _report(self, written: list[Outcome], rejected: list[Outcome]) -> None:
+        for o in written:
+            producer = self._by_id.get(o.producer_id)
+            if producer is None:
+                continue
+            if o.state == "completed":
+                producer.completed += 1
+            elif o.error is not None and o.attempt_delta == 0 and o.state != "cancelled":
+                producer.failed += 1
+        for o in rejected:
+            producer = self._by_id.get(o.producer_id)
+            if producer is not None:
+                producer.rejected_outcomes += 1
+            log.warning(
+                "outcome %s of job %d attempt %d rejected: the job is no longer running under "
+                "this producer (rescued or re-claimed elsewhere)", o.state, o.job_id, o.attempt,
+            )
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot: this worker's name and, per producer, health and counters."""
+        return {
+            "worker_name": self.name,
+            "time": time.time(),
+            "producers": [p.stats() for p in self.producers],
+        }

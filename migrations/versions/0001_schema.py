@@ -49,7 +49,7 @@ def upgrade() -> None:
         ),
         sa.Column("priority", sa.Integer(), server_default="0", nullable=False),
         sa.Column("attempt", sa.Integer(), server_default="0", nullable=False),
-        sa.Column("max_attempts", sa.Integer(), server_default="20", nullable=False),
+        sa.Column("max_attempts", sa.Integer(), nullable=True),
         sa.Column(
             "scheduled_at",
             postgresql.TIMESTAMP(timezone=True),

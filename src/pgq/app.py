@@ -5,15 +5,12 @@ from __future__ import annotations
 import inspect
 import random
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, overload
 
 from pgq.errors import ConfigError, UnknownTaskError
 from pgq.job import JobContext
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
@@ -63,11 +60,19 @@ class Backoff:
         return max(0.0, raw * (1.0 + spread))
 
 
-class Task(Generic[P, R]):
+class Task:
     """A registered task: the function and the options its jobs get by default."""
 
-    __slots__ = ("backoff", "fn", "is_async", "max_attempts", "name", "priority", "queue",
-                 "timeout")
+    __slots__ = (
+        "backoff",
+        "fn",
+        "is_async",
+        "max_attempts",
+        "name",
+        "priority",
+        "queue",
+        "timeout",
+    )
 
     def __init__(
         self,
@@ -94,7 +99,7 @@ class Task(Generic[P, R]):
         self.backoff = backoff
         self.is_async = inspect.iscoroutinefunction(fn)
 
-    def __call__(self, ctx: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> Any:
+    def __call__(self, ctx: JobContext, /, *args: Any, **kwargs: Any) -> Any:
         """Call the function directly (no queue): handy in tests."""
         return self.fn(ctx, *args, **kwargs)
 
@@ -107,10 +112,10 @@ class App:
     a :class:`~pgq.Worker` (and optionally a :class:`~pgq.Client`, which then checks names)."""
 
     def __init__(self) -> None:
-        self._tasks: dict[str, Task[Any, Any]] = {}
+        self._tasks: dict[str, Task] = {}
 
     @overload
-    def task(self, fn: Callable[..., Awaitable[Any]] | Callable[..., Any], /) -> Task[Any, Any]: ...
+    def task(self, fn: Callable[..., Any], /) -> Task: ...
 
     @overload
     def task(
@@ -122,12 +127,11 @@ class App:
         timeout: float | None = None,
         priority: int = 0,
         backoff: Backoff | None = None,
-    ) -> Callable[[Callable[..., Any]], Task[Any, Any]]: ...
+    ) -> Callable[[Callable[..., Any]], Task]: ...
 
     def task(
         self,
         fn: Callable[..., Any] | None = None,
-        /,
         *,
         name: str | None = None,
         queue: str = DEFAULT_QUEUE,
@@ -135,7 +139,7 @@ class App:
         timeout: float | None = None,
         priority: int = 0,
         backoff: Backoff | None = None,
-    ) -> Task[Any, Any] | Callable[[Callable[..., Any]], Task[Any, Any]]:
+    ) -> Task | Callable[[Callable[..., Any]], Task]:
         """Register a task. Its first parameter receives a :class:`~pgq.JobContext`; the
         job's args are passed as keyword arguments. ``async def`` tasks run on the event
         loop; plain ``def`` tasks run in a bounded pool of worker threads.
@@ -143,8 +147,8 @@ class App:
         ``timeout`` is in seconds; ``backoff`` shapes retries after failures.
         """
 
-        def register(f: Callable[..., Any]) -> Task[Any, Any]:
-            task: Task[Any, Any] = Task(
+        def register(f: Callable[..., Any]) -> Task:
+            task: Task = Task(
                 f,
                 name=name or f.__name__,
                 queue=queue,
@@ -161,11 +165,11 @@ class App:
         return register(fn) if fn is not None else register
 
     @property
-    def tasks(self) -> Mapping[str, Task[Any, Any]]:
+    def tasks(self) -> Mapping[str, Task]:
         """Registered tasks by name."""
         return self._tasks
 
-    def get(self, name: str) -> Task[Any, Any]:
+    def get(self, name: str) -> Task:
         """The task called ``name``, or :class:`UnknownTaskError` listing the known ones."""
         try:
             return self._tasks[name]
@@ -180,7 +184,5 @@ class App:
         """The queues the registered tasks use, in registration order."""
         return list(dict.fromkeys(t.queue for t in self._tasks.values()))
 
-    def __iter__(self) -> Iterator[Task[Any, Any]]:
+    def __iter__(self) -> Iterator[Task]:
         return iter(self._tasks.values())
-
-

@@ -21,8 +21,10 @@ from pgq.settings import WorkerSettings, env_name, setting_help
 
 log = logging.getLogger("pgq.cli")
 
-_DSN_HELP = ("PostgreSQL URL; default: PGQ_DSN, then DATABASE_URL, then the libpq variables "
-             "(PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD)")
+_DSN_HELP = (
+    "PostgreSQL URL; default: PGQ_DSN, then DATABASE_URL, then the libpq variables "
+    "(PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD)"
+)
 
 
 def _add_dsn(parser: argparse.ArgumentParser) -> None:
@@ -36,53 +38,97 @@ def build_parser() -> argparse.ArgumentParser:
         description="pgq: a PostgreSQL job queue for asyncio services.",
         epilog="Run `pgq COMMAND --help` for a command's options.",
     )
-    parser.add_argument("--log-level", default=os.environ.get("PGQ_LOG_LEVEL", "INFO"),
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-                        help="log verbosity (default: INFO, or PGQ_LOG_LEVEL)")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("PGQ_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log verbosity (default: INFO, or PGQ_LOG_LEVEL)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("migrate", help="create or upgrade pgq's tables (alembic upgrade head)",
-                       description="Apply pgq's migrations to the database.")
+    p = sub.add_parser(
+        "migrate",
+        help="create or upgrade pgq's tables (alembic upgrade head)",
+        description="Apply pgq's migrations to the database.",
+    )
     _add_dsn(p)
-    p.add_argument("--sql", action="store_true",
-                   help="print the DDL instead of applying it (for a DBA to review and run)")
+    p.add_argument(
+        "--sql",
+        action="store_true",
+        help="print the DDL instead of applying it (for a DBA to review and run)",
+    )
 
-    p = sub.add_parser("worker", help="run a worker for an App",
-                       description="Run the jobs of an App until SIGTERM or SIGINT (graceful: "
-                       "running jobs get --shutdown-timeout seconds; a second signal stops at "
-                       "once).")
-    p.add_argument("app", metavar="MODULE:APP",
-                   help="where the App is, e.g. myproject.tasks:app")
+    p = sub.add_parser(
+        "worker",
+        help="run a worker for an App",
+        description="Run the jobs of an App until SIGTERM or SIGINT (graceful: "
+        "running jobs get --shutdown-timeout seconds; a second signal stops at "
+        "once).",
+    )
+    p.add_argument("app", metavar="MODULE:APP", help="where the App is, e.g. myproject.tasks:app")
     _add_dsn(p)
-    p.add_argument("--queue", action="append", default=[], metavar="NAME[:N]",
-                   help="a queue to work, with its concurrency; repeatable (default: every "
-                   "queue the App's tasks use)")
-    p.add_argument("--burst", action="store_true",
-                   help="exit (status 0) once no runnable job is left")
-    p.add_argument("--name", help="worker name shown in `pgq producers` (default: host:pid, "
-                   "or PGQ_WORKER_NAME)")
+    p.add_argument(
+        "--queue",
+        action="append",
+        default=[],
+        metavar="NAME[:N]",
+        help="a queue to work, with its concurrency; repeatable (default: every "
+        "queue the App's tasks use)",
+    )
+    p.add_argument(
+        "--burst", action="store_true", help="exit (status 0) once no runnable job is left"
+    )
+    p.add_argument(
+        "--name",
+        help="worker name shown in `pgq producers` (default: host:pid, or PGQ_WORKER_NAME)",
+    )
     for name, (default, text) in setting_help().items():
         flag = "--" + name.replace("_", "-")
         if isinstance(default, bool):
-            p.add_argument(flag, action="store_const", const=True, default=None,
-                           help=f"{text} (env {env_name(name)})")
+            p.add_argument(
+                flag,
+                action="store_const",
+                const=True,
+                default=None,
+                help=f"{text} (env {env_name(name)})",
+            )
         else:
-            p.add_argument(flag, type=type(default), default=None, metavar="N",
-                           help=f"{text} (default {default:g}, env {env_name(name)})")
+            p.add_argument(
+                flag,
+                type=type(default),
+                default=None,
+                metavar="N",
+                help=f"{text} (default {default:g}, env {env_name(name)})",
+            )
 
-    p = sub.add_parser("enqueue", help="enqueue jobs from the shell",
-                       description="Enqueue jobs of a task by name.")
+    p = sub.add_parser(
+        "enqueue", help="enqueue jobs from the shell", description="Enqueue jobs of a task by name."
+    )
     p.add_argument("task", metavar="TASK", help="task name")
     _add_dsn(p)
-    p.add_argument("--args", default="{}", metavar="JSON",
-                   help='keyword arguments as a JSON object, e.g. \'{"to": "a@b.c"}\'')
+    p.add_argument(
+        "--args",
+        default="{}",
+        metavar="JSON",
+        help='keyword arguments as a JSON object, e.g. \'{"to": "a@b.c"}\'',
+    )
     p.add_argument("--queue", default="default", help="queue (default: default)")
-    p.add_argument("--delay", type=float, default=None, metavar="S",
-                   help="run no sooner than S seconds from now")
+    p.add_argument(
+        "--delay",
+        type=float,
+        default=None,
+        metavar="S",
+        help="run no sooner than S seconds from now",
+    )
     p.add_argument("--priority", type=int, default=None, help="higher runs first (default 0)")
     p.add_argument("--max-attempts", type=int, default=None, metavar="N")
-    p.add_argument("--count", type=int, default=1, metavar="N",
-                   help="enqueue N identical jobs in one round trip")
+    p.add_argument(
+        "--count",
+        type=int,
+        default=1,
+        metavar="N",
+        help="enqueue N identical jobs in one round trip",
+    )
     return parser
 
 
@@ -90,8 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pgq`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level,
-                        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+    )
+    # alembic narrates its plugin set-up at INFO; pgq prints its own one-line summary.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         if args.command == "migrate":
             return _migrate(args)
@@ -102,10 +151,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PgqError as exc:
         print(f"pgq: error: {exc}", file=sys.stderr)
         return 1
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(PgqError)
+        if matched is None or rest is not None:
+            raise
+        print(f"pgq: error: {_first_leaf(matched)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     parser.error(f"unknown command {args.command}")
     return 2  # pragma: no cover
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -146,8 +206,9 @@ def parse_queues(values: Sequence[str], default: int | None) -> dict[str, int] |
         name, sep, count = value.partition(":")
         if sep:
             if not count.isdigit() or int(count) < 1:
-                raise ConfigError(f"--queue {value!r}: the concurrency after ':' must be a whole "
-                                  "number >= 1")
+                raise ConfigError(
+                    f"--queue {value!r}: the concurrency after ':' must be a whole number >= 1"
+                )
             queues[name] = int(count)
         else:
             queues[name] = default or WorkerSettings.resolve().concurrency
@@ -159,8 +220,9 @@ def _worker(args: argparse.Namespace) -> int:
 
     app = load_app(args.app)
     settings = {name: getattr(args, name) for name in setting_help()}
-    worker = Worker(app, args.dsn, queues=parse_queues(args.queue, args.concurrency),
-                    name=args.name, **settings)
+    worker = Worker(
+        app, args.dsn, queues=parse_queues(args.queue, args.concurrency), name=args.name, **settings
+    )
 
     async def run() -> None:
         async with anyio.create_task_group() as tg:
@@ -178,8 +240,10 @@ async def _handle_signals(worker: Any) -> None:
         async for signum in signals:
             seen += 1
             if seen == 1:
-                log.info("%s: stopping gracefully (send again to stop at once)",
-                         signal.Signals(signum).name)
+                log.info(
+                    "%s: stopping gracefully (send again to stop at once)",
+                    signal.Signals(signum).name,
+                )
                 worker.stop()
             else:
                 log.warning("%s again: stopping now", signal.Signals(signum).name)
@@ -197,8 +261,14 @@ async def _enqueue(args: argparse.Namespace) -> int:
         raise ConfigError("--args must be a JSON object of keyword arguments, e.g. '{\"n\": 1}'")
     if args.count < 1:
         raise ConfigError("--count must be at least 1")
-    spec = JobSpec(args.task, job_args, queue=args.queue, priority=args.priority,
-                   delay=args.delay, max_attempts=args.max_attempts)
+    spec = JobSpec(
+        args.task,
+        job_args,
+        queue=args.queue,
+        priority=args.priority,
+        delay=args.delay,
+        max_attempts=args.max_attempts,
+    )
     async with Client(args.dsn) as client:
         jobs = await client.enqueue_many([spec] * args.count)
     for job in jobs:

@@ -11,7 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from pgq import serde, sql
-from pgq.app import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, App, Task, check_queue_name
+from pgq.app import DEFAULT_QUEUE, App, Task, check_queue_name
 from pgq.app import check_task_name as _check_task_name
 from pgq.db import Connection, Pool, caller_connection, check_schema, create_pool
 from pgq.dsn import resolve_dsn
@@ -29,7 +29,7 @@ class JobSpec:
     """One job for :meth:`Client.enqueue_many`. Options left as None take the task's
     defaults (when the client knows the task) or pgq's."""
 
-    task: str | Task[Any, Any]
+    task: str | Task
     args: Mapping[str, Any] = field(default_factory=dict)
     queue: str | None = None
     priority: int | None = None
@@ -100,7 +100,7 @@ class Client:
 
     async def enqueue(
         self,
-        task: str | Task[Any, Any],
+        task: str | Task,
         args: Mapping[str, Any] | None = None,
         *,
         queue: str | None = None,
@@ -117,8 +117,9 @@ class Client:
         With ``connection=`` the job is written in that connection's transaction: it exists,
         and wakes workers, only if the caller commits.
         """
-        spec = JobSpec(task, args or {}, queue, priority, delay, run_at, max_attempts, tags,
-                       metadata or {})
+        spec = JobSpec(
+            task, args or {}, queue, priority, delay, run_at, max_attempts, tags, metadata or {}
+        )
         (job,) = await self.enqueue_many([spec], connection=connection)
         return job
 
@@ -160,36 +161,48 @@ class Client:
             )
         return jobs
 
-    def _row(self, index: int, spec: JobSpec) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    def _row(
+        self, index: int, spec: JobSpec
+    ) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
         where = f"job {index}: " if index else ""
         task = spec.task
         if isinstance(task, Task):
-            defaults: Task[Any, Any] | None = task
+            defaults: Task | None = task
             name = task.name
         else:
             name = _check_task_name(task)
             defaults = self._app.get(name) if self._app is not None else None
-        queue = check_queue_name(
-            spec.queue or (defaults.queue if defaults else DEFAULT_QUEUE)
+        if spec.queue is not None:
+            queue = check_queue_name(spec.queue)
+        else:
+            queue = defaults.queue if defaults else DEFAULT_QUEUE
+        priority = (
+            spec.priority if spec.priority is not None else (defaults.priority if defaults else 0)
         )
-        priority = spec.priority if spec.priority is not None else (
-            defaults.priority if defaults else 0)
-        max_attempts = spec.max_attempts or (
-            defaults.max_attempts if defaults else DEFAULT_MAX_ATTEMPTS)
-        if max_attempts < 1:
+        max_attempts = (
+            spec.max_attempts
+            if spec.max_attempts is not None
+            else (defaults.max_attempts if defaults else None)
+        )
+        if max_attempts is not None and max_attempts < 1:
             raise ConfigError(f"{where}max_attempts must be at least 1, got {max_attempts}")
         if not isinstance(spec.args, Mapping):
             raise SerializationError(
                 f"{where}args must be a mapping of keyword arguments, not "
-                f"{type(spec.args).__name__}", "args")
+                f"{type(spec.args).__name__}",
+                "args",
+            )
         if any(not isinstance(k, str) for k in spec.args):
             raise SerializationError(f"{where}args keys must be strings", "args")
         if spec.delay is not None and spec.run_at is not None:
             raise ConfigError(f"{where}give delay or run_at, not both")
         delay_s: float | None = None
         if spec.delay is not None:
-            delay_s = (spec.delay.total_seconds() if isinstance(spec.delay, timedelta)
-                       else float(spec.delay))
+            delay_s = (
+                spec.delay.total_seconds()
+                if isinstance(spec.delay, timedelta)
+                else float(spec.delay)
+            )
             if not delay_s >= 0:
                 raise ConfigError(f"{where}delay must be zero or more seconds, got {spec.delay!r}")
         if spec.run_at is not None and spec.run_at.tzinfo is None:

@@ -105,7 +105,9 @@ class Completer:
                 self.failures += 1
                 log.warning(
                     "could not write %d outcomes (%s); keeping them, retrying in %.1fs",
-                    len(batch), exc, delay,
+                    len(batch),
+                    exc,
+                    delay,
                 )
                 await anyio.sleep(delay)
                 delay = min(delay * 2, self._retry_max_s)
@@ -129,7 +131,9 @@ class Completer:
                 self.failures += 1
                 log.error(
                     "dropped the outcome of job %d attempt %d: %s",
-                    outcome.job_id, outcome.attempt, exc,
+                    outcome.job_id,
+                    outcome.attempt,
+                    exc,
                 )
 
     async def _write(self, batch: list[Outcome]) -> None:
@@ -138,8 +142,16 @@ class Completer:
         for o in batch:
             for col, value in zip(
                 columns,
-                (o.job_id, o.attempt, o.producer_id, o.state, o.delay_s, o.error, o.result,
-                 o.attempt_delta),
+                (
+                    o.job_id,
+                    o.attempt,
+                    o.producer_id,
+                    o.state,
+                    o.delay_s,
+                    o.error,
+                    o.result,
+                    o.attempt_delta,
+                ),
                 strict=True,
             ):
                 col.append(value)
@@ -150,7 +162,8 @@ class Completer:
         if len(written) == len(batch):
             self._report(batch, [])
             return
-        ok, rejected = [], []
+        ok: list[Outcome] = []
+        rejected: list[Outcome] = []
         for o in batch:
             (ok if o.job_id in written else rejected).append(o)
         self._report(ok, rejected)

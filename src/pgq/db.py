@@ -21,11 +21,19 @@ log = logging.getLogger("pgq")
 #: Revisions any pgq release has shipped, oldest first; used to read a shared version table.
 KNOWN_REVISIONS = ("0001",)
 
-Connection = asyncpg.Connection  # type: ignore[type-arg]
-Pool = asyncpg.Pool  # type: ignore[type-arg]
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from asyncpg.pool import PoolConnectionProxy
+
+    Connection: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
+    Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
+else:
+    Connection = asyncpg.Connection
+    Pool = asyncpg.Pool
 
 # Errors that mean "the database is not there" rather than "the statement was wrong".
-CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+CONNECTION_ERRORS: tuple[type[Exception], ...] = (
     OSError,
     TimeoutError,
     asyncpg.ConnectionDoesNotExistError,
@@ -49,15 +57,19 @@ def _unavailable(dsn: str | None, exc: BaseException) -> DatabaseUnavailable:
     return err
 
 
-_connect_errors = (
+_connect_errors: tuple[type[Exception], ...] = (
     *CONNECTION_ERRORS,
     asyncpg.InvalidAuthorizationSpecificationError,
     asyncpg.InvalidPasswordError,
     asyncpg.InvalidCatalogNameError,
 )
+#: Connection trouble, or a statement the server refused: a loop logs it and tries again.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (*CONNECTION_ERRORS, asyncpg.PostgresError)
 
 
-async def connect(dsn: str | None, *, timeout_s: float = 10.0, **kwargs: Any) -> Connection:
+async def connect(
+    dsn: str | None, *, timeout_s: float = 10.0, **kwargs: Any
+) -> asyncpg.Connection[asyncpg.Record]:
     """Open one connection, turning driver and socket failures into DatabaseUnavailable."""
     try:
         return await asyncpg.connect(dsn, timeout=timeout_s, **kwargs)
@@ -109,16 +121,16 @@ async def caller_connection(
 ) -> Connection:
     """The asyncpg connection behind ``connection``, inside the caller's transaction.
 
-    A SQLAlchemy connection begins its database transaction lazily, at its first
-    statement; when it has not yet, a no-op statement through SQLAlchemy begins it, so our
-    write commits or rolls back with the caller's.
+    A SQLAlchemy connection begins its database transaction lazily ("autobegin"), at its
+    first statement; when it has not yet, a no-op statement through SQLAlchemy begins it, so
+    our write commits or rolls back with the caller's (unless the caller chose AUTOCOMMIT).
     """
     if isinstance(connection, asyncpg.Connection):
         return connection
     try:
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     except ImportError:  # pragma: no cover - sqlalchemy is a dependency
-        AsyncConnection = AsyncSession = ()  # type: ignore[assignment,misc]  # noqa: N806
+        AsyncConnection = AsyncSession = ()  # type: ignore[assignment,misc]
     if isinstance(connection, AsyncSession):
         connection = await connection.connection()
     if not isinstance(connection, AsyncConnection):
@@ -133,6 +145,6 @@ async def caller_connection(
             "pgq needs SQLAlchemy's asyncpg driver for connection=: create the engine with a "
             "postgresql+asyncpg:// URL"
         )
-    if not driver.is_in_transaction() and connection.in_transaction():
+    if not driver.is_in_transaction():
         await connection.exec_driver_sql("SELECT 1")
     return driver

@@ -40,7 +40,7 @@ def normalize_dsn(dsn: str) -> str:
             "postgresql://user:password@host:port/database"
         ) from None
     scheme = parts.scheme.split("+", 1)[0].lower()
-    if scheme not in _SCHEMES or not parts.netloc and not parts.query and not parts.path:
+    if scheme not in _SCHEMES or (not parts.netloc and not parts.query and not parts.path):
         raise ConfigError(
             f"malformed DSN {mask_dsn(dsn)!r}: expected "
             "postgresql://user:password@host:port/database"

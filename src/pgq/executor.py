@@ -45,9 +45,10 @@ def _error(attempt: int, kind: str, message: str, tb: str | None = None) -> str:
     )
 
 
-def _failure(job: Job, task: Task[Any, Any], producer_id: uuid.UUID, error: str,
-             delay_s: float | None = None) -> Outcome:
-    if job.attempt >= job.max_attempts:
+def _failure(
+    job: Job, task: Task, producer_id: uuid.UUID, error: str, delay_s: float | None = None
+) -> Outcome:
+    if job.attempt >= (job.max_attempts or task.max_attempts):
         return Outcome(job.id, job.attempt, producer_id, "discarded", error=error)
     if delay_s is None:
         delay_s = task.backoff.delay(job.attempt)
@@ -55,7 +56,7 @@ def _failure(job: Job, task: Task[Any, Any], producer_id: uuid.UUID, error: str,
 
 
 async def execute(
-    task: Task[Any, Any],
+    task: Task,
     execution: Execution,
     producer_id: uuid.UUID,
     limiter: anyio.CapacityLimiter,
@@ -82,33 +83,60 @@ async def execute(
         if execution.scope.cancelled_caught:
             return _interrupted(job, producer_id, execution.reason or SHUTDOWN)
     except Retry as exc:
-        return _failure(job, task, producer_id, _error(job.attempt, "retry", exc.reason),
-                        exc.delay_s)
+        return _failure(
+            job, task, producer_id, _error(job.attempt, "retry", exc.reason), exc.delay_s
+        )
     except Snooze as exc:
-        return Outcome(job.id, job.attempt, producer_id, "retryable" if exc.delay_s else "available",
-                       delay_s=exc.delay_s, attempt_delta=-1)
+        return Outcome(
+            job.id,
+            job.attempt,
+            producer_id,
+            "retryable" if exc.delay_s else "available",
+            delay_s=exc.delay_s,
+            attempt_delta=-1,
+        )
     except Cancel as exc:
-        return Outcome(job.id, job.attempt, producer_id, "cancelled",
-                       error=_error(job.attempt, "cancel", exc.reason))
+        return Outcome(
+            job.id,
+            job.attempt,
+            producer_id,
+            "cancelled",
+            error=_error(job.attempt, "cancel", exc.reason),
+        )
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}"
         log.debug("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt, message)
-        return _failure(job, task, producer_id, _error(job.attempt, "exception", message,
-                                                       traceback.format_exc()))
+        return _failure(
+            job,
+            task,
+            producer_id,
+            _error(job.attempt, "exception", message, traceback.format_exc()),
+        )
     try:
         encoded = None if result is None else serde.dumps(result, "result")
     except SerializationError as exc:
         # The work is done; running it again to get a storable result could repeat side
         # effects. Complete it and keep the reason.
         log.warning("job %d (%s): %s", job.id, job.task, exc)
-        return Outcome(job.id, job.attempt, producer_id, "completed",
-                       error=_error(job.attempt, "result", str(exc)))
+        return Outcome(
+            job.id,
+            job.attempt,
+            producer_id,
+            "completed",
+            error=_error(job.attempt, "result", str(exc)),
+        )
     return Outcome(job.id, job.attempt, producer_id, "completed", result=encoded)
 
 
 def _interrupted(job: Job, producer_id: uuid.UUID, reason: str) -> Outcome:
     """A job the worker stopped (shutdown): retryable at once; the attempt does not count,
     since the job did not fail."""
-    return Outcome(job.id, job.attempt, producer_id, "retryable", delay_s=0.0,
-                   error=_error(job.attempt, reason, f"interrupted by worker {reason}"),
-                   attempt_delta=-1)
+    return Outcome(
+        job.id,
+        job.attempt,
+        producer_id,
+        "retryable",
+        delay_s=0.0,
+        error=_error(job.attempt, reason, f"interrupted by worker {reason}"),
+        attempt_delta=-1,
+    )

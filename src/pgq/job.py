@@ -41,7 +41,8 @@ class Job:
     state: JobState
     priority: int = 0
     attempt: int = 0
-    max_attempts: int = 20
+    #: None until claimed when the enqueuer left it to the task's default.
+    max_attempts: int | None = None
     scheduled_at: datetime | None = None
     attempted_at: datetime | None = None
     finalized_at: datetime | None = None
@@ -62,7 +63,7 @@ def _seconds(delay: float | timedelta | None) -> float | None:
     return seconds
 
 
-class Retry(Exception):  # noqa: N818 - reads as an instruction: raise pgq.Retry(10)
+class Retry(Exception):
     """Raise from a task to retry it after ``delay`` seconds (default: the task's backoff).
 
     The attempt counts: a job out of attempts is discarded.
@@ -74,7 +75,7 @@ class Retry(Exception):  # noqa: N818 - reads as an instruction: raise pgq.Retry
         self.reason = reason
 
 
-class Snooze(Exception):  # noqa: N818
+class Snooze(Exception):
     """Raise from a task to run it again after ``delay`` seconds without using an attempt."""
 
     def __init__(self, delay: float | timedelta, reason: str = "snoozed"):
@@ -85,7 +86,7 @@ class Snooze(Exception):  # noqa: N818
         self.reason = reason
 
 
-class Cancel(Exception):  # noqa: N818
+class Cancel(Exception):
     """Raise from a task to end its job as ``cancelled``: it will not run again."""
 
     def __init__(self, reason: str = "cancelled by the task"):
@@ -161,4 +162,3 @@ class JobContext:
 
 
 __all__ = ("Cancel", "Job", "JobContext", "JobState", "Retry", "Snooze")
-

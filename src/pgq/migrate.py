@@ -79,5 +79,3 @@ async def _check_reachable(dsn: str | None) -> None:
     # with pgq's one-line message.
     conn = await connect(dsn)
     await conn.close()
-
-

@@ -7,13 +7,17 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.abc
+import asyncpg
 
-from pgq.db import CONNECTION_ERRORS, Connection, connect
+from pgq.db import CONNECTION_ERRORS, connect
 from pgq.errors import DatabaseUnavailable
 
 log = logging.getLogger("pgq.notifier")
 
 Callback = Callable[[str], None]
+
+LISTEN_ERRORS: tuple[type[Exception], ...] = (DatabaseUnavailable, *CONNECTION_ERRORS)
 
 
 class Notifier:
@@ -40,16 +44,18 @@ class Notifier:
         self.connected = anyio.Event()
         self.reconnects = 0
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Listen until cancelled; the first connection is made before ``task_status`` is set."""
         delay = 0.1
         started = False
         while True:
-            conn: Connection | None = None
+            conn: asyncpg.Connection[asyncpg.Record] | None = None
             try:
                 conn = await connect(self._dsn, **self._connect_kwargs)
                 lost = anyio.Event()
-                conn.add_termination_listener(lambda _c: lost.set())
+                conn.add_termination_listener(lambda _c, lost=lost: lost.set())
                 for channel, callback in self._channels.items():
                     await conn.add_listener(channel, self._dispatcher(callback))
                 if started:
@@ -62,7 +68,7 @@ class Notifier:
                     task_status.started()
                 delay = 0.1
                 await self._watch(conn, lost)
-            except (DatabaseUnavailable, *CONNECTION_ERRORS) as exc:
+            except LISTEN_ERRORS as exc:
                 if not started:
                     raise
                 log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, delay)
@@ -74,7 +80,7 @@ class Notifier:
             await anyio.sleep(delay)
             delay = min(delay * 2, self._reconnect_max_s)
 
-    async def _watch(self, conn: Connection, lost: anyio.Event) -> None:
+    async def _watch(self, conn: asyncpg.Connection[asyncpg.Record], lost: anyio.Event) -> None:
         # asyncpg only notices a dead socket when it reads; a periodic no-op makes sure a
         # silently dropped connection is found and replaced.
         while not lost.is_set():
@@ -87,17 +93,17 @@ class Notifier:
         log.warning("LISTEN connection closed by the server")
 
     @staticmethod
-    def _dispatcher(callback: Callback) -> Callable[[Any, int, str, str], None]:
-        def on_notify(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+    def _dispatcher(callback: Callback) -> Callable[[Any, int, str, object], None]:
+        def on_notify(_conn: Any, _pid: int, _channel: str, payload: object) -> None:
             try:
-                callback(payload)
+                callback(str(payload))
             except Exception:
                 log.exception("notification handler failed")
 
         return on_notify
 
 
-async def _close_quietly(conn: Connection) -> None:
+async def _close_quietly(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     try:
         await conn.close(timeout=1)
     except Exception:

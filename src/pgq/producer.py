@@ -9,12 +9,11 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import asyncpg
 
 from pgq import serde, sql
 from pgq.app import Task
 from pgq.completer import Completer
-from pgq.db import CONNECTION_ERRORS, Pool
+from pgq.db import DATABASE_ERRORS, Pool
 from pgq.executor import Execution, execute
 from pgq.job import Job, JobState
 
@@ -34,7 +33,7 @@ class Producer:
         *,
         queue: str,
         concurrency: int,
-        tasks: Mapping[str, Task[Any, Any]],
+        tasks: Mapping[str, Task],
         pool: Pool,
         completer: Completer,
         limiter: anyio.CapacityLimiter,
@@ -46,6 +45,7 @@ class Producer:
         self._tasks = dict(tasks)
         self._task_names = list(self._tasks)
         self._timeouts = [t.timeout for t in self._tasks.values()]
+        self._max_attempts = [t.max_attempts for t in self._tasks.values()]
         self._pool = pool
         self._completer = completer
         self._limiter = limiter
@@ -105,7 +105,9 @@ class Producer:
 
     # ------------------------------------------------------------------ loop
 
-    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
         """Fetch and run jobs until :meth:`stop_fetching`, then wait for running jobs."""
         async with anyio.create_task_group() as tg:
             task_status.started()
@@ -134,10 +136,12 @@ class Producer:
             limit = self.concurrency - len(self.running)
             try:
                 jobs = await self._fetch(limit)
-            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+            except DATABASE_ERRORS as exc:
                 failures += 1
                 delay = min(self._poll_interval * failures, 5.0)
-                log.warning("queue %s: fetch failed (%s); retrying in %.1fs", self.queue, exc, delay)
+                log.warning(
+                    "queue %s: fetch failed (%s); retrying in %.1fs", self.queue, exc, delay
+                )
                 more = False
                 await anyio.sleep(delay)
                 continue
@@ -157,17 +161,32 @@ class Producer:
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
                 async with self._pool.acquire() as conn:
                     rows = await conn.fetch(
-                        sql.FETCH_JOBS, self.queue, self._task_names, limit, self.id,
+                        sql.FETCH_JOBS,
+                        self.queue,
+                        self._task_names,
+                        limit,
+                        self.id,
                         self._timeouts,
+                        self._max_attempts,
                     )
         finally:
             self.fetching = False
         self.claimed += len(rows)
         return [
             Job(
-                id=r[0], queue=r[1], task=r[2], args=serde.loads(r[3]), state=JobState.RUNNING,
-                priority=r[4], attempt=r[5], max_attempts=r[6], scheduled_at=r[7],
-                attempted_at=r[8], created_at=r[9], producer_id=self.id, tags=list(r[10]),
+                id=r[0],
+                queue=r[1],
+                task=r[2],
+                args=serde.loads(r[3]),
+                state=JobState.RUNNING,
+                priority=r[4],
+                attempt=r[5],
+                max_attempts=r[6],
+                scheduled_at=r[7],
+                attempted_at=r[8],
+                created_at=r[9],
+                producer_id=self.id,
+                tags=list(r[10]),
                 metadata=serde.loads(r[11]),
             )
             for r in rows
@@ -201,5 +220,3 @@ class Producer:
             "failed": self.failed,
             "rejected_outcomes": self.rejected_outcomes,
         }
-
-

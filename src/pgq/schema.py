@@ -56,7 +56,9 @@ jobs = Table(
     Column("state", job_state, nullable=False, server_default="available"),
     Column("priority", Integer, nullable=False, server_default="0"),
     Column("attempt", Integer, nullable=False, server_default="0"),
-    Column("max_attempts", Integer, nullable=False, server_default="20"),
+    # NULL until claimed when the enqueuer did not know the task: the worker then applies
+    # the task's own max_attempts (and timeout) at claim time.
+    Column("max_attempts", Integer),
     Column("scheduled_at", TSTZ, nullable=False, server_default=func.now()),
     Column("attempted_at", TSTZ),
     Column("finalized_at", TSTZ),
@@ -92,7 +94,9 @@ Index(
 Index(
     "pgq_jobs_due_idx",
     jobs.c.scheduled_at,
-    postgresql_where=jobs.c.state.in_([literal_column("'scheduled'"), literal_column("'retryable'")]),
+    postgresql_where=jobs.c.state.in_(
+        [literal_column("'scheduled'"), literal_column("'retryable'")]
+    ),
 )
 # The rescuer: running jobs, joined to their producer.
 Index(

@@ -37,7 +37,9 @@ def _find_bad(value: Any, path: str, seen: set[int]) -> tuple[str, str]:
     if value is None or isinstance(value, str | bool | int):
         return path, "fine"
     if isinstance(value, float):
-        return path, "fine" if math.isfinite(value) else f"the float {value!r} (JSON has no NaN or infinity)"
+        return path, "fine" if math.isfinite(
+            value
+        ) else f"the float {value!r} (JSON has no NaN or infinity)"
     if isinstance(value, Mapping | list | tuple):
         if id(value) in seen:
             return path, "a circular reference"

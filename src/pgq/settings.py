@@ -24,20 +24,38 @@ def _setting(default: Any, help: str, *, minimum: float | None = 0.001) -> Any:
 class WorkerSettings:
     """Every tunable of a worker, in seconds where it is a duration."""
 
-    concurrency: int = _setting(10, "jobs run at once per queue, unless --queue NAME:N says", minimum=1)
+    concurrency: int = _setting(
+        10, "jobs run at once per queue, unless --queue NAME:N says", minimum=1
+    )
     poll_interval: float = _setting(1.0, "seconds between fetches when no notification arrives")
-    poll_only: bool = _setting(False, "never LISTEN; poll only (for PgBouncer in transaction mode)", minimum=None)
-    shutdown_timeout: float = _setting(30.0, "seconds running jobs get to finish on a graceful stop")
+    poll_only: bool = _setting(
+        False, "never LISTEN; poll only (for PgBouncer in transaction mode)", minimum=None
+    )
+    shutdown_timeout: float = _setting(
+        30.0, "seconds running jobs get to finish on a graceful stop"
+    )
     max_threads: int = _setting(16, "worker threads for plain `def` tasks", minimum=1)
-    schedule_interval: float = _setting(1.0, "seconds between promotions of due scheduled/retryable jobs")
+    schedule_interval: float = _setting(
+        1.0, "seconds between promotions of due scheduled/retryable jobs"
+    )
     heartbeat_interval: float = _setting(5.0, "seconds between producer heartbeats")
-    heartbeat_timeout: float = _setting(2.0, "seconds one heartbeat may take before it counts as failed")
-    max_heartbeat_failures: int = _setting(3, "consecutive failed heartbeats that make a producer stop claiming", minimum=1)
-    stale_after: float = _setting(30.0, "seconds without a heartbeat after which peers rescue a producer's jobs")
+    heartbeat_timeout: float = _setting(
+        2.0, "seconds one heartbeat may take before it counts as failed"
+    )
+    max_heartbeat_failures: int = _setting(
+        3, "consecutive failed heartbeats that make a producer stop claiming", minimum=1
+    )
+    stale_after: float = _setting(
+        30.0, "seconds without a heartbeat after which peers rescue a producer's jobs"
+    )
     rescue_interval: float = _setting(5.0, "seconds between the leader's rescue rounds")
-    rescue_grace: float = _setting(10.0, "seconds past a job's own timeout before it counts as hung")
+    rescue_grace: float = _setting(
+        10.0, "seconds past a job's own timeout before it counts as hung"
+    )
     leader_ttl: float = _setting(15.0, "seconds a leader's lease lasts without renewal")
-    reap_after: float = _setting(300.0, "seconds without a heartbeat after which a producer row is deleted")
+    reap_after: float = _setting(
+        300.0, "seconds without a heartbeat after which a producer row is deleted"
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -45,14 +63,21 @@ class WorkerSettings:
             if minimum is None:
                 if not isinstance(value, bool):
                     raise ConfigError(f"{f.name} must be true or false, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int | float) or not value >= minimum:
-                raise ConfigError(f"{f.name} must be a number of at least {minimum:g}, got {value!r}")
+            elif (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not value >= minimum
+            ):
+                raise ConfigError(
+                    f"{f.name} must be a number of at least {minimum:g}, got {value!r}"
+                )
             elif isinstance(f.default, int) and not isinstance(value, int):
                 raise ConfigError(f"{f.name} must be a whole number, got {value!r}")
 
     @classmethod
-    def resolve(cls, overrides: Mapping[str, Any] | None = None,
-                environ: Mapping[str, str] | None = None) -> WorkerSettings:
+    def resolve(
+        cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> WorkerSettings:
         """Settings from ``overrides`` (None values ignored), then ``PGQ_*`` variables."""
         environ = os.environ if environ is None else environ
         overrides = {k: v for k, v in (overrides or {}).items() if v is not None}

@@ -23,7 +23,9 @@ SELECT to_regclass('pgq_alembic_version') IS NOT NULL,
 """
 PGQ_VERSION: Final = "SELECT version_num FROM pgq_alembic_version"
 # When the user runs pgq's migrations inside their own alembic environment (branch "pgq").
-SHARED_VERSION: Final = "SELECT version_num FROM alembic_version WHERE version_num = ANY($1::text[])"
+SHARED_VERSION: Final = (
+    "SELECT version_num FROM alembic_version WHERE version_num = ANY($1::text[])"
+)
 
 # --------------------------------------------------------------------------- enqueue
 
@@ -59,7 +61,8 @@ ORDER BY id
 
 # Claims up to $3 available jobs of queue $1 whose task the producer registered ($2), in
 # priority then schedule order. SKIP LOCKED lets many producers claim side by side; the
-# deadline comes from the task's timeout ($5, parallel to $2) for the rescuer of hung jobs.
+# deadline comes from the task's timeout ($5, parallel to $2) for the rescuer of hung jobs;
+# a job enqueued without max_attempts takes the task's ($6).
 FETCH_JOBS: Final = """
 WITH locked AS (
     SELECT id FROM pgq_jobs
@@ -70,8 +73,9 @@ WITH locked AS (
 )
 UPDATE pgq_jobs j
 SET state = 'running', attempt = j.attempt + 1, attempted_at = now(), producer_id = $4,
-    deadline_at = now() + make_interval(secs => t.timeout_s)
-FROM locked, unnest($2::text[], $5::float8[]) AS t(task, timeout_s)
+    deadline_at = now() + make_interval(secs => t.timeout_s),
+    max_attempts = COALESCE(j.max_attempts, t.max_attempts)
+FROM locked, unnest($2::text[], $5::float8[], $6::int[]) AS t(task, timeout_s, max_attempts)
 WHERE j.id = locked.id AND t.task = j.task
 RETURNING j.id, j.queue, j.task, j.args::text, j.priority, j.attempt, j.max_attempts,
           j.scheduled_at, j.attempted_at, j.created_at, j.tags, j.metadata::text

@@ -13,12 +13,11 @@ from typing import Any, Self
 
 import anyio
 import anyio.abc
-import asyncpg
 
 from pgq import sql
 from pgq.app import App, check_queue_name
 from pgq.completer import Completer, Outcome
-from pgq.db import CONNECTION_ERRORS, Pool, check_schema, create_pool
+from pgq.db import DATABASE_ERRORS, Pool, check_schema, create_pool
 from pgq.dsn import resolve_dsn
 from pgq.errors import ConfigError
 from pgq.executor import SHUTDOWN
@@ -83,7 +82,9 @@ class Worker:
         for queue, n in resolved.items():
             check_queue_name(queue)
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ConfigError(f"queue {queue!r}: concurrency must be a whole number >= 1, got {n!r}")
+                raise ConfigError(
+                    f"queue {queue!r}: concurrency must be a whole number >= 1, got {n!r}"
+                )
             if not any(t.queue == queue for t in self.app):
                 raise ConfigError(
                     f"queue {queue!r} has no task in this App (its queues: "
@@ -105,15 +106,22 @@ class Worker:
 
     async def run(self, *, burst: bool = False) -> None:
         """Run until :meth:`stop` (or, with ``burst=True``, until no runnable job is left)."""
-        await self._main(burst)
+        await self._main(burst, await self._open())
 
     async def __aenter__(self) -> Self:
+        pool = await self._open()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         try:
-            await self._tg.start(self._main, False)
+            await self._tg.start(self._main, False, pool)
         except BaseException as exc:
-            await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+            try:
+                await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+            except BaseExceptionGroup as group:
+                # A failure while starting is one error: raise it as itself.
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
             raise
         return self
 
@@ -124,17 +132,29 @@ class Worker:
         assert self._tg is not None
         return await self._tg.__aexit__(et, e, tb)
 
-    async def _main(
-        self, burst: bool, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        s = self.settings
+    async def _open(self) -> Pool:
         pool = await create_pool(
-            self._dsn, min_size=1, max_size=len(self._queues) + 3,
+            self._dsn,
+            min_size=1,
+            max_size=len(self._queues) + 3,
             server_settings={"application_name": f"pgq worker {self.name}"[:63]},
         )
         try:
             async with pool.acquire() as conn:
                 await check_schema(conn)
+        except BaseException:
+            await pool.close()
+            raise
+        return pool
+
+    async def _main(
+        self,
+        burst: bool,
+        pool: Pool,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
             await self._serve(pool, burst, task_status)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
@@ -142,7 +162,9 @@ class Worker:
             if scope.cancelled_caught:
                 pool.terminate()
 
-    async def _serve(self, pool: Pool, burst: bool, task_status: anyio.abc.TaskStatus[None]) -> None:
+    async def _serve(
+        self, pool: Pool, burst: bool, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
         s = self.settings
         completer = Completer(pool, self._report)
         limiter = anyio.CapacityLimiter(s.max_threads)
@@ -170,8 +192,8 @@ class Worker:
                 if not s.poll_only:
                     notifier = Notifier(
                         self._dsn,
-                        {sql.CHANNEL_JOBS: lambda q: (p := by_queue.get(q)) and p.wake()},
-                        on_connect=lambda: [p.wake() for p in self.producers] and None,
+                        {sql.CHANNEL_JOBS: lambda queue: self._wake(by_queue.get(queue))},
+                        on_connect=self._wake_all,
                     )
                     await tg.start(notifier.run)
                 tg.start_soon(completer.run)
@@ -180,7 +202,8 @@ class Worker:
                     for producer in self.producers:
                         await producers_tg.start(producer.run)
                     log.info(
-                        "worker %s started: %s", self.name,
+                        "worker %s started: %s",
+                        self.name,
                         ", ".join(f"{q}[{n}]" for q, n in self._queues.items()),
                     )
                     self.started.set()
@@ -193,15 +216,17 @@ class Worker:
                 with anyio.move_on_after(10) as flush:
                     await completer.wait_idle()
                 if flush.cancelled_caught:
-                    log.error("%d outcomes could not be written; the rescuer will retry "
-                              "those jobs", completer.pending)
+                    log.error(
+                        "%d outcomes could not be written; the rescuer will retry those jobs",
+                        completer.pending,
+                    )
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 try:
                     async with pool.acquire() as conn:
                         await conn.execute(sql.DELETE_PRODUCERS, [p.id for p in self.producers])
-                except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+                except DATABASE_ERRORS as exc:
                     log.warning("could not delete this worker's producer rows: %s", exc)
             log.info("worker %s stopped", self.name)
 
@@ -214,8 +239,9 @@ class Worker:
                     await producer.wait_empty()
         running = sum(len(p.running) for p in self.producers)
         if running:
-            log.warning("cancelling %d jobs still running at shutdown; they will be retried",
-                        running)
+            log.warning(
+                "cancelling %d jobs still running at shutdown; they will be retried", running
+            )
             for producer in self.producers:
                 producer.cancel_running(SHUTDOWN)
 
@@ -233,7 +259,7 @@ class Worker:
                         await conn.fetchval(sql.RUNNABLE_LEFT, p.queue, list(p._tasks))
                         for p in self.producers
                     ]
-            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+            except DATABASE_ERRORS as exc:
                 log.warning("burst check failed: %s", exc)
                 continue
             if not any(left):
@@ -253,7 +279,7 @@ class Worker:
                         rows = await conn.fetch(sql.PROMOTE_DUE, 1000)
                         if sum(r[1] for r in rows) < 1000:
                             break
-            except (*CONNECTION_ERRORS, asyncpg.PostgresError) as exc:
+            except DATABASE_ERRORS as exc:
                 log.warning("scheduler step failed: %s", exc)
             await anyio.sleep(self.settings.schedule_interval)
 
@@ -272,8 +298,19 @@ class Worker:
                 producer.rejected_outcomes += 1
             log.warning(
                 "outcome %s of job %d attempt %d rejected: the job is no longer running under "
-                "this producer (rescued or re-claimed elsewhere)", o.state, o.job_id, o.attempt,
+                "this producer (rescued or re-claimed elsewhere)",
+                o.state,
+                o.job_id,
+                o.attempt,
             )
+
+    def _wake(self, producer: Producer | None) -> None:
+        if producer is not None:
+            producer.wake()
+
+    def _wake_all(self) -> None:
+        for producer in self.producers:
+            producer.wake()
 
     # ------------------------------------------------------------------ stats
 

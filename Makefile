@@ -1,0 +1,34 @@
+# pgq's front door. `make help` lists the targets.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.DEFAULT_GOAL := help
+.PHONY: help demo test lint typecheck check bench clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP) ## run a worker on a few hundred demo jobs (embedded Postgres unless PGQ_DSN is set)
+	$(BIN)/python docs/examples/demo.py
+
+test: $(STAMP) lint ## lint, type-check and run the whole suite against real Postgres
+	$(BIN)/python -m pytest
+
+lint: $(STAMP) ## ruff and mypy --strict
+	$(BIN)/ruff check src tests benchmarks docs/examples migrations
+	$(BIN)/ruff format --check src tests benchmarks docs/examples migrations
+	$(BIN)/mypy
+
+bench: $(STAMP) ## measure pgq beside its peers (see docs/performance.md)
+	$(BIN)/python benchmarks/run.py
+
+clean: ## remove the virtual environment and embedded server data
+	rm -rf $(VENV) .pgq-embedded

@@ -1,0 +1,132 @@
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+APP = textwrap.dedent("""\
+    import pgq
+    app = pgq.App()
+
+    @app.task(queue="work")
+    async def touch(ctx, n):
+        return n + 1
+    """)
+
+
+def pgq_cmd(
+    python: str, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [python, "-m", "pgq.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+async def test_enqueue_then_burst_worker(python: str, dsn: str, tmp_path: Path) -> None:
+    (tmp_path / "cli_tasks.py").write_text(APP)
+    out = pgq_cmd(
+        python,
+        "enqueue",
+        "touch",
+        "--args",
+        '{"n": 41}',
+        "--queue",
+        "work",
+        "--count",
+        "3",
+        cwd=tmp_path,
+        env={"PGQ_DSN": dsn},
+    )
+    assert out.returncode == 0, out.stderr
+    ids = [int(line.split("\t")[0]) for line in out.stdout.splitlines()]
+    assert len(ids) == 3
+    run = pgq_cmd(
+        python,
+        "worker",
+        "cli_tasks:app",
+        "--queue",
+        "work:2",
+        "--burst",
+        cwd=tmp_path,
+        env={"DATABASE_URL": dsn},
+    )
+    assert run.returncode == 0, run.stderr
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT state::text, result::text FROM pgq_jobs WHERE id = ANY($1)", ids
+        )
+    finally:
+        await conn.close()
+    assert [tuple(r) for r in rows] == [("completed", "42")] * 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--dsn", "postgresql://bob:hunter2@127.0.0.1:9/db"],
+            "cannot connect to PostgreSQL at postgresql://bob:***@127.0.0.1:9/db",
+        ),
+        (["--dsn", "postgresql://bob:hunter2@host:notaport/db"], "malformed DSN"),
+        (["--dsn", "mysql://bob:hunter2@h/db"], "malformed DSN"),
+    ],
+)
+def test_bad_dsn_gives_one_masked_line(
+    python: str, tmp_path: Path, args: list[str], message: str
+) -> None:
+    for command in (["migrate"], ["enqueue", "t"]):
+        out = pgq_cmd(python, *command, *args, cwd=tmp_path)
+        assert out.returncode == 1
+        assert out.stderr.startswith("pgq: error: ") and message in out.stderr
+        assert "hunter2" not in out.stderr + out.stdout
+        assert "Traceback" not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_worker_on_unmigrated_database(python: str, empty_dsn: str, tmp_path: Path) -> None:
+    (tmp_path / "cli_tasks.py").write_text(APP)
+    out = pgq_cmd(python, "worker", "cli_tasks:app", "--dsn", empty_dsn, cwd=tmp_path)
+    assert out.returncode == 1
+    assert "this pgq needs 0001: run `pgq migrate`" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_worker_with_a_bad_app_path(python: str, tmp_path: Path) -> None:
+    out = pgq_cmd(python, "worker", "no_such_module:app", cwd=tmp_path)
+    assert out.returncode == 1 and "cannot import 'no_such_module'" in out.stderr
+    out = pgq_cmd(python, "worker", "justamodule", cwd=tmp_path)
+    assert out.returncode == 1 and "expected MODULE:APP" in out.stderr
+
+
+def test_help_lists_commands_and_every_setting(python: str, tmp_path: Path) -> None:
+    top = pgq_cmd(python, "--help", cwd=tmp_path).stdout
+    for command in ("migrate", "worker", "enqueue"):
+        assert command in top
+    worker_help = pgq_cmd(python, "worker", "--help", cwd=tmp_path).stdout
+    for flag in (
+        "--queue",
+        "--burst",
+        "--concurrency",
+        "--poll-only",
+        "--stale-after",
+        "--heartbeat-interval",
+        "PGQ_STALE_AFTER",
+    ):
+        assert flag in worker_help
+
+
+def test_enqueue_rejects_bad_args_json(python: str, dsn: str, tmp_path: Path) -> None:
+    out = pgq_cmd(python, "enqueue", "t", "--args", "{nope", "--dsn", dsn, cwd=tmp_path)
+    assert out.returncode == 1 and "--args is not valid JSON" in out.stderr
+    out = pgq_cmd(python, "enqueue", "t", "--queue", "bad queue", "--dsn", dsn, cwd=tmp_path)
+    assert out.returncode == 1 and "invalid queue name" in out.stderr

@@ -1,0 +1,197 @@
+from datetime import UTC, datetime, timedelta
+
+import anyio
+import asyncpg
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+import pgq
+from pgq.dsn import sqlalchemy_url
+from pgq.errors import ConfigError, SerializationError, UnknownTaskError
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_enqueue_returns_the_stored_job(client: pgq.Client) -> None:
+    job = await client.enqueue(
+        "send",
+        {"to": "a@b.c"},
+        queue="emails",
+        priority=5,
+        max_attempts=3,
+        tags=["t1", "t2"],
+        metadata={"trace": "x"},
+    )
+    assert job.id > 0
+    assert job.state is pgq.JobState.AVAILABLE
+    stored = await client.get_job(job.id)
+    assert stored is not None
+    assert (stored.queue, stored.task, stored.args) == ("emails", "send", {"to": "a@b.c"})
+    assert (stored.priority, stored.max_attempts, stored.attempt) == (5, 3, 0)
+    assert (await client.enqueue("send")).max_attempts is None, "left to the task"
+    assert stored.tags == ["t1", "t2"]
+    assert stored.metadata == {"trace": "x"}
+    assert stored.errors == [] and stored.result is None
+
+
+async def test_delay_and_run_at_schedule_the_job(client: pgq.Client) -> None:
+    delayed = await client.enqueue("t", delay=60)
+    assert delayed.state is pgq.JobState.SCHEDULED
+    assert delayed.scheduled_at is not None and delayed.created_at is not None
+    assert delayed.scheduled_at - delayed.created_at >= timedelta(seconds=59)
+    at = datetime.now(UTC) + timedelta(hours=1)
+    later = await client.enqueue("t", run_at=at)
+    assert later.state is pgq.JobState.SCHEDULED and later.scheduled_at == at
+    past = await client.enqueue("t", run_at=datetime.now(UTC) - timedelta(hours=1))
+    assert past.state is pgq.JobState.AVAILABLE
+
+
+async def test_enqueue_many_inserts_thousands_in_order(client: pgq.Client) -> None:
+    specs = [pgq.JobSpec("t", {"i": i}, queue="bulk", priority=i % 3) for i in range(5000)]
+    jobs = await client.enqueue_many(specs)
+    assert [j.args["i"] for j in jobs] == list(range(5000))
+    assert len({j.id for j in jobs}) == 5000
+    for job in (jobs[0], jobs[2500], jobs[-1]):
+        stored = await client.get_job(job.id)
+        assert stored is not None and stored.args == job.args and stored.priority == job.priority
+    assert (await client.count_by_state("bulk"))[pgq.JobState.AVAILABLE] == 5000
+
+
+async def test_unserializable_args_raise_before_anything_is_written(client: pgq.Client) -> None:
+    specs = [pgq.JobSpec("t", {"i": 1}), pgq.JobSpec("t", {"when": {"at": datetime.now()}})]
+    with pytest.raises(
+        SerializationError, match=r"args\['when'\]\['at'\] is of type datetime"
+    ) as info:
+        await client.enqueue_many(specs)
+    assert info.value.path == "args['when']['at']"
+    assert sum((await client.count_by_state()).values()) == 0
+
+
+async def test_args_must_be_a_mapping(client: pgq.Client) -> None:
+    with pytest.raises(SerializationError, match="args must be a mapping"):
+        await client.enqueue("t", [1, 2])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("queue", ["has space", "semi;colon", "", "a" * 200, "drop'--"])
+async def test_odd_queue_names_are_refused(client: pgq.Client, queue: str) -> None:
+    with pytest.raises(ConfigError, match="invalid queue name"):
+        await client.enqueue("t", queue=queue)
+    assert sum((await client.count_by_state()).values()) == 0
+
+
+async def test_client_with_an_app_checks_task_names_and_applies_defaults(dsn: str) -> None:
+    app = pgq.App()
+
+    @app.task(queue="emails", max_attempts=4, priority=2)
+    async def send(ctx: pgq.JobContext) -> None: ...
+
+    async with pgq.Client(dsn, app=app) as client:
+        job = await client.enqueue("send")
+        assert (job.queue, job.max_attempts, job.priority) == ("emails", 4, 2)
+        assert (await client.enqueue(send, queue="other")).queue == "other"
+        with pytest.raises(UnknownTaskError, match="unknown task 'sedn'"):
+            await client.enqueue("sedn")
+
+
+async def test_rolled_back_asyncpg_transaction_leaves_no_job_and_no_notification(
+    client: pgq.Client, dsn: str
+) -> None:
+    notes: list[str] = []
+    arrived = anyio.Event()
+
+    def on_note(*args: object) -> None:
+        notes.append(str(args[3]))
+        arrived.set()
+
+    listener = await asyncpg.connect(dsn)
+    await listener.add_listener("pgq_jobs", on_note)
+    try:
+        async with client.pool.acquire() as conn:
+            tx = conn.transaction()
+            await tx.start()
+            job = await client.enqueue("t", queue="txq", connection=conn)
+            await tx.rollback()
+        assert await client.get_job(job.id) is None
+        # A committed job is announced; the rolled-back one never was. The committed job's
+        # notification arriving proves the listener would have seen the first.
+        async with client.pool.acquire() as conn, conn.transaction():
+            await client.enqueue("t", queue="committed", connection=conn)
+        with anyio.fail_after(5):
+            await arrived.wait()
+        assert notes == ["committed"]
+    finally:
+        await listener.close()
+
+
+async def test_notification_is_sent_on_commit_not_before(client: pgq.Client, dsn: str) -> None:
+    got = anyio.Event()
+    listener = await asyncpg.connect(dsn)
+    await listener.add_listener("pgq_jobs", lambda *a: got.set())
+    try:
+        async with client.pool.acquire() as conn:
+            async with conn.transaction():
+                await client.enqueue("t", connection=conn)
+                # Let the listener read anything the server might have sent.
+                await listener.execute("SELECT 1")
+                assert not got.is_set()
+            with anyio.fail_after(5):
+                await got.wait()
+    finally:
+        await listener.close()
+
+
+async def test_sqlalchemy_session_commits_and_rolls_back_with_the_job(
+    client: pgq.Client, dsn: str
+) -> None:
+    engine = create_async_engine(sqlalchemy_url(dsn))
+    try:
+        async with AsyncSession(engine) as session:
+            rolled = await client.enqueue("t", {"n": 1}, connection=session)
+            await session.rollback()
+        async with AsyncSession(engine) as session, session.begin():
+            kept = await client.enqueue("t", {"n": 2}, connection=session)
+        async with engine.connect() as sa_conn:
+            conn_job = await client.enqueue("t", {"n": 3}, connection=sa_conn)
+            await sa_conn.rollback()
+        async with engine.begin() as sa_conn:
+            conn_kept = await client.enqueue("t", {"n": 4}, connection=sa_conn)
+    finally:
+        await engine.dispose()
+    assert await client.get_job(rolled.id) is None
+    assert await client.get_job(conn_job.id) is None
+    assert (await client.get_job(kept.id)) is not None
+    assert (await client.get_job(conn_kept.id)) is not None
+
+
+async def test_connection_of_another_kind_is_refused(client: pgq.Client) -> None:
+    with pytest.raises(ConfigError, match="connection= takes an asyncpg connection"):
+        await client.enqueue("t", connection=object())  # type: ignore[arg-type]
+
+
+async def test_unmigrated_database_is_named_with_the_fix(empty_dsn: str) -> None:
+    with pytest.raises(
+        pgq.SchemaMismatch,
+        match=r"schema at revision none .* this pgq needs 0001: run `pgq migrate`",
+    ):
+        async with pgq.Client(empty_dsn):
+            pass
+
+
+async def test_older_schema_revision_is_named(dsn: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    await conn.execute("UPDATE pgq_alembic_version SET version_num = '0000'")
+    await conn.close()
+    with pytest.raises(pgq.SchemaMismatch, match="schema at revision 0000, this pgq needs 0001"):
+        async with pgq.Client(dsn):
+            pass
+
+
+async def test_server_that_does_not_answer_gives_a_masked_error() -> None:
+    with pytest.raises(
+        pgq.DatabaseUnavailable,
+        match=r"cannot connect to PostgreSQL at postgresql://u:\*\*\*@127.0.0.1:9/db",
+    ) as info:
+        async with pgq.Client("postgresql://u:hunter2@127.0.0.1:9/db"):
+            pass
+    assert "hunter2" not in str(info.value)
+    assert info.value.__cause__ is not None

@@ -1,0 +1,184 @@
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import pgq
+from pgq import migrate
+from pgq.db import check_schema
+from pgq.dsn import sqlalchemy_url
+from pgq.schema import SCHEMA_REVISION, metadata
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CATALOG = {
+    "columns": """
+        SELECT table_name, column_name, data_type, udt_name, is_nullable, column_default,
+               is_identity
+        FROM information_schema.columns
+        WHERE table_schema = 'public' AND table_name LIKE 'pgq\\_%' AND table_name <> 'pgq_alembic_version'
+        ORDER BY 1, 2""",
+    "indexes": """
+        SELECT indexname, indexdef FROM pg_indexes
+        WHERE schemaname = 'public' AND tablename LIKE 'pgq\\_%' AND tablename <> 'pgq_alembic_version'
+        ORDER BY 1""",
+    "constraints": """
+        SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid) FROM pg_constraint
+        WHERE connamespace = 'public'::regnamespace AND conrelid::regclass::text LIKE 'pgq\\_%'
+          AND conrelid::regclass::text <> 'pgq_alembic_version'
+        ORDER BY 1, 2""",
+    "enums": """
+        SELECT t.typname, array_agg(e.enumlabel ORDER BY e.enumsortorder)::text
+        FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid GROUP BY 1 ORDER BY 1""",
+}
+
+
+async def snapshot(dsn: str) -> dict[str, list[tuple[Any, ...]]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {k: [tuple(r) for r in await conn.fetch(q)] for k, q in CATALOG.items()}
+    finally:
+        await conn.close()
+
+
+async def test_migrating_equals_create_all(dsn: str, empty_dsn: str) -> None:
+    engine = create_async_engine(sqlalchemy_url(empty_dsn))
+    async with engine.begin() as c:
+        await c.run_sync(metadata.create_all)
+    await engine.dispose()
+    migrated, created = await snapshot(dsn), await snapshot(empty_dsn)
+    assert migrated["columns"] and migrated["indexes"] and migrated["constraints"]
+    assert migrated == created
+
+
+async def test_autogenerate_finds_nothing_to_change(dsn: str) -> None:
+    engine = create_async_engine(sqlalchemy_url(dsn))
+
+    def diff(sync_conn: Any) -> list[Any]:
+        ctx = MigrationContext.configure(
+            sync_conn, opts={"compare_type": True, "version_table": "pgq_alembic_version"}
+        )
+        return [
+            d
+            for d in compare_metadata(ctx, metadata)
+            if not (d[0] == "remove_table" and d[1].name == "pgq_alembic_version")
+        ]
+
+    async with engine.connect() as c:
+        assert await c.run_sync(diff) == []
+    await engine.dispose()
+
+
+def test_head_is_the_revision_the_code_needs() -> None:
+    assert migrate.head_revision() == SCHEMA_REVISION
+
+
+async def test_downgrade_to_base_removes_everything(dsn: str) -> None:
+    await anyio.to_thread.run_sync(migrate.downgrade, dsn)
+    conn = await asyncpg.connect(dsn)
+    try:
+        left = await conn.fetch(
+            "SELECT relname FROM pg_class WHERE relname LIKE 'pgq\\_%' "
+            "AND relname NOT LIKE 'pgq_alembic_version%'"
+        )
+        types = await conn.fetch("SELECT typname FROM pg_type WHERE typname = 'pgq_job_state'")
+        assert left == [] and types == []
+        with pytest.raises(pgq.SchemaMismatch, match="revision none"):
+            await check_schema(conn)
+    finally:
+        await conn.close()
+    await migrate.upgrade_async(dsn)
+    assert (await snapshot(dsn))["columns"]
+
+
+def test_pgq_migrate_sql_prints_the_ddl(python: str) -> None:
+    out = subprocess.run(
+        [python, "-m", "pgq.cli", "migrate", "--sql"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    assert "CREATE TABLE pgq_jobs" in out and "CREATE INDEX pgq_jobs_fetch_idx" in out
+    assert "pgq_alembic_version" in out and out.rstrip().endswith("COMMIT;")
+
+
+def test_alembic_upgrade_head_from_the_repo_root(python: str, empty_dsn: str) -> None:
+    subprocess.run(
+        [python, "-m", "alembic", "-x", f"dsn={empty_dsn}", "upgrade", "head"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    subprocess.run(
+        [python, "-m", "pgq.cli", "migrate", "--dsn", empty_dsn],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )  # already at head: a no-op
+
+
+async def test_pgq_revisions_run_inside_a_users_alembic_environment(
+    tmp_path: Path, empty_dsn: str, python: str
+) -> None:
+    """docs/migrations.md: a project adds pgq's versions to its own environment."""
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "alembic.ini").write_text(
+        textwrap.dedent("""\
+        [alembic]
+        script_location = %(here)s
+        version_locations = %(here)s/versions pgq:migrations/versions
+        path_separator = space
+        """)
+    )
+    (tmp_path / "env.py").write_text(
+        textwrap.dedent(f"""\
+        import asyncio
+        from alembic import context
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        def run(conn):
+            context.configure(connection=conn)
+            with context.begin_transaction():
+                context.run_migrations()
+
+        async def main():
+            engine = create_async_engine({sqlalchemy_url(empty_dsn)!r})
+            async with engine.connect() as conn:
+                await conn.run_sync(run)
+            await engine.dispose()
+
+        asyncio.run(main())
+        """)
+    )
+    (tmp_path / "versions" / "a1_users.py").write_text(
+        textwrap.dedent("""\
+        import sqlalchemy as sa
+        from alembic import op
+        revision = "a1"
+        down_revision = None
+        branch_labels = ("app",)
+        depends_on = None
+        def upgrade():
+            op.create_table("users", sa.Column("id", sa.Integer, primary_key=True))
+        def downgrade():
+            op.drop_table("users")
+        """)
+    )
+    await anyio.run_process([python, "-m", "alembic", "upgrade", "heads"], cwd=tmp_path)
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        rows = {r[0] for r in await conn.fetch("SELECT version_num FROM alembic_version")}
+        assert rows == {"a1", SCHEMA_REVISION}
+        await check_schema(conn)  # reads the shared version table
+    finally:
+        await conn.close()

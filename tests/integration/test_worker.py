@@ -1,0 +1,368 @@
+import functools
+import threading
+from collections import Counter
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+import pgq
+
+pytestmark = pytest.mark.anyio
+
+FAST = pgq.Backoff(base_s=0.01, max_s=0.05, jitter=0.0)
+
+
+async def wait_for_state(
+    client: pgq.Client, job_id: int, state: pgq.JobState, limit_s: float = 30
+) -> pgq.Job:
+    """The job once it reached ``state``: the database row is what is awaited here."""
+    with anyio.fail_after(limit_s):
+        while True:
+            job = await client.get_job(job_id)
+            if job is not None and job.state is state:
+                return job
+            await anyio.sleep(0.02)
+
+
+async def burst(app: pgq.App, dsn: str, limit_s: float = 30, **kw: Any) -> None:
+    with anyio.fail_after(limit_s):
+        await pgq.Worker(app, dsn, **kw).run(burst=True)
+
+
+async def test_runs_jobs_with_their_args_and_stores_results(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    seen: list[tuple[int, int, int]] = []
+
+    @app.task
+    async def add(ctx: pgq.JobContext, a: int, b: int) -> dict[str, int]:
+        seen.append((ctx.id, ctx.attempt, ctx.args["a"]))
+        ctx.log.info("adding")
+        return {"sum": a + b}
+
+    job = await client.enqueue("add", {"a": 2, "b": 3})
+    await burst(app, dsn)
+    done = await client.get_job(job.id)
+    assert done is not None
+    assert done.state is pgq.JobState.COMPLETED
+    assert done.result == {"sum": 5}
+    assert done.finalized_at is not None and done.attempt == 1
+    assert seen == [(job.id, 1, 2)]
+
+
+async def test_plain_def_tasks_run_in_worker_threads(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    threads: list[str] = []
+
+    @app.task
+    def blocking(ctx: pgq.JobContext, n: int) -> int:
+        threads.append(threading.current_thread().name)
+        return n * 2
+
+    jobs = await client.enqueue_many([pgq.JobSpec("blocking", {"n": i}) for i in range(20)])
+    await burst(app, dsn, max_threads=3)
+    assert all(t != threading.main_thread().name for t in threads) and len(threads) == 20
+    assert [(await client.get_job(j.id)).result for j in jobs] == [i * 2 for i in range(20)]  # type: ignore[union-attr]
+
+
+async def test_claims_by_priority_then_schedule_time(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    order: list[str] = []
+
+    @app.task
+    async def record(ctx: pgq.JobContext, name: str) -> None:
+        order.append(name)
+
+    await client.enqueue("record", {"name": "low-1"}, priority=0)
+    await client.enqueue("record", {"name": "high"}, priority=10)
+    await client.enqueue("record", {"name": "low-2"}, priority=0)
+    await client.enqueue("record", {"name": "mid"}, priority=5)
+    await burst(app, dsn, concurrency=1)
+    assert order == ["high", "mid", "low-1", "low-2"]
+
+
+async def test_never_claims_a_task_it_has_not_registered(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+
+    @app.task
+    async def known(ctx: pgq.JobContext) -> None: ...
+
+    other = await client.enqueue("unknown_task")
+    mine = await client.enqueue("known")
+    await burst(app, dsn)
+    assert (await client.get_job(mine.id)).state is pgq.JobState.COMPLETED  # type: ignore[union-attr]
+    left = await client.get_job(other.id)
+    assert left is not None and left.state is pgq.JobState.AVAILABLE and left.attempt == 0
+
+
+async def test_failures_retry_with_backoff_then_discard_keeping_every_error(
+    client: pgq.Client, dsn: str
+) -> None:
+    app = pgq.App()
+    backoff = pgq.Backoff(base_s=0.2, max_s=10, jitter=0.0)
+
+    @app.task(max_attempts=3, backoff=backoff)
+    async def always_fails(ctx: pgq.JobContext) -> None:
+        raise RuntimeError(f"broken on attempt {ctx.attempt}")
+
+    job = await client.enqueue("always_fails")
+    async with pgq.Worker(app, dsn, schedule_interval=0.05):
+        done = await wait_for_state(client, job.id, pgq.JobState.DISCARDED)
+    assert done.attempt == 3
+    assert [e["attempt"] for e in done.errors] == [1, 2, 3]
+    assert [e["message"] for e in done.errors] == [
+        f"RuntimeError: broken on attempt {n}" for n in (1, 2, 3)
+    ]
+    assert all("Traceback" in e["traceback"] for e in done.errors)
+    # Each wait at least the backoff: 0.2 s after attempt 1, 0.4 s after attempt 2.
+    from datetime import datetime
+
+    ats = [datetime.fromisoformat(e["at"]) for e in done.errors]
+    assert (ats[1] - ats[0]).total_seconds() >= 0.2
+    assert (ats[2] - ats[1]).total_seconds() >= 0.4
+
+
+async def test_retry_snooze_and_cancel_outcomes(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    calls: Counter[str] = Counter()
+
+    @app.task(max_attempts=5)
+    async def retry_once(ctx: pgq.JobContext) -> str:
+        calls["retry"] += 1
+        if ctx.attempt == 1:
+            raise pgq.Retry(0, reason="not yet")
+        return "ok"
+
+    @app.task(max_attempts=1)
+    async def snoozer(ctx: pgq.JobContext) -> None:
+        calls["snooze"] += 1
+        if calls["snooze"] < 3:
+            raise pgq.Snooze(0)
+
+    @app.task
+    async def canceller(ctx: pgq.JobContext) -> None:
+        raise pgq.Cancel("no longer wanted")
+
+    r = await client.enqueue("retry_once")
+    s = await client.enqueue("snoozer")
+    c = await client.enqueue("canceller")
+    await burst(app, dsn)
+    rj, sj, cj = [await client.get_job(j.id) for j in (r, s, c)]
+    assert rj and rj.state is pgq.JobState.COMPLETED and rj.attempt == 2 and rj.result == "ok"
+    assert rj.errors[0]["message"] == "not yet"
+    # Snoozes do not use attempts: max_attempts=1 and still it ran three times.
+    assert sj and sj.state is pgq.JobState.COMPLETED and sj.attempt == 1 and calls["snooze"] == 3
+    assert (
+        cj and cj.state is pgq.JobState.CANCELLED and cj.errors[0]["message"] == "no longer wanted"
+    )
+
+
+async def test_timeout_cancels_an_async_task_and_records_it(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    finished = []
+
+    @app.task(timeout=0.2, max_attempts=1)
+    async def slow(ctx: pgq.JobContext) -> None:
+        await anyio.sleep(30)
+        finished.append(True)
+
+    job = await client.enqueue("slow")
+    await burst(app, dsn, limit_s=10)
+    done = await client.get_job(job.id)
+    assert done is not None and done.state is pgq.JobState.DISCARDED
+    assert (
+        done.errors[0]["kind"] == "timeout" and "timed out after 0.2s" in done.errors[0]["message"]
+    )
+    assert finished == []
+
+
+async def test_timeout_of_a_thread_task_sets_cancel_requested(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    saw_cancel = threading.Event()
+
+    @app.task(timeout=0.2, max_attempts=1)
+    def slow(ctx: pgq.JobContext) -> None:
+        for _ in range(500):
+            if ctx.cancel_requested:
+                saw_cancel.set()
+                return
+            threading.Event().wait(0.01)
+
+    job = await client.enqueue("slow")
+    await burst(app, dsn, limit_s=10)
+    assert (await client.get_job(job.id)).state is pgq.JobState.DISCARDED  # type: ignore[union-attr]
+    await anyio.to_thread.run_sync(saw_cancel.wait, 5)
+    assert saw_cancel.is_set()
+
+
+async def test_unserializable_result_completes_and_keeps_the_reason(
+    client: pgq.Client, dsn: str
+) -> None:
+    app = pgq.App()
+
+    @app.task
+    async def odd(ctx: pgq.JobContext) -> object:
+        return {"x": object()}
+
+    job = await client.enqueue("odd")
+    await burst(app, dsn)
+    done = await client.get_job(job.id)
+    assert done and done.state is pgq.JobState.COMPLETED and done.result is None
+    assert "result['x'] is of type object" in done.errors[0]["message"]
+
+
+async def test_many_workers_never_run_a_job_twice(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    runs: Counter[int] = Counter()
+
+    @app.task
+    async def once(ctx: pgq.JobContext, i: int) -> None:
+        runs[i] += 1
+        await anyio.lowlevel.checkpoint()
+
+    n = 3000
+    await client.enqueue_many([pgq.JobSpec("once", {"i": i}) for i in range(n)])
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for k in range(6):
+                tg.start_soon(functools.partial(burst, app, dsn, 60, concurrency=7 + k))
+    assert len(runs) == n and set(runs.values()) == {1}
+    assert (await client.count_by_state())[pgq.JobState.COMPLETED] == n
+
+
+async def test_notification_wakes_an_idle_worker(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    ran = anyio.Event()
+
+    @app.task
+    async def ping(ctx: pgq.JobContext) -> None:
+        ran.set()
+
+    # A poll interval far beyond the test's limit: only the NOTIFY can wake the worker.
+    async with pgq.Worker(app, dsn, poll_interval=3600):
+        await client.enqueue("ping")
+        with anyio.fail_after(10):
+            await ran.wait()
+
+
+async def test_poll_only_mode_runs_jobs_without_listen(
+    client: pgq.Client, dsn: str, conn: Any
+) -> None:
+    app = pgq.App()
+    ran = anyio.Event()
+
+    @app.task
+    async def ping(ctx: pgq.JobContext) -> None:
+        ran.set()
+
+    async with pgq.Worker(app, dsn, poll_only=True, poll_interval=0.05):
+        listeners = await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND query ILIKE 'LISTEN%'"
+        )
+        assert listeners == 0
+        await client.enqueue("ping")
+        with anyio.fail_after(10):
+            await ran.wait()
+
+
+async def test_delayed_job_runs_once_due(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    ran = anyio.Event()
+
+    @app.task
+    async def later(ctx: pgq.JobContext) -> None:
+        ran.set()
+
+    job = await client.enqueue("later", delay=0.3)
+    async with pgq.Worker(app, dsn, schedule_interval=0.05):
+        with anyio.fail_after(10):
+            await ran.wait()
+    done = await client.get_job(job.id)
+    assert (
+        done and done.attempted_at and done.scheduled_at and done.attempted_at >= done.scheduled_at
+    )
+
+
+async def test_clean_stop_waits_for_running_jobs(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    started = anyio.Event()
+
+    @app.task
+    async def short(ctx: pgq.JobContext) -> str:
+        started.set()
+        await anyio.sleep(0.3)
+        return "finished"
+
+    job = await client.enqueue("short")
+    async with pgq.Worker(app, dsn, shutdown_timeout=10):
+        with anyio.fail_after(10):
+            await started.wait()
+    done = await client.get_job(job.id)
+    assert done and done.state is pgq.JobState.COMPLETED and done.result == "finished"
+
+
+async def test_clean_stop_past_the_timeout_leaves_nothing_running(
+    client: pgq.Client, dsn: str, conn: Any
+) -> None:
+    app = pgq.App()
+    started = anyio.Event()
+
+    @app.task
+    async def forever(ctx: pgq.JobContext) -> None:
+        started.set()
+        await anyio.sleep(3600)
+
+    job = await client.enqueue("forever")
+    async with pgq.Worker(app, dsn, shutdown_timeout=0.2):
+        with anyio.fail_after(10):
+            await started.wait()
+    done = await client.get_job(job.id)
+    assert done is not None and done.state is pgq.JobState.RETRYABLE
+    assert done.attempt == 0, "an interrupted attempt does not count"
+    assert done.errors[0]["kind"] == "shutdown"
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'running'") == 0
+    assert await conn.fetchval("SELECT count(*) FROM pgq_producers") == 0
+
+
+async def test_stop_now_cancels_at_once(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+    started = anyio.Event()
+
+    @app.task
+    async def forever(ctx: pgq.JobContext) -> None:
+        started.set()
+        await anyio.sleep(3600)
+
+    job = await client.enqueue("forever")
+    worker = pgq.Worker(app, dsn, shutdown_timeout=3600)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            await started.wait()
+            worker.stop()
+            await anyio.sleep(0.1)
+            worker.stop(now=True)
+    assert (await client.get_job(job.id)).state is pgq.JobState.RETRYABLE  # type: ignore[union-attr]
+
+
+async def test_worker_on_unmigrated_database_fails_at_start(empty_dsn: str) -> None:
+    app = pgq.App()
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    with pytest.raises(pgq.SchemaMismatch, match="run `pgq migrate`"):
+        async with pgq.Worker(app, empty_dsn):
+            pass
+
+
+async def test_worker_refuses_a_queue_without_tasks() -> None:
+    app = pgq.App()
+
+    @app.task(queue="a")
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    with pytest.raises(pgq.ConfigError, match="queue 'b' has no task in this App"):
+        pgq.Worker(app, "postgresql://localhost/x", queues=["b"])

@@ -1,0 +1,81 @@
+import random
+
+import pytest
+
+import pgq
+from pgq.app import Backoff, check_queue_name
+from pgq.cli import parse_queues
+from pgq.errors import ConfigError, UnknownTaskError
+from pgq.settings import WorkerSettings
+
+
+def test_backoff_doubles_then_caps_with_bounded_jitter() -> None:
+    b = Backoff(base_s=1.0, max_s=10.0, jitter=0.1)
+    rng = random.Random(7)
+    for attempt, raw in [(1, 1.0), (2, 2.0), (3, 4.0), (4, 8.0), (5, 10.0), (40, 10.0)]:
+        delay = b.delay(attempt, rng)
+        assert raw * 0.9 <= delay <= raw * 1.1
+
+
+def test_backoff_without_jitter_is_exact() -> None:
+    assert Backoff(base_s=0.5, max_s=100, jitter=0).delay(3) == 2.0
+
+
+def test_task_registration_and_lookup() -> None:
+    app = pgq.App()
+
+    @app.task(queue="emails", max_attempts=3, timeout=5)
+    async def send(ctx: pgq.JobContext, to: str) -> None: ...
+
+    @app.task
+    def report(ctx: pgq.JobContext) -> None: ...
+
+    assert app.get("send").queue == "emails"
+    assert send.is_async and not report.is_async
+    assert app.queues() == ["emails", "default"]
+    with pytest.raises(UnknownTaskError, match="unknown task 'sned'.*registers report, send"):
+        app.get("sned")
+    with pytest.raises(ConfigError, match="registered twice"):
+        app.task(name="send")(report.fn)
+
+
+@pytest.mark.parametrize("name", ["", "with space", "semi;colon", "-dash", "x" * 129, "é", None])
+def test_odd_queue_names_are_refused(name: object) -> None:
+    with pytest.raises(ConfigError, match="invalid queue name"):
+        check_queue_name(name)
+
+
+def test_settings_precedence_keyword_over_env_over_default() -> None:
+    env = {"PGQ_STALE_AFTER": "40", "PGQ_POLL_ONLY": "true", "PGQ_CONCURRENCY": "7"}
+    s = WorkerSettings.resolve({"concurrency": 3, "poll_interval": None}, env)
+    assert s.stale_after == 40.0
+    assert s.poll_only is True
+    assert s.concurrency == 3
+    assert s.poll_interval == WorkerSettings().poll_interval
+
+
+@pytest.mark.parametrize(
+    ("overrides", "env", "message"),
+    [
+        ({"stale_after": -1}, {}, "stale_after must be a number of at least"),
+        ({"concurrency": 2.5}, {}, "concurrency must be a whole number"),
+        (
+            {},
+            {"PGQ_HEARTBEAT_INTERVAL": "soon"},
+            "PGQ_HEARTBEAT_INTERVAL='soon' is not a valid float",
+        ),
+        ({"bogus": 1}, {}, "unknown worker setting"),
+    ],
+)
+def test_invalid_settings_say_which(
+    overrides: dict[str, object], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        WorkerSettings.resolve(overrides, env)
+
+
+def test_cli_queue_flags() -> None:
+    assert parse_queues(["emails:20", "reports"], 4) == {"emails": 20, "reports": 4}
+    assert parse_queues([], 4) is None
+    with pytest.raises(ConfigError, match="whole number"):
+        parse_queues(["emails:x"], None)

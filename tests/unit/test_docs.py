@@ -1,0 +1,23 @@
+"""Docs stay true: every setting is documented, every docs link resolves."""
+
+import re
+from pathlib import Path
+
+from pgq.settings import env_name, setting_help
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_every_worker_setting_is_in_the_configuration_reference() -> None:
+    text = (DOCS / "configuration.md").read_text()
+    for name, (default, _help) in setting_help().items():
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, name
+        assert f"`--{name.replace('_', '-')}`" in row and f"`{env_name(name)}`" in row
+        assert f"| {default} |" in row, f"{name}: documented default differs from {default}"
+
+
+def test_links_between_docs_resolve() -> None:
+    for page in [*DOCS.glob("*.md"), DOCS.parent / "README.md"]:
+        for target in re.findall(r"\]\(([^)#]+\.(?:md|py))(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"

@@ -27,8 +27,16 @@ lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff format --check src tests benchmarks docs/examples migrations
 	$(BIN)/mypy
 
-bench: $(STAMP) ## measure pgq beside its peers (see docs/performance.md)
-	$(BIN)/python benchmarks/run.py
+BENCH_STAMP := benchmarks/.venv/.installed-stamp
+
+$(BENCH_STAMP): pyproject.toml benchmarks/requirements.txt
+	$(PYTHON) -m venv benchmarks/.venv
+	benchmarks/.venv/bin/python -m pip install --quiet --upgrade pip
+	benchmarks/.venv/bin/python -m pip install --quiet -e . -r benchmarks/requirements.txt
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP) ## measure pgq beside its peers in their own venv (see docs/performance.md)
+	benchmarks/.venv/bin/python benchmarks/run.py
 
 clean: ## remove the virtual environment and embedded server data
 	rm -rf $(VENV) .pgq-embedded

@@ -1,0 +1,89 @@
+"""Shared helpers for the benchmark runners: databases, timing, results."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+SERVER_DSN = os.environ.get("PGQ_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def with_database(dsn: str, database: str) -> str:
+    """``dsn`` pointing at ``database``."""
+    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
+
+
+async def fresh_database(name: str) -> str:
+    """Drop and create database ``name``; return its DSN."""
+    conn = await asyncpg.connect(SERVER_DSN)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return with_database(SERVER_DSN, name)
+
+
+async def drop_database(name: str) -> None:
+    """Drop database ``name`` if it exists."""
+    conn = await asyncpg.connect(SERVER_DSN)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of ``values``."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary_ms(samples_s: Sequence[float]) -> dict[str, float]:
+    """p50/p99/mean of durations in seconds, reported in milliseconds."""
+    return {
+        "p50_ms": percentile(samples_s, 50) * 1000,
+        "p99_ms": percentile(samples_s, 99) * 1000,
+        "mean_ms": statistics.fmean(samples_s) * 1000 if samples_s else float("nan"),
+        "n": len(samples_s),
+    }
+
+
+class Timer:
+    """``with Timer() as t: ...`` then ``t.seconds``."""
+
+    def __enter__(self) -> Timer:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self.start
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print one result line (JSON) for the orchestrator."""
+    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def run(main: Any) -> None:
+    """Run an async main with uvloop when installed, else asyncio."""
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())

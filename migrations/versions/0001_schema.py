@@ -148,6 +148,7 @@ def upgrade() -> None:
     op.create_table(
         "pgq_producers",
         sa.Column("id", sa.UUID(), nullable=False),
+        sa.Column("worker_id", sa.UUID(), nullable=False),
         sa.Column("worker_name", sa.Text(), nullable=False),
         sa.Column("queue", sa.Text(), nullable=False),
         sa.Column(

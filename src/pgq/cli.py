@@ -82,6 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--name",
         help="worker name shown in `pgq producers` (default: host:pid, or PGQ_WORKER_NAME)",
     )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        metavar="P",
+        default=_env_int("PGQ_HEALTH_PORT"),
+        help="serve GET /healthz on this port (200, or 503 with a JSON reason); "
+        "env PGQ_HEALTH_PORT",
+    )
+    p.add_argument(
+        "--health-host",
+        default=os.environ.get("PGQ_HEALTH_HOST", "127.0.0.1"),
+        help="address the health endpoint binds (default 127.0.0.1)",
+    )
     for name, (default, text) in setting_help().items():
         flag = "--" + name.replace("_", "-")
         if isinstance(default, bool):
@@ -100,6 +113,22 @@ def build_parser() -> argparse.ArgumentParser:
                 metavar="N",
                 help=f"{text} (default {default:g}, env {env_name(name)})",
             )
+
+    p = sub.add_parser(
+        "producers",
+        help="list producers, their heartbeats and the leader",
+        description="List every producer registered in the database with its heartbeat age "
+        "and status (alive, unhealthy, stale), and which worker leads.",
+    )
+    _add_dsn(p)
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds after which a silent producer shows as stale (default: PGQ_STALE_AFTER or 30)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = sub.add_parser(
         "enqueue", help="enqueue jobs from the shell", description="Enqueue jobs of a task by name."
@@ -148,6 +177,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _worker(args)
         if args.command == "enqueue":
             return anyio.run(_enqueue, args)
+        if args.command == "producers":
+            return anyio.run(_producers, args)
     except PgqError as exc:
         print(f"pgq: error: {exc}", file=sys.stderr)
         return 1
@@ -161,6 +192,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     parser.error(f"unknown command {args.command}")
     return 2  # pragma: no cover
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
@@ -221,7 +262,13 @@ def _worker(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     settings = {name: getattr(args, name) for name in setting_help()}
     worker = Worker(
-        app, args.dsn, queues=parse_queues(args.queue, args.concurrency), name=args.name, **settings
+        app,
+        args.dsn,
+        queues=parse_queues(args.queue, args.concurrency),
+        name=args.name,
+        health_port=args.health_port,
+        health_host=args.health_host,
+        **settings,
     )
 
     async def run() -> None:
@@ -274,6 +321,104 @@ async def _enqueue(args: argparse.Namespace) -> int:
     for job in jobs:
         print(f"{job.id}\t{job.state}\t{job.queue}\t{job.task}")
     return 0
+
+
+async def _producers(args: argparse.Namespace) -> int:
+    from pgq import sql
+    from pgq.db import check_schema, connect
+
+    stale_after = args.stale_after or WorkerSettings.resolve().stale_after
+    conn = await connect(resolve_dsn(args.dsn))
+    try:
+        await check_schema(conn)
+        rows = await conn.fetch(sql.LIST_PRODUCERS)
+        leader = await conn.fetchrow(sql.CURRENT_LEADER)
+    finally:
+        await conn.close()
+    items = []
+    for r in rows:
+        age = float(r["heartbeat_age_s"])
+        status = "stale" if age > stale_after else ("alive" if r["healthy"] else "unhealthy")
+        items.append(
+            {
+                "producer_id": str(r["id"]),
+                "worker_name": r["worker_name"],
+                "queue": r["queue"],
+                "status": status,
+                "heartbeat_age_s": round(age, 1),
+                "leader": bool(r["is_leader"]),
+                "running": r["running"],
+                "concurrency": r["concurrency"],
+                "claimed": r["claimed"],
+                "completed": r["completed"],
+                "failed": r["failed"],
+                "rejected_outcomes": r["rejected_outcomes"],
+                "started_at": r["started_at"].isoformat(),
+            }
+        )
+    leader_info = None
+    if leader is not None:
+        leader_info = {
+            "worker_id": str(leader["leader_id"]),
+            "worker_name": leader["worker_name"],
+            "elected_at": leader["elected_at"].isoformat(),
+            "expires_in_s": round(float(leader["expires_in_s"]), 1),
+        }
+    if args.json:
+        print(json.dumps({"leader": leader_info, "producers": items}, indent=2))
+        return 0
+    if leader_info:
+        print(
+            f"leader: {leader_info['worker_name']} (lease expires in {leader_info['expires_in_s']}s)"
+        )
+    else:
+        print("leader: none")
+    if not items:
+        print("no producers registered")
+        return 0
+    headers = [
+        "WORKER",
+        "QUEUE",
+        "STATUS",
+        "HEARTBEAT",
+        "RUNNING",
+        "SLOTS",
+        "CLAIMED",
+        "COMPLETED",
+        "FAILED",
+        "REJECTED",
+    ]
+    table = [
+        [
+            it["worker_name"] + (" *" if it["leader"] else ""),
+            it["queue"],
+            it["status"],
+            f"{it['heartbeat_age_s']}s ago",
+            *(
+                str(it[c])
+                for c in (
+                    "running",
+                    "concurrency",
+                    "claimed",
+                    "completed",
+                    "failed",
+                    "rejected_outcomes",
+                )
+            ),
+        ]
+        for it in items
+    ]
+    print(render_table(headers, table))
+    print("(* leader)")
+    return 0
+
+
+def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain, aligned text table."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -64,6 +64,8 @@ class Completer:
         self._idle = anyio.Event()
         self._idle.set()
         self.failures = 0
+        #: Held around every write; a producer changing its id holds it too.
+        self.write_lock = anyio.Lock()
 
     @property
     def pending(self) -> int:
@@ -78,6 +80,12 @@ class Completer:
             self._idle = anyio.Event()
         if len(self._buffer) >= self._batch_size:
             self._full.set()
+
+    def rekey(self, old: uuid.UUID, new: uuid.UUID) -> None:
+        """Point pending outcomes fenced with producer ``old`` at ``new``."""
+        for outcome in self._buffer:
+            if outcome.producer_id == old:
+                outcome.producer_id = new
 
     async def wait_idle(self) -> None:
         """Return once every outcome added so far is written (or rejected)."""
@@ -138,25 +146,18 @@ class Completer:
 
     async def _write(self, batch: list[Outcome]) -> None:
         batch.sort(key=lambda o: o.job_id)  # a stable lock order across concurrent writers
-        columns: tuple[list[object], ...] = ([], [], [], [], [], [], [], [])
-        for o in batch:
-            for col, value in zip(
-                columns,
-                (
-                    o.job_id,
-                    o.attempt,
-                    o.producer_id,
-                    o.state,
-                    o.delay_s,
-                    o.error,
-                    o.result,
-                    o.attempt_delta,
-                ),
-                strict=True,
-            ):
-                col.append(value)
         with anyio.fail_after(30):
-            async with self._pool.acquire() as conn:
+            async with self.write_lock, self._pool.acquire() as conn:
+                columns = (
+                    [o.job_id for o in batch],
+                    [o.attempt for o in batch],
+                    [o.producer_id for o in batch],
+                    [o.state for o in batch],
+                    [o.delay_s for o in batch],
+                    [o.error for o in batch],
+                    [o.result for o in batch],
+                    [o.attempt_delta for o in batch],
+                )
                 rows = await conn.fetch(sql.COMPLETE_JOBS, *columns)
         written = {r[0] for r in rows}
         if len(written) == len(batch):

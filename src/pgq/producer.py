@@ -38,6 +38,7 @@ class Producer:
         completer: Completer,
         limiter: anyio.CapacityLimiter,
         poll_interval: float,
+        fence_after_s: float = float("inf"),
     ) -> None:
         self.id = uuid.uuid4()
         self.queue = queue
@@ -62,6 +63,10 @@ class Producer:
         # Health, as the heartbeat sees it.
         self.consecutive_failures = 0
         self.last_heartbeat_ok_at: float | None = None  # time.time() of the last success
+        # Claiming stops once this long has passed since the last proof of life (the
+        # registration, then each heartbeat), even if the heartbeat loop itself is held up.
+        self._fence_after_s = fence_after_s
+        self._alive_at = anyio.current_time()
         # Counters.
         self.claimed = 0
         self.completed = 0
@@ -82,6 +87,37 @@ class Producer:
             self.wake()
         elif not healthy and self._healthy.is_set():
             self._healthy = anyio.Event()
+
+    def heartbeat_ok(self, now: float) -> None:
+        """A heartbeat landed: reset the failure count and unfence."""
+        self._alive_at = anyio.current_time()
+        self.last_heartbeat_ok_at = now
+        if self.consecutive_failures or not self.healthy:
+            log.info("queue %s: heartbeat ok again; claiming resumes", self.queue)
+        self.consecutive_failures = 0
+        self.set_healthy(True)
+
+    def heartbeat_failed(self, exc: BaseException, max_failures: int) -> None:
+        """A heartbeat failed; the ``max_failures``-th in a row fences the producer."""
+        self.consecutive_failures += 1
+        reason = str(exc) or type(exc).__name__
+        if self.consecutive_failures >= max_failures and self.healthy:
+            log.warning(
+                "queue %s: %d heartbeats failed in a row (last: %s); claiming nothing until "
+                "one succeeds (%d jobs keep running)",
+                self.queue,
+                self.consecutive_failures,
+                reason,
+                len(self.running),
+            )
+            self.set_healthy(False)
+        else:
+            log.warning(
+                "queue %s: heartbeat failed (%d in a row): %s",
+                self.queue,
+                self.consecutive_failures,
+                reason,
+            )
 
     def wake(self) -> None:
         """Fetch now (new jobs were announced, or the producer became healthy)."""
@@ -131,6 +167,14 @@ class Producer:
                     await self._wake.wait()
                 if self._stopping or not self._healthy.is_set():
                     continue
+            if anyio.current_time() - self._alive_at > self._fence_after_s:
+                log.warning(
+                    "queue %s: no heartbeat for %.1fs; claiming nothing until one lands",
+                    self.queue,
+                    anyio.current_time() - self._alive_at,
+                )
+                self.set_healthy(False)
+                continue
             # A notification that arrives during the fetch sets the new event: not lost.
             self._wake = anyio.Event()
             limit = self.concurrency - len(self.running)
@@ -196,6 +240,8 @@ class Producer:
         job = execution.ctx.job
         try:
             outcome = await execute(self._tasks[job.task], execution, self.id, self._limiter)
+            # The id may have changed while the job ran (re-registration adopted the job).
+            outcome.producer_id = self.id
             self._completer.add(outcome)
         finally:
             del self.running[job.id]

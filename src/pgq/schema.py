@@ -116,6 +116,8 @@ producers = Table(
     "pgq_producers",
     metadata,
     Column("id", UUID(as_uuid=True), primary_key=True),
+    # The worker process that runs this producer; the leader lease names it when it leads.
+    Column("worker_id", UUID(as_uuid=True), nullable=False),
     Column("worker_name", Text, nullable=False),
     Column("queue", Text, nullable=False),
     Column("started_at", TSTZ, nullable=False, server_default=func.now()),

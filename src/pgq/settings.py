@@ -73,6 +73,32 @@ class WorkerSettings:
                 )
             elif isinstance(f.default, int) and not isinstance(value, int):
                 raise ConfigError(f"{f.name} must be a whole number, got {value!r}")
+        self._check_liveness()
+
+    def _check_liveness(self) -> None:
+        # The invariant of the liveness protocol: a producer whose heartbeats fail fences
+        # itself (stops claiming) strictly before any peer may judge it stale.
+        fenced_by = self.heartbeat_interval * self.max_heartbeat_failures + self.heartbeat_timeout
+        if not fenced_by < self.stale_after:
+            raise ConfigError(
+                "unsafe liveness settings: a producer whose heartbeats fail fences itself "
+                f"after heartbeat_interval ({self.heartbeat_interval:g}s) x "
+                f"max_heartbeat_failures ({self.max_heartbeat_failures}) + heartbeat_timeout "
+                f"({self.heartbeat_timeout:g}s) = {fenced_by:g}s, which must be less than "
+                f"stale_after ({self.stale_after:g}s), or peers could rescue jobs it still "
+                "runs; raise stale_after or lower the others"
+            )
+        if self.heartbeat_timeout > self.heartbeat_interval:
+            raise ConfigError(
+                f"heartbeat_timeout ({self.heartbeat_timeout:g}s) must not exceed "
+                f"heartbeat_interval ({self.heartbeat_interval:g}s)"
+            )
+        if self.reap_after <= self.stale_after:
+            raise ConfigError(
+                f"reap_after ({self.reap_after:g}s) must exceed stale_after "
+                f"({self.stale_after:g}s): a producer row is deleted only after its jobs "
+                "were rescued"
+            )
 
     @classmethod
     def resolve(

@@ -140,11 +140,145 @@ SELECT EXISTS (
 # --------------------------------------------------------------------------- producers
 
 REGISTER_PRODUCER: Final = """
-INSERT INTO pgq_producers (id, worker_name, queue, concurrency)
-VALUES ($1, $2, $3, $4)
+INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency)
+VALUES ($1, $2, $3, $4, $5)
+"""
+
+# One heartbeat for every producer of a worker, on the database clock. Rows that come back
+# are alive; a producer whose row is missing was judged dead (or deleted) by someone else.
+HEARTBEAT: Final = """
+UPDATE pgq_producers p
+SET heartbeat_at = now(), running = u.running, healthy = u.healthy, claimed = u.claimed,
+    completed = u.completed, failed = u.failed, rejected_outcomes = u.rejected
+FROM unnest($1::uuid[], $2::int[], $3::bool[], $4::bigint[], $5::bigint[], $6::bigint[],
+            $7::bigint[]) AS u(id, running, healthy, claimed, completed, failed, rejected)
+WHERE p.id = u.id
+RETURNING p.id
+"""
+
+# A producer whose row vanished comes back under a new id and adopts those of its jobs
+# that are still running under the old one (a row deleted by hand); jobs that peers
+# already rescued are not 'running' under the old id any more and stay theirs.
+REREGISTER_PRODUCER: Final = """
+WITH ins AS (
+    INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, claimed,
+                               completed, failed, rejected_outcomes)
+    VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10)
+    RETURNING id
+)
+UPDATE pgq_jobs SET producer_id = (SELECT id FROM ins)
+WHERE producer_id = $1 AND state = 'running' AND id = ANY($11::bigint[])
+RETURNING id
 """
 
 DELETE_PRODUCERS: Final = "DELETE FROM pgq_producers WHERE id = ANY($1::uuid[])"
+
+LIST_PRODUCERS: Final = """
+SELECT p.id, p.worker_name, p.queue, p.started_at, p.heartbeat_at,
+       extract(epoch FROM now() - p.heartbeat_at)::float8 AS heartbeat_age_s,
+       p.concurrency, p.running, p.healthy, p.claimed, p.completed, p.failed,
+       p.rejected_outcomes,
+       (l.leader_id IS NOT NULL) AS is_leader, p.worker_id
+FROM pgq_producers p
+LEFT JOIN pgq_leader l ON l.name = 'default' AND l.leader_id = p.worker_id
+     AND l.expires_at > now()
+ORDER BY p.worker_name, p.queue
+"""
+
+CURRENT_LEADER: Final = """
+SELECT leader_id, worker_name, elected_at, expires_at,
+       extract(epoch FROM expires_at - now())::float8 AS expires_in_s
+FROM pgq_leader WHERE name = 'default' AND expires_at > now()
+"""
+
+# --------------------------------------------------------------------------- leader
+
+# Take the lease if it is free or expired, or renew it if it is ours. A row comes back
+# only when we hold it; its expiry is on the database clock.
+ACQUIRE_LEADERSHIP: Final = """
+INSERT INTO pgq_leader AS l (name, leader_id, worker_name, elected_at, expires_at)
+VALUES ('default', $1, $2, now(), now() + make_interval(secs => $3))
+ON CONFLICT (name) DO UPDATE
+SET leader_id = EXCLUDED.leader_id,
+    worker_name = EXCLUDED.worker_name,
+    elected_at = CASE WHEN l.leader_id = EXCLUDED.leader_id THEN l.elected_at
+                      ELSE now() END,
+    expires_at = EXCLUDED.expires_at
+WHERE l.leader_id = EXCLUDED.leader_id OR l.expires_at < now()
+RETURNING leader_id
+"""
+
+RESIGN_LEADERSHIP: Final = """
+WITH gone AS (
+    DELETE FROM pgq_leader WHERE name = 'default' AND leader_id = $1 RETURNING leader_id
+)
+SELECT pg_notify('pgq_leader', 'resigned') FROM gone
+"""
+
+# --------------------------------------------------------------------------- maintenance
+
+# The rescue, judged in SQL on the database clock so any leader can judge any peer. A running
+# job is rescued when its producer's heartbeat is older than $2 seconds, when its producer's
+# row is gone and the job started more than $2 seconds ago, or when it overran its own
+# deadline by more than $3 seconds (hung under a live producer). The leader's lease is
+# checked in the same statement: a deposed leader rescues nothing. SKIP LOCKED passes over a
+# job whose outcome is being written right now; re-checking the locked row's state keeps a
+# job that just completed out. Attempts run out -> discarded, so a poison job cannot loop.
+RESCUE_JOBS: Final = """
+WITH lease AS (
+    SELECT 1 FROM pgq_leader
+    WHERE name = 'default' AND leader_id = $1 AND expires_at > now()
+), candidates AS (
+    SELECT j.id, j.attempt, COALESCE(j.max_attempts, 20) AS max_attempts, j.producer_id,
+           p.worker_name,
+           CASE WHEN p.id IS NULL THEN 'producer row missing'
+                WHEN p.heartbeat_at < now() - make_interval(secs => $2) THEN 'producer stale'
+                ELSE 'job overran its timeout' END AS reason,
+           extract(epoch FROM now() - COALESCE(p.heartbeat_at, j.attempted_at))::float8
+               AS silent_s
+    FROM pgq_jobs j
+    LEFT JOIN pgq_producers p ON p.id = j.producer_id
+    WHERE j.state = 'running' AND EXISTS (SELECT 1 FROM lease)
+      AND ((p.id IS NULL AND j.attempted_at < now() - make_interval(secs => $2))
+           OR p.heartbeat_at < now() - make_interval(secs => $2)
+           OR j.deadline_at < now() - make_interval(secs => $3))
+    ORDER BY j.id
+    LIMIT $4
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE pgq_jobs j
+SET state = (CASE WHEN c.attempt >= c.max_attempts THEN 'discarded'
+                  ELSE 'retryable' END)::pgq_job_state,
+    finalized_at = CASE WHEN c.attempt >= c.max_attempts THEN now() END,
+    scheduled_at = now() + make_interval(
+        secs => least(3600, 2 ^ greatest(c.attempt - 1, 0)) * (0.9 + random() * 0.2)),
+    deadline_at = NULL,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', c.attempt,
+        'kind', 'rescued',
+        'message', format('rescued: %s (producer %s, worker %s, silent for %ss)', c.reason,
+                          c.producer_id, COALESCE(c.worker_name, 'unknown'),
+                          round(c.silent_s::numeric, 1)),
+        'producer_id', c.producer_id,
+        'worker_name', c.worker_name,
+        'silent_s', round(c.silent_s::numeric, 3),
+        'traceback', NULL,
+        'at', now())),
+    metadata = jsonb_set(j.metadata, '{pgq_rescues}',
+                         to_jsonb(COALESCE((j.metadata ->> 'pgq_rescues')::int, 0) + 1))
+FROM candidates c
+WHERE j.id = c.id
+RETURNING j.id, j.state::text, c.reason, c.worker_name, c.silent_s
+"""
+
+# Producer rows silent far longer than stale_after, once none of their jobs is running
+# (the rescuer got to them first), are deleted.
+REAP_PRODUCERS: Final = """
+DELETE FROM pgq_producers p
+WHERE p.heartbeat_at < now() - make_interval(secs => $1)
+  AND NOT EXISTS (SELECT 1 FROM pgq_jobs j WHERE j.producer_id = p.id AND j.state = 'running')
+RETURNING p.id, p.worker_name, p.queue
+"""
 
 # --------------------------------------------------------------------------- reads
 

@@ -3,10 +3,12 @@ their lifecycle (start, graceful stop, burst)."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -14,13 +16,16 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 
-from pgq import sql
+from pgq import health, sql
 from pgq.app import App, check_queue_name
 from pgq.completer import Completer, Outcome
 from pgq.db import DATABASE_ERRORS, Pool, check_schema, create_pool
 from pgq.dsn import resolve_dsn
 from pgq.errors import ConfigError
 from pgq.executor import SHUTDOWN
+from pgq.heartbeat import Heartbeater
+from pgq.leader import Elector
+from pgq.maintenance import Maintenance
 from pgq.notifier import Notifier
 from pgq.producer import Producer
 from pgq.settings import WorkerSettings
@@ -40,6 +45,9 @@ class Worker:
     ``concurrency``); by default every queue the App's tasks use. Every other keyword is a
     :class:`~pgq.settings.WorkerSettings` field and falls back to its ``PGQ_*`` variable.
 
+    ``health_port`` serves ``GET /healthz`` on ``health_host`` (loopback by default) for
+    liveness probes; ``name`` defaults to ``PGQ_WORKER_NAME``, else ``host:pid``.
+
     Embedded: ``async with pgq.Worker(app, dsn) as worker:`` runs it in the background
     until the block ends (then stops gracefully). Standalone: ``await worker.run()``.
     """
@@ -51,6 +59,8 @@ class Worker:
         *,
         queues: Mapping[str, int] | Sequence[str] | None = None,
         name: str | None = None,
+        health_port: int | None = None,
+        health_host: str = "127.0.0.1",
         **settings: Any,
     ) -> None:
         self.app = app
@@ -61,9 +71,14 @@ class Worker:
         self._stop_requested = anyio.Event()
         self._stop_now = False
         self._tg: anyio.abc.TaskGroup | None = None
+        self.id = uuid.uuid4()
         self.producers: list[Producer] = []
-        self._by_id: dict[Any, Producer] = {}
         self.started = anyio.Event()
+        self.elector: Elector | None = None
+        self.maintenance: Maintenance | None = None
+        self._health_port = health_port
+        self._health_host = health_host
+        self._started_at = 0.0
 
     def _resolve_queues(self, queues: Mapping[str, int] | Sequence[str] | None) -> dict[str, int]:
         if isinstance(queues, str):
@@ -177,34 +192,65 @@ class Worker:
                 completer=completer,
                 limiter=limiter,
                 poll_interval=s.poll_interval,
+                fence_after_s=s.heartbeat_interval * s.max_heartbeat_failures,
             )
             for queue, n in self._queues.items()
         ]
-        self._by_id = {p.id: p for p in self.producers}
-        by_queue = {p.queue: p for p in self.producers}
+        self._started_at = anyio.current_time()
         async with pool.acquire() as conn:
             await conn.executemany(
                 sql.REGISTER_PRODUCER,
-                [(p.id, self.name, p.queue, p.concurrency) for p in self.producers],
+                [(p.id, self.id, self.name, p.queue, p.concurrency) for p in self.producers],
             )
+        heartbeater = Heartbeater(
+            self._dsn,
+            self.producers,
+            completer,
+            worker_id=self.id,
+            worker_name=self.name,
+            interval_s=s.heartbeat_interval,
+            timeout_s=s.heartbeat_timeout,
+            max_failures=s.max_heartbeat_failures,
+        )
+        self.elector = elector = Elector(
+            pool, worker_id=self.id, worker_name=self.name, ttl_s=s.leader_ttl
+        )
+        self.maintenance = maintenance = Maintenance(pool, elector, self.producers, s, self.id)
         try:
             async with anyio.create_task_group() as tg:
                 if not s.poll_only:
                     notifier = Notifier(
                         self._dsn,
-                        {sql.CHANNEL_JOBS: lambda queue: self._wake(by_queue.get(queue))},
+                        {
+                            sql.CHANNEL_JOBS: self._on_jobs,
+                            sql.CHANNEL_LEADER: lambda _payload: elector.wake(),
+                        },
                         on_connect=self._wake_all,
                     )
                     await tg.start(notifier.run)
                 tg.start_soon(completer.run)
-                tg.start_soon(self._schedule_loop, pool)
+                tg.start_soon(heartbeater.run)
+                await elector.attempt()
+                tg.start_soon(elector.run)
+                tg.start_soon(maintenance.run_scheduler)
+                tg.start_soon(maintenance.run_rescuer)
+                if self._health_port is not None:
+                    await tg.start(
+                        functools.partial(
+                            health.serve,
+                            self.health,
+                            host=self._health_host,
+                            port=self._health_port,
+                        )
+                    )
                 async with anyio.create_task_group() as producers_tg:
                     for producer in self.producers:
                         await producers_tg.start(producer.run)
                     log.info(
-                        "worker %s started: %s",
+                        "worker %s started: %s%s",
                         self.name,
                         ", ".join(f"{q}[{n}]" for q, n in self._queues.items()),
+                        " (leader)" if elector.is_leader else "",
                     )
                     self.started.set()
                     task_status.started()
@@ -223,12 +269,18 @@ class Worker:
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await elector.resign()
                 try:
                     async with pool.acquire() as conn:
                         await conn.execute(sql.DELETE_PRODUCERS, [p.id for p in self.producers])
                 except DATABASE_ERRORS as exc:
                     log.warning("could not delete this worker's producer rows: %s", exc)
             log.info("worker %s stopped", self.name)
+
+    def _on_jobs(self, queue: str) -> None:
+        for producer in self.producers:
+            if producer.queue == queue:
+                producer.wake()
 
     async def _drain(self) -> None:
         for producer in self.producers:
@@ -269,23 +321,10 @@ class Worker:
                 for producer in self.producers:
                     producer.wake()
 
-    async def _schedule_loop(self, pool: Pool) -> None:
-        """Makes due scheduled and retryable jobs available (until the liveness work moves
-        it to the leader)."""
-        while True:
-            try:
-                async with pool.acquire() as conn:
-                    while True:
-                        rows = await conn.fetch(sql.PROMOTE_DUE, 1000)
-                        if sum(r[1] for r in rows) < 1000:
-                            break
-            except DATABASE_ERRORS as exc:
-                log.warning("scheduler step failed: %s", exc)
-            await anyio.sleep(self.settings.schedule_interval)
-
     def _report(self, written: list[Outcome], rejected: list[Outcome]) -> None:
+        by_id = {p.id: p for p in self.producers}  # ids change on re-registration
         for o in written:
-            producer = self._by_id.get(o.producer_id)
+            producer = by_id.get(o.producer_id)
             if producer is None:
                 continue
             if o.state == "completed":
@@ -293,7 +332,7 @@ class Worker:
             elif o.error is not None and o.attempt_delta == 0 and o.state != "cancelled":
                 producer.failed += 1
         for o in rejected:
-            producer = self._by_id.get(o.producer_id)
+            producer = by_id.get(o.producer_id)
             if producer is not None:
                 producer.rejected_outcomes += 1
             log.warning(
@@ -304,10 +343,6 @@ class Worker:
                 o.attempt,
             )
 
-    def _wake(self, producer: Producer | None) -> None:
-        if producer is not None:
-            producer.wake()
-
     def _wake_all(self) -> None:
         for producer in self.producers:
             producer.wake()
@@ -315,9 +350,60 @@ class Worker:
     # ------------------------------------------------------------------ stats
 
     def stats(self) -> dict[str, Any]:
-        """A snapshot: this worker's name and, per producer, health and counters."""
+        """A snapshot for operators: per producer its queue, health (``healthy``,
+        ``consecutive_failures``, ``last_heartbeat_ok_at`` as a Unix time, None before the
+        first) and counters (``running``, ``claimed``, ``completed``, ``failed``,
+        ``rejected_outcomes``); the worker's leader flag and the rescues it did."""
+        maintenance = self.maintenance
         return {
+            "worker_id": str(self.id),
             "worker_name": self.name,
             "time": time.time(),
+            "leader": self.elector is not None and self.elector.is_leader,
+            "rescued": maintenance.rescued if maintenance else 0,
+            "reaped": maintenance.reaped if maintenance else 0,
             "producers": [p.stats() for p in self.producers],
         }
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether this worker is alive for a liveness probe, and why (``/healthz``).
+
+        Unhealthy when a producer fenced itself, or when the last heartbeat is older than
+        the fencing bound; healthy during a start-up grace (``stale_after``) before the first
+        heartbeat lands."""
+        s = self.settings
+        bound = s.heartbeat_interval * s.max_heartbeat_failures + s.heartbeat_timeout
+        stats = self.stats()
+        body: dict[str, Any] = {
+            "worker_name": self.name,
+            "leader": stats["leader"],
+            "producers": stats["producers"],
+        }
+        if not self.producers:
+            return False, {**body, "status": "stopped", "reason": "the worker is not running"}
+        sick = [p for p in self.producers if not p.healthy]
+        if sick:
+            reason = "; ".join(
+                f"producer of queue {p.queue} is unhealthy after "
+                f"{p.consecutive_failures} failed heartbeats"
+                for p in sick
+            )
+            return False, {**body, "status": "unhealthy", "reason": reason}
+        last = [p.last_heartbeat_ok_at for p in self.producers]
+        now = time.time()
+        if any(t is None for t in last):
+            if anyio.current_time() - self._started_at <= s.stale_after:
+                return True, {**body, "status": "starting"}
+            return False, {
+                **body,
+                "status": "unhealthy",
+                "reason": f"no heartbeat within the start-up grace ({s.stale_after:g}s)",
+            }
+        age = now - min(t for t in last if t is not None)
+        if age > bound:
+            return False, {
+                **body,
+                "status": "unhealthy",
+                "reason": f"last heartbeat {age:.1f}s ago (bound {bound:g}s)",
+            }
+        return True, {**body, "status": "ok", "last_heartbeat_age_s": round(age, 3)}

@@ -1,0 +1,92 @@
+"""Lease-based leader election on the database clock."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import anyio
+
+from pgq import sql
+from pgq.db import DATABASE_ERRORS, Pool
+
+log = logging.getLogger("pgq.leader")
+
+
+class Elector:
+    """Holds, renews or waits for the single ``default`` leader lease.
+
+    The lease lasts ``ttl_s`` on the database clock and is renewed every ``ttl_s / 3``.
+    Locally the worker counts itself leader only until ``ttl_s`` after it *sent* its last
+    successful renewal, which is never later than the lease's expiry in the database; a
+    leader cut off from the database therefore stops leading before anyone else can start.
+    """
+
+    def __init__(self, pool: Pool, *, worker_id: uuid.UUID, worker_name: str, ttl_s: float):
+        self._pool = pool
+        self._worker_id = worker_id
+        self._worker_name = worker_name
+        self._ttl_s = ttl_s
+        self._valid_until = 0.0
+        self._held = False
+        self._wake = anyio.Event()
+        self.terms = 0
+
+    @property
+    def renew_interval_s(self) -> float:
+        """How often the lease is renewed (or sought)."""
+        return self._ttl_s / 3
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this worker holds an unexpired lease."""
+        return self._held and anyio.current_time() < self._valid_until
+
+    def wake(self) -> None:
+        """Seek the lease now (the leader resigned)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Seek or renew the lease until cancelled."""
+        while True:
+            self._wake = anyio.Event()
+            await self.attempt()
+            with anyio.move_on_after(self.renew_interval_s):
+                await self._wake.wait()
+
+    async def attempt(self) -> bool:
+        """One election round; returns whether this worker leads afterwards."""
+        sent = anyio.current_time()
+        try:
+            with anyio.fail_after(self.renew_interval_s):
+                async with self._pool.acquire() as conn:
+                    won = await conn.fetchval(
+                        sql.ACQUIRE_LEADERSHIP, self._worker_id, self._worker_name, self._ttl_s
+                    )
+        except DATABASE_ERRORS as exc:
+            if self._held:
+                log.warning("could not renew the leader lease (%s); leading until it lapses", exc)
+            return self.is_leader
+        if won is not None:
+            self._valid_until = sent + self._ttl_s
+            if not self._held:
+                self.terms += 1
+                log.info("worker %s is now the leader", self._worker_name)
+            self._held = True
+        elif self._held:
+            log.warning("worker %s lost the leader lease to another worker", self._worker_name)
+            self._held = False
+        return self.is_leader
+
+    async def resign(self) -> None:
+        """Give the lease up at once and tell followers (NOTIFY) so one takes over now."""
+        if not self._held:
+            return
+        self._held = False
+        try:
+            with anyio.fail_after(2):
+                async with self._pool.acquire() as conn:
+                    await conn.execute(sql.RESIGN_LEADERSHIP, self._worker_id)
+            log.info("worker %s resigned leadership", self._worker_name)
+        except DATABASE_ERRORS as exc:
+            log.warning("could not resign leadership (%s); the lease will lapse", exc)

@@ -38,6 +38,7 @@ CONNECTION_ERRORS: tuple[type[Exception], ...] = (
     TimeoutError,
     asyncpg.ConnectionDoesNotExistError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,  # protocol state lost mid-statement (e.g. server shutting down)
     asyncpg.CannotConnectNowError,
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,

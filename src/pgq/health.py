@@ -48,7 +48,8 @@ async def serve(
             except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                 return
 
-    await listener.serve(handle)
+    async with listener:
+        await listener.serve(handle)
 
 
 async def _read_head(stream: anyio.abc.SocketStream) -> str:

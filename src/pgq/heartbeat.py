@@ -12,13 +12,10 @@ import asyncpg
 
 from pgq import sql
 from pgq.completer import Completer
-from pgq.db import DATABASE_ERRORS, connect
-from pgq.errors import DatabaseUnavailable
+from pgq.db import connect
 from pgq.producer import Producer
 
 log = logging.getLogger("pgq.heartbeat")
-
-_BEAT_ERRORS: tuple[type[Exception], ...] = (*DATABASE_ERRORS, DatabaseUnavailable)
 
 
 class Heartbeater:
@@ -82,7 +79,7 @@ class Heartbeater:
                 for producer in self._producers:
                     if producer.id not in alive:
                         await self._reregister(self._conn, producer)
-        except _BEAT_ERRORS as exc:
+        except Exception as exc:  # whatever stopped it, this heartbeat did not land
             if self._conn is not None:
                 self._conn.terminate()  # its state is unknown after a cut-off statement
                 self._conn = None

@@ -77,6 +77,8 @@ class Worker:
         self.elector: Elector | None = None
         self.maintenance: Maintenance | None = None
         self._health_port = health_port
+        #: The port /healthz is served on once started (useful with ``health_port=0``).
+        self.health_port: int | None = None
         self._health_host = health_host
         self._started_at = 0.0
 
@@ -226,6 +228,9 @@ class Worker:
                             sql.CHANNEL_LEADER: lambda _payload: elector.wake(),
                         },
                         on_connect=self._wake_all,
+                        connect_kwargs={
+                            "server_settings": {"application_name": f"pgq listen {self.name}"[:63]}
+                        },
                     )
                     await tg.start(notifier.run)
                 tg.start_soon(completer.run)
@@ -235,7 +240,7 @@ class Worker:
                 tg.start_soon(maintenance.run_scheduler)
                 tg.start_soon(maintenance.run_rescuer)
                 if self._health_port is not None:
-                    await tg.start(
+                    self.health_port = await tg.start(
                         functools.partial(
                             health.serve,
                             self.health,

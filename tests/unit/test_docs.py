@@ -21,3 +21,21 @@ def test_links_between_docs_resolve() -> None:
     for page in [*DOCS.glob("*.md"), DOCS.parent / "README.md"]:
         for target in re.findall(r"\]\(([^)#]+\.(?:md|py))(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_every_liveness_setting_is_explained_with_its_default() -> None:
+    text = (DOCS / "liveness.md").read_text()
+    for name in (
+        "heartbeat_interval",
+        "heartbeat_timeout",
+        "max_heartbeat_failures",
+        "stale_after",
+        "rescue_interval",
+        "rescue_grace",
+        "leader_ttl",
+        "reap_after",
+    ):
+        default = setting_help()[name][0]
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
+        shown = row.split("|")[2].strip().removesuffix(" s")
+        assert float(shown) == float(default), name

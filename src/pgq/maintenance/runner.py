@@ -50,6 +50,8 @@ class Maintenance:
                     await self.promote_due()
                 except DATABASE_ERRORS as exc:
                     log.warning("scheduler round failed: %s", exc)
+                except Exception:  # a bug here must not stop the jobs: say it loudly, go on
+                    log.exception("scheduler round failed")
             await anyio.sleep(self._settings.schedule_interval)
 
     async def run_rescuer(self) -> None:
@@ -62,6 +64,8 @@ class Maintenance:
                 await self.rescue_round()
             except DATABASE_ERRORS as exc:
                 log.warning("rescue round failed: %s", exc)
+            except Exception:
+                log.exception("rescue round failed")
 
     async def promote_due(self) -> int:
         """One scheduler step; returns how many jobs became available."""
@@ -112,6 +116,8 @@ class Maintenance:
                 if len(rows) < BATCH:
                     break
             reaped = await conn.fetch(sql.REAP_PRODUCERS, s.reap_after)
+        if rescued:
+            await self.promote_due()  # first rescues are due at once: no wait for the scheduler
         for r in reaped:
             log.info("reaped producer %s (worker %s, queue %s)", r[0], r[1], r[2])
         self.rescued += rescued

@@ -1,0 +1,137 @@
+"""Time from `kill -9` of a worker holding running jobs to their re-claim by a peer.
+
+`python benchmarks/kill_reclaim.py [TRIALS]` runs with pgq's default liveness settings and
+prints each trial beside the bound the settings promise: the victim's last heartbeat is at
+most `heartbeat_interval` old at the kill, a peer judges it stale `stale_after` after that
+heartbeat, and the leader looks every `rescue_interval`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import asyncpg
+from common import drop_database, emit, fresh_database
+
+import pgq
+from pgq import migrate
+from pgq.settings import WorkerSettings
+
+HERE = Path(__file__).resolve().parent
+
+
+def start(name: str, dsn: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pgq.cli",
+            "--log-level",
+            "WARNING",
+            "worker",
+            "reclaim_app:app",
+            "--dsn",
+            dsn,
+            "--name",
+            name,
+        ],
+        cwd=HERE,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def wait_for(
+    conn: asyncpg.Connection[asyncpg.Record], query: str, *args: object, limit_s: float = 120
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not await conn.fetchval(query, *args):
+        if loop.time() > deadline:
+            raise TimeoutError(query)
+        await asyncio.sleep(0.05)
+
+
+async def trial(n: int) -> float:
+    name = f"bench_reclaim_{n}"
+    dsn = await fresh_database(name)
+    await migrate.upgrade_async(dsn)
+    peer = start("peer", dsn)
+    conn = await asyncpg.connect(dsn)
+    await wait_for(conn, "SELECT count(*) > 0 FROM pgq_producers WHERE worker_name = 'peer'")
+    victim = start("victim", dsn)
+    try:
+        await wait_for(conn, "SELECT count(*) > 0 FROM pgq_producers WHERE worker_name = 'victim'")
+        async with pgq.Client(dsn) as client:
+            await client.enqueue_many(
+                [pgq.JobSpec("long_job", {"seconds": 600}) for _ in range(20)]
+            )
+        await wait_for(
+            conn,
+            "SELECT count(*) > 0 FROM pgq_jobs j JOIN pgq_producers p "
+            "ON p.id = j.producer_id WHERE p.worker_name = 'victim' AND state = 'running'",
+        )
+        held = [
+            r[0]
+            for r in await conn.fetch(
+                "SELECT j.id FROM pgq_jobs j JOIN pgq_producers p ON p.id = j.producer_id "
+                "WHERE p.worker_name = 'victim' AND j.state = 'running'"
+            )
+        ]
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        killed_at = await conn.fetchval("SELECT now()")
+        await wait_for(
+            conn,
+            "SELECT bool_and(attempt = 2 AND state = 'running') FROM pgq_jobs WHERE id = ANY($1)",
+            held,
+        )
+        first = await conn.fetchval(
+            "SELECT min(attempted_at) FROM pgq_jobs WHERE id = ANY($1)", held
+        )
+        return float((first - killed_at).total_seconds())
+    finally:
+        for p in (victim, peer):
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+        await conn.close()
+        await drop_database(name)
+
+
+async def main() -> None:
+    trials = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    s = WorkerSettings()
+    upper = s.stale_after + s.rescue_interval
+    lower = s.stale_after - s.heartbeat_interval
+    for n in range(trials):
+        seconds = await trial(n)
+        print(
+            f"trial {n + 1}: re-claimed {seconds:.1f}s after kill -9 "
+            f"(settings promise {lower:g}s to {upper:g}s plus a moment)",
+            flush=True,
+        )
+        emit(
+            {
+                "system": "pgq",
+                "workload": "kill_reclaim",
+                "seconds": seconds,
+                "bound_s": upper,
+                "settings": {
+                    "stale_after": s.stale_after,
+                    "rescue_interval": s.rescue_interval,
+                    "heartbeat_interval": s.heartbeat_interval,
+                },
+            }
+        )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,89 @@
+"""A TCP proxy between a worker and Postgres that a test controls: pass, stall, or cut."""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+import anyio
+import anyio.abc
+
+log = logging.getLogger("tests.proxy")
+
+
+class Mode(enum.Enum):
+    PASS = "pass"
+    STALL = "stall"  # connections stay open; no byte moves either way
+    CUT = "cut"  # every connection is closed, new ones are closed at once
+
+
+class Proxy:
+    """Listens on 127.0.0.1 (a free port) and forwards to ``target_host:target_port``."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self.mode = Mode.PASS
+        self._flowing = anyio.Event()
+        self._flowing.set()
+        self._scopes: set[anyio.CancelScope] = set()
+        self.connections = 0
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        task_status.started(self.port)
+        async with listener:
+            await listener.serve(self._handle)
+
+    def stall(self) -> None:
+        self.mode = Mode.STALL
+        self._flowing = anyio.Event()
+
+    def cut(self) -> None:
+        self.mode = Mode.CUT
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    def heal(self) -> None:
+        self.mode = Mode.PASS
+        self._flowing.set()
+
+    async def _handle(self, client: anyio.abc.SocketStream) -> None:
+        async with client:
+            if self.mode is Mode.CUT:
+                return
+            self.connections += 1
+            with anyio.CancelScope() as scope:
+                self._scopes.add(scope)
+                try:
+                    await self._flow()
+                    async with (
+                        await anyio.connect_tcp(*self.target) as upstream,
+                        anyio.create_task_group() as tg,
+                    ):
+                        tg.start_soon(self._pipe, client, upstream, tg.cancel_scope)
+                        tg.start_soon(self._pipe, upstream, client, tg.cancel_scope)
+                except OSError:
+                    pass
+                finally:
+                    self._scopes.discard(scope)
+
+    async def _flow(self) -> None:
+        while not self._flowing.is_set():
+            await self._flowing.wait()
+
+    async def _pipe(
+        self, src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream, scope: anyio.CancelScope
+    ) -> None:
+        try:
+            while True:
+                data = await src.receive(65536)
+                await self._flow()
+                await dst.send(data)
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+        finally:
+            scope.cancel()

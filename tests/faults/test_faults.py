@@ -1,0 +1,309 @@
+"""Real faults against real worker processes and a real Postgres.
+
+Each test checks, on the jobs' recorded side effects, that no job is lost and none
+completes twice.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import anyio
+import asyncpg
+import pytest
+
+import pgq
+from tests.faults.proxy import Proxy
+from tests.faults.workers import SHORT, WorkerProcess, free_port, via_proxy, wait_registered
+from tests.tests_support import until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.faults, pytest.mark.timeout(180)]
+
+
+async def enqueue(dsn: str, n: int, seconds: float) -> list[int]:
+    async with pgq.Client(dsn) as client:
+        jobs = await client.enqueue_many(
+            [pgq.JobSpec("effect", {"seconds": seconds}) for _ in range(n)]
+        )
+    return [j.id for j in jobs]
+
+
+async def all_completed(conn: asyncpg.Connection[asyncpg.Record], ids: list[int]) -> bool:
+    done = await conn.fetchval(
+        "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1) AND state = 'completed'", ids
+    )
+    return bool(done == len(ids))
+
+
+async def assert_exactly_once(conn: asyncpg.Connection[asyncpg.Record], ids: list[int]) -> None:
+    """No job lost, none completed twice: one fenced effect per job, every job completed."""
+    rows = await conn.fetch(
+        "SELECT j.id, j.state::text, count(e.job_id) AS effects FROM pgq_jobs j"
+        " LEFT JOIN effects e ON e.job_id = j.id WHERE j.id = ANY($1) GROUP BY j.id, j.state",
+        ids,
+    )
+    assert len(rows) == len(ids)
+    bad = [dict(r) for r in rows if r["state"] != "completed" or r["effects"] != 1]
+    assert bad == []
+
+
+async def running_under(conn: asyncpg.Connection[asyncpg.Record], name: str) -> int:
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM pgq_jobs j JOIN pgq_producers p ON p.id = j.producer_id"
+            " WHERE j.state = 'running' AND p.worker_name = $1",
+            name,
+        )
+    )
+
+
+def health(port: int) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+async def test_kill9_jobs_run_again_once_and_promptly(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    a = WorkerProcess("victim", dsn, tmp_path, SHORT)
+    b = WorkerProcess("survivor", dsn, tmp_path, SHORT)
+    workers += [a, b]
+    b.start()
+    await wait_registered(db, "survivor")
+    a.start()
+    await wait_registered(db, "victim")
+    ids = await enqueue(dsn, 10, 3.0)
+
+    async def victim_busy() -> bool:
+        return await running_under(db, "victim") >= 2
+
+    await until(victim_busy, limit_s=30)
+    held = [
+        r[0]
+        for r in await db.fetch(
+            "SELECT j.id FROM pgq_jobs j JOIN pgq_producers p ON p.id = j.producer_id"
+            " WHERE j.state = 'running' AND p.worker_name = 'victim'"
+        )
+    ]
+    a.kill9()
+    killed_at: datetime = await db.fetchval("SELECT now()")
+    await until(lambda: all_completed(db, ids), limit_s=60)
+    await assert_exactly_once(db, ids)
+    reclaims = await db.fetch(
+        "SELECT id, attempted_at, errors FROM pgq_jobs WHERE id = ANY($1)", held
+    )
+    bound = SHORT["stale_after"] + SHORT["rescue_interval"] + 2.0
+    for r in reclaims:
+        errors = json.loads(r["errors"])
+        assert errors[0]["kind"] == "rescued" and errors[0]["worker_name"] == "victim"
+        delay = (r["attempted_at"] - killed_at).total_seconds()
+        assert delay <= bound, (
+            f"job {r['id']} re-claimed {delay:.1f}s after the kill (bound {bound}s)"
+        )
+    finished = await db.fetch("SELECT DISTINCT worker FROM effects WHERE job_id = ANY($1)", held)
+    assert {r[0] for r in finished} == {"survivor"}
+
+
+async def test_a_healthy_worker_running_one_long_job_is_never_rescued(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    settings = {
+        **SHORT,
+        "heartbeat_interval": 0.4,
+        "heartbeat_timeout": 0.3,
+        "stale_after": 2.0,
+        "rescue_interval": 0.5,
+    }
+    w = WorkerProcess("steady", dsn, tmp_path, settings)
+    workers.append(w)
+    w.start()
+    await wait_registered(db, "steady")
+    ids = await enqueue(dsn, 1, 5 * settings["stale_after"])
+    await until(lambda: all_completed(db, ids), limit_s=60)
+    await assert_exactly_once(db, ids)
+    job = await db.fetchrow("SELECT attempt, errors::text FROM pgq_jobs WHERE id = $1", ids[0])
+    assert job is not None and job["attempt"] == 1 and job["errors"] == "[]"
+
+
+@pytest.mark.parametrize("fault", ["stall", "cut"])
+async def test_a_worker_cut_off_from_postgres_fences_itself_and_resumes(
+    fault: str,
+    dsn: str,
+    db: asyncpg.Connection[asyncpg.Record],
+    workers: list[WorkerProcess],
+    tmp_path: Path,
+) -> None:
+    target = urlsplit(dsn)
+    proxy = Proxy(target.hostname or "127.0.0.1", target.port or 5432)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        peer = WorkerProcess("peer", dsn, tmp_path, SHORT)
+        workers.append(peer)
+        peer.start()
+        await wait_registered(db, "peer")  # first: the peer leads and judges
+        health_port = free_port()
+        cut_off = WorkerProcess(
+            "cut-off", via_proxy(dsn, port), tmp_path, SHORT, health_port=health_port
+        )
+        workers.append(cut_off)
+        cut_off.start()
+        await wait_registered(db, "cut-off")
+        ids = await enqueue(dsn, 10, 2.5)
+
+        async def busy() -> bool:
+            return await running_under(db, "cut-off") >= 1
+
+        await until(busy, limit_s=30)
+        held = [
+            r[0]
+            for r in await db.fetch(
+                "SELECT j.id FROM pgq_jobs j JOIN pgq_producers p ON p.id = j.producer_id"
+                " WHERE j.state = 'running' AND p.worker_name = 'cut-off'"
+            )
+        ]
+        faulted_at = anyio.current_time()
+        proxy.stall() if fault == "stall" else proxy.cut()
+
+        async def fenced() -> bool:
+            status, body = await anyio.to_thread.run_sync(health, health_port)
+            return status == 503 and body.get("status") == "unhealthy"
+
+        await until(fenced, limit_s=SHORT["stale_after"])
+        fenced_after = anyio.current_time() - faulted_at
+        assert fenced_after < SHORT["stale_after"], "fenced before peers may judge it stale"
+
+        # Its jobs are rescued by the peer, only after stale_after.
+        await until(lambda: all_completed(db, ids), limit_s=60)
+        rescue_times = await db.fetch(
+            "SELECT (errors -> 0 ->> 'silent_s')::float8 FROM pgq_jobs WHERE id = ANY($1)", held
+        )
+        assert all(r[0] >= SHORT["stale_after"] for r in rescue_times)
+
+        proxy.heal()
+
+        async def rejected_late_outcomes() -> bool:
+            status, body = await anyio.to_thread.run_sync(health, health_port)
+            producers = body.get("producers") or []
+            assert isinstance(producers, list)
+            return status == 200 and sum(p["rejected_outcomes"] for p in producers) >= 1
+
+        await until(rejected_late_outcomes, limit_s=30)
+        await assert_exactly_once(db, ids)
+
+        # Healed, it claims again: the peer stops, the cut-off worker runs the new jobs.
+        assert peer.stop() == 0
+        more = await enqueue(dsn, 3, 0.1)
+        await until(lambda: all_completed(db, more), limit_s=30)
+        await assert_exactly_once(db, more)
+        ran = await db.fetch("SELECT DISTINCT worker FROM effects WHERE job_id = ANY($1)", more)
+        assert {r[0] for r in ran} == {"cut-off"}
+        tg.cancel_scope.cancel()
+
+
+async def test_a_killed_leader_is_replaced_within_its_ttl(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    leader = WorkerProcess("leader", dsn, tmp_path, SHORT)
+    follower = WorkerProcess("follower", dsn, tmp_path, SHORT)
+    workers += [leader, follower]
+    leader.start()
+    await wait_registered(db, "leader")
+    follower.start()
+    await wait_registered(db, "follower")
+    assert await db.fetchval("SELECT worker_name FROM pgq_leader") == "leader"
+    ids = await enqueue(dsn, 10, 3.0)
+
+    async def leader_busy() -> bool:
+        return await running_under(db, "leader") >= 1
+
+    await until(leader_busy, limit_s=30)
+    leader.kill9()
+    killed = anyio.current_time()
+
+    async def taken_over() -> bool:
+        return bool(
+            await db.fetchval(
+                "SELECT worker_name = 'follower' FROM pgq_leader WHERE expires_at > now()"
+            )
+        )
+
+    await until(
+        taken_over,
+        limit_s=30,
+    )
+    bound = SHORT["leader_ttl"] + SHORT["leader_ttl"] / 3 + 1.0
+    assert anyio.current_time() - killed <= bound
+    await until(lambda: all_completed(db, ids), limit_s=60)
+    await assert_exactly_once(db, ids)
+
+
+def _local_cluster() -> tuple[str, str] | None:
+    if shutil.which("pg_ctlcluster") is None or not Path("/etc/postgresql").is_dir():
+        return None
+    versions = sorted(p.name for p in Path("/etc/postgresql").iterdir())
+    return (versions[-1], "main") if versions else None
+
+
+async def test_workers_survive_a_postgres_restart(
+    dsn: str, server_dsn: str, workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    cluster = _local_cluster()
+    target = urlsplit(server_dsn)
+    if cluster is None or (target.hostname, target.port) != ("127.0.0.1", 5432):
+        pytest.skip("needs the machine's own PostgreSQL cluster (pg_ctlcluster) at 127.0.0.1:5432")
+    conn = await asyncpg.connect(dsn)
+    await conn.execute("""
+        CREATE TABLE starts (job_id bigint, attempt int, worker text, at timestamptz DEFAULT now());
+        CREATE TABLE effects (job_id bigint, attempt int, worker text, at timestamptz DEFAULT now());
+    """)
+    await conn.close()
+    # A long poll interval: after the restart only LISTEN can wake the workers promptly.
+    settings = {**SHORT, "poll_interval": 60.0}
+    one = WorkerProcess("one", dsn, tmp_path, settings)
+    two = WorkerProcess("two", dsn, tmp_path, settings)
+    workers += [one, two]
+    one.start()
+    two.start()
+    conn = await asyncpg.connect(dsn)
+    try:
+        await wait_registered(conn, "one", "two")
+        before = await enqueue(dsn, 20, 1.0)
+
+        async def mid_run() -> bool:  # jobs are running when the server goes down
+            return bool(
+                await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'running'")
+            )
+
+        await until(mid_run, limit_s=30)
+    finally:
+        await conn.close()
+    await anyio.run_process(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "restart", "-m", "fast"]
+    )
+    conn = await asyncpg.connect(dsn)
+    try:
+        await until(lambda: all_completed(conn, before), limit_s=90)
+        await assert_exactly_once(conn, before)
+
+        async def listening_again() -> bool:
+            n = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'pgq listen %'"
+                " AND datname = current_database()"
+            )
+            return bool(n == 2)
+
+        await until(listening_again, limit_s=30)
+        after = await enqueue(dsn, 5, 0.1)
+        # Well inside the 60 s poll interval: only a NOTIFY can have woken them.
+        await until(lambda: all_completed(conn, after), limit_s=20)
+        await assert_exactly_once(conn, after)
+    finally:
+        await conn.close()

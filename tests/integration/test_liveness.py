@@ -1,0 +1,435 @@
+"""The liveness protocol against real Postgres, in one process: heartbeats, fencing, the
+leader, the rescuer's judgement of any peer, the reaper, health."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import asyncpg
+import pytest
+
+import pgq
+from pgq.errors import ConfigError
+from tests.tests_support import until
+
+if TYPE_CHECKING:
+    from tests.tests_support import Conn
+
+pytestmark = pytest.mark.anyio
+
+FAST: dict[str, Any] = {
+    "heartbeat_interval": 0.2,
+    "heartbeat_timeout": 0.1,
+    "max_heartbeat_failures": 2,
+    "stale_after": 1.0,
+    "rescue_interval": 0.1,
+    "rescue_grace": 0.5,
+    "leader_ttl": 1.5,
+    "reap_after": 3.0,
+    "schedule_interval": 0.05,
+    "poll_interval": 0.1,
+}
+
+
+def make_app(record: list[int] | None = None) -> pgq.App:
+    app = pgq.App()
+
+    @app.task(backoff=pgq.Backoff(base_s=0.01, jitter=0))
+    async def work(ctx: pgq.JobContext, n: int) -> int:
+        if record is not None:
+            record.append(n)
+        return n
+
+    return app
+
+
+async def fake_producer(conn: Conn, *, silent_s: float, name: str = "ghost:1") -> uuid.UUID:
+    """A producer row of another worker, last heard of ``silent_s`` seconds ago."""
+    pid = uuid.uuid4()
+    await conn.execute(
+        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, heartbeat_at)"
+        " VALUES ($1, $2, $3, 'default', 5, now() - make_interval(secs => $4))",
+        pid,
+        uuid.uuid4(),
+        name,
+        silent_s,
+    )
+    return pid
+
+
+async def keep_alive(dsn: str, producer: uuid.UUID) -> None:
+    """Heartbeat ``producer`` as a live peer would, until cancelled."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        while True:
+            await conn.execute(
+                "UPDATE pgq_producers SET heartbeat_at = now() WHERE id = $1", producer
+            )
+            await anyio.sleep(0.1)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await conn.close()
+
+
+async def running_job(
+    conn: Conn,
+    producer: uuid.UUID,
+    *,
+    attempt: int = 1,
+    max_attempts: int = 5,
+    started_s_ago: float = 0,
+    deadline_s: float | None = None,
+    n: int = 1,
+) -> int:
+    """A job claimed by ``producer``: running, as a claim leaves it."""
+    return int(
+        await conn.fetchval(
+            "INSERT INTO pgq_jobs (task, args, state, attempt, max_attempts, producer_id,"
+            " attempted_at, deadline_at) VALUES ('work', jsonb_build_object('n', $6::int), 'running',"
+            " $2, $3, $1, now() - make_interval(secs => $4),"
+            " now() + make_interval(secs => $5)) RETURNING id",
+            producer,
+            attempt,
+            max_attempts,
+            started_s_ago,
+            deadline_s,
+            n,
+        )
+    )
+
+
+async def test_the_fencing_invariant_is_checked_at_start_up() -> None:
+    with pytest.raises(
+        ConfigError,
+        match=r"heartbeat_interval \(5s\) x max_heartbeat_failures \(3\) \+ heartbeat_timeout \(2s\) = 17s, which must be less than stale_after \(10s\)",
+    ):
+        pgq.Worker(
+            make_app(),
+            "postgresql://x/y",
+            heartbeat_interval=5,
+            heartbeat_timeout=2,
+            max_heartbeat_failures=3,
+            stale_after=10,
+        )
+    with pytest.raises(ConfigError, match="reap_after"):
+        pgq.Worker(make_app(), "postgresql://x/y", reap_after=10)
+
+
+async def test_heartbeats_advance_on_the_database_clock(dsn: str, conn: Conn) -> None:
+    async with pgq.Worker(make_app(), dsn, **FAST) as worker:
+        producer = worker.producers[0]
+        first = await conn.fetchval(
+            "SELECT heartbeat_at FROM pgq_producers WHERE id = $1", producer.id
+        )
+
+        async def moved() -> bool:
+            now = await conn.fetchval(
+                "SELECT heartbeat_at FROM pgq_producers WHERE id = $1", producer.id
+            )
+            return bool(now > first)
+
+        await until(moved)
+        stats = worker.stats()
+        (p,) = stats["producers"]
+        assert p["healthy"] and p["consecutive_failures"] == 0
+        assert p["last_heartbeat_ok_at"] is not None
+        assert stats["leader"] is True
+    assert await conn.fetchval("SELECT count(*) FROM pgq_producers") == 0, "clean stop removes rows"
+
+
+async def test_exactly_one_leader_and_a_resignation_hands_over_at_once(
+    dsn: str, conn: Conn
+) -> None:
+    # A long TTL: only the NOTIFY on resignation can make the hand-over quick.
+    settings = {**FAST, "leader_ttl": 30.0}
+    app = make_app()
+    async with (
+        pgq.Worker(app, dsn, name="w1", **settings) as w1,
+        pgq.Worker(app, dsn, name="w2", **settings) as w2,
+    ):
+        workers = [w1, w2]
+        async with pgq.Worker(app, dsn, name="w3", **settings) as w3:
+            workers.append(w3)
+            leaders = [w for w in workers if w.stats()["leader"]]
+            assert len(leaders) == 1
+            assert await conn.fetchval("SELECT worker_name FROM pgq_leader") == leaders[0].name
+        if w3 is leaders[0]:
+            pass
+        else:
+            leaders[0].stop()
+        started = anyio.current_time()
+
+        async def new_leader() -> bool:
+            live = [w for w in (w1, w2) if not w._stop_requested.is_set()]
+            return any(w.stats()["leader"] for w in live)
+
+        await until(new_leader, limit_s=10)
+        assert anyio.current_time() - started < 10 < settings["leader_ttl"]
+
+
+async def test_rescue_judges_a_stale_peer_in_sql(dsn: str, conn: Conn, client: pgq.Client) -> None:
+    ghost = await fake_producer(conn, silent_s=3600, name="ghost-host:4242")
+    job_id = await running_job(conn, ghost)
+    async with pgq.Worker(make_app(), dsn, **FAST):
+        await until(lambda: _state_is(client, job_id, pgq.JobState.COMPLETED))
+    job = await client.get_job(job_id)
+    assert job is not None and job.attempt == 2
+    (error,) = job.errors
+    assert error["kind"] == "rescued" and error["attempt"] == 1
+    assert "producer stale" in error["message"] and "ghost-host:4242" in error["message"]
+    assert error["worker_name"] == "ghost-host:4242" and error["producer_id"] == str(ghost)
+    assert error["silent_s"] >= 3600
+    assert job.metadata["pgq_rescues"] == 1
+
+
+async def test_rescue_of_a_job_whose_producer_row_is_gone(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    gone = uuid.uuid4()
+    old = await running_job(conn, gone, started_s_ago=60)
+    fresh = await running_job(conn, gone, started_s_ago=0, n=2)
+    async with pgq.Worker(make_app(), dsn, **FAST) as worker:
+        await until(lambda: _state_is(client, old, pgq.JobState.COMPLETED))
+        assert worker.maintenance is not None
+        # A job claimed moments ago may belong to a producer re-registering right now.
+        job = await client.get_job(fresh)
+        assert job is not None
+        if job.state is pgq.JobState.RUNNING:
+            assert job.producer_id == gone
+    rescued = await client.get_job(old)
+    assert rescued is not None and "producer row missing" in rescued.errors[0]["message"]
+
+
+async def test_a_poison_job_is_discarded_not_looped(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    ghost = await fake_producer(conn, silent_s=3600)
+    job_id = await running_job(conn, ghost, attempt=3, max_attempts=3)
+    async with pgq.Worker(make_app(), dsn, **FAST):
+        await until(lambda: _state_is(client, job_id, pgq.JobState.DISCARDED))
+    job = await client.get_job(job_id)
+    assert job is not None and job.finalized_at is not None and job.errors[0]["kind"] == "rescued"
+
+
+async def test_a_hung_job_under_a_live_producer_is_rescued(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    alive = await fake_producer(conn, silent_s=0)
+    hung = await running_job(conn, alive, deadline_s=-60)
+    within = await running_job(conn, alive, deadline_s=3600, n=2)
+    async with anyio.create_task_group() as peer:
+        peer.start_soon(keep_alive, dsn, alive)
+        async with pgq.Worker(make_app(), dsn, **FAST) as worker:
+            await until(lambda: _state_is(client, hung, pgq.JobState.COMPLETED))
+            assert worker.maintenance is not None
+            await until(_more_rounds(worker, worker.maintenance.rounds + 3))
+        peer.cancel_scope.cancel()
+    job = await client.get_job(hung)
+    assert job is not None and "overran its timeout" in job.errors[0]["message"]
+    untouched = await client.get_job(within)
+    assert untouched is not None and untouched.state is pgq.JobState.RUNNING
+    assert untouched.errors == []
+
+
+async def test_a_fresh_peer_is_never_rescued(dsn: str, conn: Conn, client: pgq.Client) -> None:
+    alive = await fake_producer(conn, silent_s=0)
+    job_id = await running_job(conn, alive, started_s_ago=3600)
+    async with anyio.create_task_group() as peer:
+        peer.start_soon(keep_alive, dsn, alive)
+        async with pgq.Worker(make_app(), dsn, **FAST) as worker:
+            assert worker.maintenance is not None
+            # Long enough for the peer to be judged stale several times over, were it silent.
+            await until(_more_rounds(worker, 25))
+            assert worker.maintenance.rescued == 0
+        peer.cancel_scope.cancel()
+    job = await client.get_job(job_id)
+    assert job is not None and job.state is pgq.JobState.RUNNING
+
+
+async def test_rescue_passes_over_a_job_being_completed(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    ghost = await fake_producer(conn, silent_s=3600)
+    job_id = await running_job(conn, ghost)
+    # Never leader: a worker that does not lead cannot rescue; drive the round by hand.
+    async with pgq.Worker(make_app(), dsn, **{**FAST, "rescue_interval": 3600}) as worker:
+        assert worker.maintenance is not None
+        async with conn.transaction():
+            # The owner is writing its outcome right now: the row is locked ...
+            await conn.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", job_id)
+            assert await worker.maintenance.rescue_round() == 0
+            await conn.execute(
+                "UPDATE pgq_jobs SET state = 'completed', finalized_at = now() WHERE id = $1",
+                job_id,
+            )
+        # ... and once it committed, the job is no longer running: nothing to rescue.
+        assert await worker.maintenance.rescue_round() == 0
+    job = await client.get_job(job_id)
+    assert job is not None and job.state is pgq.JobState.COMPLETED and job.errors == []
+
+
+async def test_a_late_outcome_is_rejected_counted_and_logged(
+    dsn: str, conn: Conn, client: pgq.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = pgq.App()
+    started, release = anyio.Event(), anyio.Event()
+
+    @app.task
+    async def slow(ctx: pgq.JobContext) -> str:
+        started.set()
+        await release.wait()
+        return "late"
+
+    job = await client.enqueue("slow")
+    caplog.set_level(logging.WARNING, "pgq.worker")
+    async with pgq.Worker(app, dsn, **{**FAST, "rescue_interval": 3600}) as worker:
+        with anyio.fail_after(10):
+            await started.wait()
+        # What a rescue does to the job of a producer peers judged dead:
+        await conn.execute(
+            "UPDATE pgq_jobs SET state = 'retryable', scheduled_at = now() + interval '1 hour'"
+            " WHERE id = $1",
+            job.id,
+        )
+        release.set()
+
+        async def rejected() -> bool:
+            return bool(worker.stats()["producers"][0]["rejected_outcomes"] == 1)
+
+        await until(rejected)
+    stored = await client.get_job(job.id)
+    assert stored is not None and stored.state is pgq.JobState.RETRYABLE and stored.result is None
+    assert any(f"job {job.id} attempt 1 rejected" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_deleted_producer_row_reregisters_and_loses_nothing(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    app = pgq.App()
+    started, release = anyio.Event(), anyio.Event()
+    runs: list[int] = []
+
+    @app.task
+    async def slow(ctx: pgq.JobContext) -> str:
+        runs.append(ctx.id)
+        started.set()
+        await release.wait()
+        return "done"
+
+    job = await client.enqueue("slow")
+    async with pgq.Worker(app, dsn, **FAST) as worker:
+        with anyio.fail_after(10):
+            await started.wait()
+        producer = worker.producers[0]
+        old = producer.id
+        await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
+
+        async def reregistered() -> bool:
+            return producer.id != old
+
+        await until(reregistered)
+        assert (
+            await conn.fetchval("SELECT producer_id FROM pgq_jobs WHERE id = $1", job.id)
+            == producer.id
+        )
+        release.set()
+        await until(lambda: _state_is(client, job.id, pgq.JobState.COMPLETED))
+    assert runs == [job.id]
+
+
+async def test_the_reaper_deletes_long_silent_producers_after_rescue(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    idle_ghost = await fake_producer(conn, silent_s=3600, name="idle-ghost")
+    busy_ghost = await fake_producer(conn, silent_s=3600, name="busy-ghost")
+    job_id = await running_job(conn, busy_ghost)
+    recent = await fake_producer(conn, silent_s=1.5, name="recently-silent")
+    async with pgq.Worker(make_app(), dsn, **FAST) as worker:
+
+        async def reaped() -> bool:
+            return bool(
+                await conn.fetchval(
+                    "SELECT count(*) = 0 FROM pgq_producers WHERE id = ANY($1)",
+                    [idle_ghost, busy_ghost],
+                )
+            )
+
+        await until(reaped)
+        assert worker.maintenance is not None and worker.maintenance.reaped >= 2
+        assert await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", recent) == 1
+    job = await client.get_job(job_id)
+    assert job is not None and job.errors[0]["kind"] == "rescued"
+
+
+async def test_a_leader_with_unhealthy_producers_skips_the_rescue(
+    dsn: str, conn: Conn, client: pgq.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    ghost = await fake_producer(conn, silent_s=3600)
+    job_id = await running_job(conn, ghost)
+    caplog.set_level(logging.WARNING, "pgq.maintenance")
+    async with pgq.Worker(make_app(), dsn, **{**FAST, "rescue_interval": 3600}) as worker:
+        assert worker.maintenance is not None
+        worker.producers[0].set_healthy(False)
+        assert await worker.maintenance.rescue_round() == 0
+        assert await worker.maintenance.rescue_round() == 0
+        skips = [r for r in caplog.records if "skips rescue rounds" in r.getMessage()]
+        assert len(skips) == 1, "said once"
+        worker.producers[0].set_healthy(True)
+        assert await worker.maintenance.rescue_round() == 1
+    job = await client.get_job(job_id)
+    assert job is not None and job.errors[0]["kind"] == "rescued"
+
+
+async def test_healthz_reports_200_then_503_with_a_reason(dsn: str) -> None:
+    import httpx
+
+    async with pgq.Worker(make_app(), dsn, health_port=0, **FAST) as worker:
+        url = f"http://127.0.0.1:{worker.health_port}/healthz"
+        async with httpx.AsyncClient() as http:
+            ok = await http.get(url)
+            assert ok.status_code == 200 and ok.json()["status"] in ("ok", "starting")
+            worker.producers[0].consecutive_failures = 2
+            worker.producers[0].set_healthy(False)
+            bad = await http.get(url)
+            assert bad.status_code == 503
+            assert (
+                bad.json()["status"] == "unhealthy"
+                and "unhealthy after 2 failed heartbeats" in bad.json()["reason"]
+            )
+            assert (await http.get(url.replace("healthz", "nope"))).status_code == 404
+
+
+async def test_pgq_producers_lists_status_and_leader(dsn: str, conn: Conn, python: str) -> None:
+    await fake_producer(conn, silent_s=3600, name="ghost:9")
+    async with pgq.Worker(make_app(), dsn, name="live:1", **{**FAST, "rescue_interval": 3600}):
+        table = await anyio.run_process(
+            [python, "-m", "pgq.cli", "producers", "--dsn", dsn, "--stale-after", "1"]
+        )
+        raw = await anyio.run_process(
+            [python, "-m", "pgq.cli", "producers", "--dsn", dsn, "--json", "--stale-after", "1"]
+        )
+    text = table.stdout.decode()
+    assert "leader: live:1" in text and "live:1 *" in text
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[2:-1]}
+    assert rows["live:1"][3] == "alive" and rows["ghost:9"][2] == "stale"
+    data = json.loads(raw.stdout)
+    assert data["leader"]["worker_name"] == "live:1"
+    by_name = {p["worker_name"]: p for p in data["producers"]}
+    assert by_name["live:1"]["leader"] and by_name["live:1"]["status"] == "alive"
+    assert by_name["ghost:9"]["status"] == "stale" and by_name["ghost:9"]["heartbeat_age_s"] >= 3600
+
+
+async def _state_is(client: pgq.Client, job_id: int, state: pgq.JobState) -> bool:
+    job = await client.get_job(job_id)
+    return job is not None and job.state is state
+
+
+def _more_rounds(worker: pgq.Worker, n: int) -> Any:
+    async def check() -> bool:
+        return worker.maintenance is not None and worker.maintenance.rounds >= n
+
+    return check

@@ -40,6 +40,8 @@ def start(name: str, dsn: str) -> subprocess.Popen[bytes]:
             dsn,
             "--name",
             name,
+            "--concurrency",
+            "50",
         ],
         cwd=HERE,
         env=env,

@@ -16,6 +16,7 @@ from pgq.errors import (
     SerializationError,
     UnknownTaskError,
 )
+from pgq.hooks import JobEvent
 from pgq.job import Cancel, Job, JobContext, JobState, Retry, Snooze
 from pgq.settings import WorkerSettings
 from pgq.worker import Worker
@@ -32,6 +33,7 @@ __all__ = (
     "DatabaseUnavailable",
     "Job",
     "JobContext",
+    "JobEvent",
     "JobSpec",
     "JobState",
     "PgqError",

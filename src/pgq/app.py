@@ -9,7 +9,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
+from pgq.cron import Schedule, make_schedule
 from pgq.errors import ConfigError, UnknownTaskError
+from pgq.hooks import EVENTS, EventName, Hook, Hooks, Middleware
 from pgq.job import JobContext
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
@@ -113,6 +115,80 @@ class App:
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task] = {}
+        self.hooks = Hooks()
+        self.schedules: list[Schedule] = []
+
+    def middleware(self, fn: Middleware) -> Middleware:
+        """Register middleware around every job of this App, outermost first::
+
+            @app.middleware
+            async def timed(ctx, call_next):
+                start = time.monotonic()
+                try:
+                    return await call_next()
+                finally:
+                    metrics.observe(ctx.job.task, time.monotonic() - start)
+
+        An exception that escapes middleware counts as the attempt's failure (the job is
+        retried, never lost)."""
+        self.hooks.middleware.append(fn)
+        return fn
+
+    def on(self, event: EventName) -> Callable[[Hook], Hook]:
+        """Register a hook for ``job_started``, ``job_finished``, ``job_retried`` or
+        ``job_rescued`` (the last fires in the leader). It receives a
+        :class:`~pgq.JobEvent`; it may be sync or async; if it fails, the failure is logged
+        and the job goes on."""
+        if event not in EVENTS:
+            raise ConfigError(f"unknown event {event!r}: use one of {', '.join(EVENTS)}")
+
+        def register(fn: Hook) -> Hook:
+            self.hooks.handlers[event].append(fn)
+            return fn
+
+        return register
+
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: float | None = None,
+        timezone: str = "UTC",
+        args: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        run_on_start: bool = False,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+    ) -> Callable[[Callable[..., Any] | Task], Task]:
+        """Run a task on a schedule: a cron expression (``"*/5 * * * *"``, in ``timezone``)
+        or ``every`` N seconds. Only the leader enqueues, once per slot, even across leader
+        changes. A worker that was down enqueues at most the one most recent missed slot.
+        ``run_on_start`` also enqueues a run whenever a worker starts leading.
+
+        Decorates a function (registering it as a task) or an existing :class:`Task`."""
+        schedule = make_schedule(cron, every, timezone)
+
+        def register(fn: Callable[..., Any] | Task) -> Task:
+            task = fn if isinstance(fn, Task) else self.task(fn)
+            schedule_name = name or task.name
+            if any(s.name == schedule_name for s in self.schedules):
+                raise ConfigError(f"periodic schedule {schedule_name!r} exists; pass name=")
+            self.schedules.append(
+                Schedule(
+                    schedule_name,
+                    task,
+                    schedule,
+                    dict(args or {}),
+                    run_on_start,
+                    queue,
+                    priority,
+                    max_attempts,
+                )
+            )
+            return task
+
+        return register
 
     @overload
     def task(self, fn: Callable[..., Any], /) -> Task: ...

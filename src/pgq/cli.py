@@ -14,10 +14,19 @@ from typing import Any
 
 import anyio
 
+from pgq import cli_admin
 from pgq.app import App
+from pgq.cli_admin import render_table
 from pgq.dsn import resolve_dsn
 from pgq.errors import ConfigError, PgqError
-from pgq.settings import WorkerSettings, env_name, setting_help
+from pgq.settings import (
+    FOREVER,
+    WorkerSettings,
+    env_name,
+    optional_setting,
+    parse_optional_seconds,
+    setting_help,
+)
 
 log = logging.getLogger("pgq.cli")
 
@@ -105,6 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
                 default=None,
                 help=f"{text} (env {env_name(name)})",
             )
+        elif optional_setting(name):
+            p.add_argument(
+                flag,
+                type=parse_optional_seconds,
+                default=None,
+                metavar="S|none",
+                help=f"{text} (default {default:g}, env {env_name(name)})",
+            )
         else:
             p.add_argument(
                 flag,
@@ -129,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds after which a silent producer shows as stale (default: PGQ_STALE_AFTER or 30)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    cli_admin.add_parsers(sub, _add_dsn)
 
     p = sub.add_parser(
         "enqueue", help="enqueue jobs from the shell", description="Enqueue jobs of a task by name."
@@ -179,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(_enqueue, args)
         if args.command == "producers":
             return anyio.run(_producers, args)
+        if args.command in ("stats", "jobs", "queues"):
+            return anyio.run(cli_admin.run, args)
     except PgqError as exc:
         print(f"pgq: error: {exc}", file=sys.stderr)
         return 1
@@ -260,7 +281,11 @@ def _worker(args: argparse.Namespace) -> int:
     from pgq.worker import Worker
 
     app = load_app(args.app)
-    settings = {name: getattr(args, name) for name in setting_help()}
+    settings = {
+        name: None if value == FOREVER else value
+        for name in setting_help()
+        if (value := getattr(args, name)) is not None
+    }
     worker = Worker(
         app,
         args.dsn,
@@ -411,14 +436,6 @@ async def _producers(args: argparse.Namespace) -> int:
     print(render_table(headers, table))
     print("(* leader)")
     return 0
-
-
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """A plain, aligned text table."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(line.rstrip() for line in lines)
 
 
 if __name__ == "__main__":  # pragma: no cover

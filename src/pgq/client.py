@@ -3,7 +3,9 @@ and read them back."""
 
 from __future__ import annotations
 
-import uuid
+import hashlib
+import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -17,6 +19,7 @@ from pgq.db import Connection, Pool, caller_connection, check_schema, create_poo
 from pgq.dsn import resolve_dsn
 from pgq.errors import ConfigError, SerializationError
 from pgq.job import Job, JobState
+from pgq.operations import Operations, job_from_record
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -38,9 +41,55 @@ class JobSpec:
     max_attempts: int | None = None
     tags: Sequence[str] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: Jobs sharing a unique key never coexist in ``unique_states``.
+    unique_key: str | None = None
+    #: Derive ``unique_key`` from the task, queue and args (within ``unique_period`` seconds).
+    unique: bool = False
+    unique_period: float | None = None
+    #: States the key is unique across; default: all but completed, discarded, cancelled.
+    unique_states: Sequence[JobState | str] | None = None
 
 
-class Client:
+DEFAULT_UNIQUE_STATES = (
+    JobState.SCHEDULED,
+    JobState.AVAILABLE,
+    JobState.RUNNING,
+    JobState.RETRYABLE,
+)
+_STATE_BITS = {state: 1 << i for i, state in enumerate(JobState)}
+
+
+def unique_mask(states: Iterable[JobState | str]) -> int:
+    """The bit mask (as the unique index reads it) of ``states``."""
+    mask = 0
+    for state in states:
+        try:
+            mask |= _STATE_BITS[JobState(state)]
+        except ValueError:
+            raise ConfigError(
+                f"unknown job state {state!r} in unique_states; states are "
+                + ", ".join(s.value for s in JobState)
+            ) from None
+    if not mask:
+        raise ConfigError("unique_states must name at least one state")
+    return mask
+
+
+def derive_unique_key(
+    task: str, queue: str, args_json: str, period_s: float | None, now: float | None = None
+) -> str:
+    """A key from what makes two jobs the same: task, queue and args (and the time bucket
+    of ``period_s`` seconds, on this machine's clock, when given)."""
+    digest = hashlib.sha256(f"{task}\0{queue}\0{args_json}".encode()).hexdigest()[:40]
+    if period_s is None:
+        return f"pgq:{task}:{digest}"
+    if period_s <= 0:
+        raise ConfigError("unique_period must be a positive number of seconds")
+    bucket = int((time.time() if now is None else now) // period_s)
+    return f"pgq:{task}:{digest}:{period_s:g}:{bucket}"
+
+
+class Client(Operations):
     """Enqueues jobs and reads them. Use as ``async with pgq.Client(dsn) as client``, or
     pass ``pool=`` an asyncpg pool you own (the client then never closes it).
 
@@ -75,7 +124,8 @@ class Client:
                 raise
 
     async def close(self) -> None:
-        """Close the pool if this client opened it."""
+        """Close the pool if this client opened it (and the LISTEN connection of wait())."""
+        await self._close_waiters()
         if self._pool is not None and self._owns_pool:
             await self._pool.close()
             self._pool = None
@@ -110,15 +160,36 @@ class Client:
         max_attempts: int | None = None,
         tags: Sequence[str] = (),
         metadata: Mapping[str, Any] | None = None,
+        unique_key: str | None = None,
+        unique: bool = False,
+        unique_period: float | None = None,
+        unique_states: Sequence[JobState | str] | None = None,
         connection: AnyConnection | None = None,
     ) -> Job:
         """Enqueue one job and return it. ``delay`` (seconds) or ``run_at`` schedules it.
 
         With ``connection=`` the job is written in that connection's transaction: it exists,
         and wakes workers, only if the caller commits.
+
+        With ``unique_key`` (or ``unique=True``, which derives the key from task, queue and
+        args, per ``unique_period`` seconds when given), a job whose key is already held by
+        a job in ``unique_states`` is not enqueued: the existing job is returned with
+        ``duplicate=True``.
         """
         spec = JobSpec(
-            task, args or {}, queue, priority, delay, run_at, max_attempts, tags, metadata or {}
+            task,
+            args or {},
+            queue,
+            priority,
+            delay,
+            run_at,
+            max_attempts,
+            tags,
+            metadata or {},
+            unique_key,
+            unique,
+            unique_period,
+            unique_states,
         )
         (job,) = await self.enqueue_many([spec], connection=connection)
         return job
@@ -129,7 +200,8 @@ class Client:
         """Enqueue many jobs in one round trip; returns them in the order given.
 
         Every spec is checked and serialized before anything is written: one bad spec
-        raises and none are enqueued.
+        raises and none are enqueued. A spec whose unique key is taken comes back as the
+        job holding the key, with ``duplicate=True``.
         """
         rows = [self._row(i, spec) for i, spec in enumerate(specs)]
         if not rows:
@@ -137,13 +209,31 @@ class Client:
         columns = [list(col) for col in zip(*(r[0] for r in rows), strict=True)]
         if connection is not None:
             conn = await caller_connection(connection)
-            result = await conn.fetch(sql.ENQUEUE, *columns)
-        else:
-            async with self.pool.acquire() as conn:
-                result = await conn.fetch(sql.ENQUEUE, *columns)
-        jobs = []
-        for (values, args, metadata), rec in zip(rows, result, strict=True):
-            queue, task, _, priority, max_attempts, _, _, _, _ = values
+            return await self._insert(conn, rows, columns)
+        async with self.pool.acquire() as conn:
+            return await self._insert(conn, rows, columns)
+
+    async def _insert(
+        self, conn: Connection, rows: list[_Row], columns: list[list[Any]]
+    ) -> list[Job]:
+        result = await conn.fetch(sql.ENQUEUE, *columns)
+        inserted = iter(result)
+        inserted_keys = {r[4] for r in result if r[4] is not None}
+        claimed: set[str] = set()
+        jobs: list[Job | None] = []
+        duplicates: list[tuple[int, str]] = []
+        for i, (values, args, metadata) in enumerate(rows):
+            key = values[9]
+            # Inserted rows come back in input order (ids follow it); a key's first holder
+            # in this batch is the one inserted, the rest are duplicates.
+            if key is not None and (key in claimed or key not in inserted_keys):
+                duplicates.append((i, key))
+                jobs.append(None)
+                continue
+            if key is not None:
+                claimed.add(key)
+            rec = next(inserted)
+            queue, task, _, priority, max_attempts, _, _, tags, _, _, _ = values
             jobs.append(
                 Job(
                     id=rec[0],
@@ -155,15 +245,43 @@ class Client:
                     max_attempts=max_attempts,
                     scheduled_at=rec[2],
                     created_at=rec[3],
-                    tags=list(json_tags(values[7])),
+                    tags=json_tags(tags),
                     metadata=metadata,
+                    unique_key=key,
                 )
             )
-        return jobs
+        if duplicates:
+            existing = {
+                r["unique_key"]: r
+                for r in await conn.fetch(sql.EXISTING_UNIQUE, [k for _, k in duplicates])
+            }
+            for i, key in duplicates:
+                held = existing.get(key)
+                if held is not None:
+                    job = job_from_record(held)
+                    job.duplicate = True
+                    jobs[i] = job
+                else:
+                    # The holder finished (and left the unique states) between our insert
+                    # and this read: report the key as skipped with what we know.
+                    jobs[i] = self._skipped(rows[i], key)
+        return [j for j in jobs if j is not None]
 
-    def _row(
-        self, index: int, spec: JobSpec
-    ) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]:
+    @staticmethod
+    def _skipped(row: _Row, key: str) -> Job:
+        values, args, metadata = row
+        return Job(
+            id=0,
+            queue=values[0],
+            task=values[1],
+            args=args,
+            state=JobState.COMPLETED,
+            metadata=metadata,
+            unique_key=key,
+            duplicate=True,
+        )
+
+    def _row(self, index: int, spec: JobSpec) -> _Row:
         where = f"job {index}: " if index else ""
         task = spec.task
         if isinstance(task, Task):
@@ -211,37 +329,33 @@ class Client:
             raise ConfigError(f"{where}tags must be a list of strings")
         args = dict(spec.args)
         metadata = dict(spec.metadata)
+        args_json = serde.dumps(args, "args")
+        unique_key = spec.unique_key
+        if unique_key is None and spec.unique:
+            canonical = json.dumps(args, sort_keys=True, separators=(",", ":"))
+            unique_key = derive_unique_key(name, queue, canonical, spec.unique_period)
+        elif unique_key is not None and not isinstance(unique_key, str):
+            raise ConfigError(f"{where}unique_key must be a string")
+        states = None
+        if unique_key is not None:
+            states = unique_mask(spec.unique_states or DEFAULT_UNIQUE_STATES)
         values = (
             queue,
             name,
-            serde.dumps(args, "args"),
+            args_json,
             priority,
             max_attempts,
             spec.run_at,
             delay_s,
             serde.dumps(list(spec.tags), "tags"),
             serde.dumps(metadata, "metadata"),
+            unique_key,
+            states,
         )
         return values, args, metadata
 
-    # ------------------------------------------------------------------ reads
 
-    async def get_job(self, job_id: int, *, connection: AnyConnection | None = None) -> Job | None:
-        """The job with ``job_id``, or None."""
-        if connection is not None:
-            rec = await (await caller_connection(connection)).fetchrow(sql.GET_JOB, job_id)
-        else:
-            async with self.pool.acquire() as conn:
-                rec = await conn.fetchrow(sql.GET_JOB, job_id)
-        return None if rec is None else job_from_record(rec)
-
-    async def count_by_state(self, queue: str | None = None) -> dict[JobState, int]:
-        """How many jobs are in each state (all queues, or one)."""
-        async with self.pool.acquire() as conn:
-            rows = await conn.fetch(sql.COUNT_BY_STATE, queue)
-        counts = dict.fromkeys(JobState, 0)
-        counts.update({JobState(r[0]): r[1] for r in rows})
-        return counts
+_Row = tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]
 
 
 def json_tags(text: str) -> list[str]:
@@ -249,27 +363,3 @@ def json_tags(text: str) -> list[str]:
     value = serde.loads(text)
     assert isinstance(value, list)
     return [str(v) for v in value]
-
-
-def job_from_record(rec: Any) -> Job:
-    """A full :class:`Job` from a ``sql.GET_JOB``-shaped row."""
-    producer = rec["producer_id"]
-    return Job(
-        id=rec["id"],
-        queue=rec["queue"],
-        task=rec["task"],
-        args=serde.loads(rec["args"]),
-        state=JobState(rec["state"]),
-        priority=rec["priority"],
-        attempt=rec["attempt"],
-        max_attempts=rec["max_attempts"],
-        scheduled_at=rec["scheduled_at"],
-        attempted_at=rec["attempted_at"],
-        finalized_at=rec["finalized_at"],
-        created_at=rec["created_at"],
-        producer_id=uuid.UUID(str(producer)) if producer is not None else None,
-        errors=serde.loads(rec["errors"]),
-        tags=list(rec["tags"]),
-        metadata=serde.loads(rec["metadata"]),
-        result=serde.loads(rec["result"]),
-    )

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgq")
 
 #: Revisions any pgq release has shipped, oldest first; used to read a shared version table.
-KNOWN_REVISIONS = ("0001",)
+KNOWN_REVISIONS = ("0001", "0002")
 
 if TYPE_CHECKING:
     from typing import TypeAlias

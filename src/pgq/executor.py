@@ -6,6 +6,7 @@ import functools
 import logging
 import traceback
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -14,12 +15,14 @@ from pgq import serde
 from pgq.app import Task
 from pgq.completer import Outcome
 from pgq.errors import SerializationError
-from pgq.job import Cancel, Job, JobContext, Retry, Snooze
+from pgq.hooks import Hooks, JobEvent
+from pgq.job import Cancel, Job, JobContext, JobState, Retry, Snooze
 
 log = logging.getLogger("pgq.executor")
 
 #: Why a job's cancel scope was cancelled by the worker.
 SHUTDOWN = "shutdown"
+CANCEL = "cancel"
 
 
 class Execution:
@@ -60,26 +63,65 @@ async def execute(
     execution: Execution,
     producer_id: uuid.UUID,
     limiter: anyio.CapacityLimiter,
+    hooks: Hooks | None = None,
 ) -> Outcome:
-    """Run ``execution``'s job and return its outcome; never raises for a task's failure."""
+    """Run ``execution``'s job and return its outcome; never raises for a task's failure.
+    With ``hooks``, runs the App's middleware around the task and emits its events."""
+    if not hooks:
+        return await _run(task, execution, producer_id, limiter, None)
+    job = execution.ctx.job
+    await hooks.emit(JobEvent("job_started", job))
+    started = anyio.current_time()
+    outcome = await _run(task, execution, producer_id, limiter, hooks)
+    state = JobState(outcome.state)
+    error = serde.loads(outcome.error) if outcome.error else None
+    duration = anyio.current_time() - started
+    await hooks.emit(JobEvent("job_finished", job, state, error, duration))
+    if state is JobState.RETRYABLE:
+        await hooks.emit(JobEvent("job_retried", job, state, error, duration))
+    return outcome
+
+
+async def _run(
+    task: Task,
+    execution: Execution,
+    producer_id: uuid.UUID,
+    limiter: anyio.CapacityLimiter,
+    hooks: Hooks | None,
+) -> Outcome:
     ctx = execution.ctx
     job = ctx.job
+
+    async def call_task() -> Any:
+        if task.is_async:
+            return await task.fn(ctx, **job.args)
+        call = functools.partial(task.fn, ctx, **job.args)
+        return await anyio.to_thread.run_sync(call, limiter=limiter, abandon_on_cancel=True)
+
+    call: Callable[[], Awaitable[Any]] = call_task
+    for middleware in reversed(hooks.middleware if hooks else []):
+        call = functools.partial(middleware, ctx, call)
+
     result: Any = None
     try:
         with execution.scope:
             with anyio.move_on_after(task.timeout) as t:
-                if task.is_async:
-                    result = await task.fn(ctx, **job.args)
-                else:
-                    call = functools.partial(task.fn, ctx, **job.args)
-                    result = await anyio.to_thread.run_sync(
-                        call, limiter=limiter, abandon_on_cancel=True
-                    )
+                result = await call()
             if t.cancelled_caught:
                 ctx._request_cancel()
                 message = f"timed out after {task.timeout:g}s"
                 log.warning("job %d (%s) attempt %d %s", job.id, job.task, job.attempt, message)
                 return _failure(job, task, producer_id, _error(job.attempt, "timeout", message))
+        if execution.reason == CANCEL:
+            # Requested by client.cancel(): an async task was cancelled; a thread saw
+            # ctx.cancel_requested (or finished regardless). Either way it ends cancelled.
+            return Outcome(
+                job.id,
+                job.attempt,
+                producer_id,
+                "cancelled",
+                error=_error(job.attempt, "cancel", "cancelled by request"),
+            )
         if execution.scope.cancelled_caught:
             return _interrupted(job, producer_id, execution.reason or SHUTDOWN)
     except Retry as exc:

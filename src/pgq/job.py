@@ -52,6 +52,9 @@ class Job:
     tags: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     result: Any = None
+    unique_key: str | None = None
+    #: True when enqueue found the unique key taken and returned the job holding it.
+    duplicate: bool = False
 
 
 def _seconds(delay: float | timedelta | None) -> float | None:

@@ -15,6 +15,7 @@ from pgq.app import Task
 from pgq.completer import Completer
 from pgq.db import DATABASE_ERRORS, Pool
 from pgq.executor import Execution, execute
+from pgq.hooks import Hooks
 from pgq.job import Job, JobState
 
 log = logging.getLogger("pgq.producer")
@@ -39,6 +40,7 @@ class Producer:
         limiter: anyio.CapacityLimiter,
         poll_interval: float,
         fence_after_s: float = float("inf"),
+        hooks: Hooks | None = None,
     ) -> None:
         self.id = uuid.uuid4()
         self.queue = queue
@@ -51,6 +53,7 @@ class Producer:
         self._completer = completer
         self._limiter = limiter
         self._poll_interval = poll_interval
+        self._hooks = hooks if hooks else None
         self.running: dict[int, Execution] = {}
         self._wake = anyio.Event()
         self._slot = anyio.Event()
@@ -239,7 +242,9 @@ class Producer:
     async def _run_one(self, execution: Execution) -> None:
         job = execution.ctx.job
         try:
-            outcome = await execute(self._tasks[job.task], execution, self.id, self._limiter)
+            outcome = await execute(
+                self._tasks[job.task], execution, self.id, self._limiter, self._hooks
+            )
             # The id may have changed while the job ran (re-registration adopted the job).
             outcome.producer_id = self.id
             self._completer.add(outcome)

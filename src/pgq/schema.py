@@ -7,6 +7,7 @@ proves ``alembic upgrade head`` yields exactly what ``metadata.create_all`` yiel
 from __future__ import annotations
 
 from sqlalchemy import (
+    DDL,
     BigInteger,
     Boolean,
     CheckConstraint,
@@ -18,6 +19,7 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
+    event,
     func,
     literal_column,
     text,
@@ -25,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 
 #: The alembic revision this code runs on; a test checks it is the migrations' head.
-SCHEMA_REVISION = "0001"
+SCHEMA_REVISION = "0002"
 
 #: pgq keeps its own alembic version table, so it never collides with the user's.
 VERSION_TABLE = "pgq_alembic_version"
@@ -71,6 +73,11 @@ jobs = Table(
     Column("tags", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
     Column("metadata", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("result", JSONB),
+    # Uniqueness: jobs sharing a key cannot coexist in the states of the unique_states mask.
+    Column("unique_key", Text),
+    Column("unique_states", Integer),
+    # Set by client.cancel() on a running job; its worker cancels it (NOTIFY, or its poll).
+    Column("cancel_requested_at", TSTZ),
     CheckConstraint(
         "(finalized_at IS NOT NULL) = (state IN ('completed', 'discarded', 'cancelled'))",
         name="finalized_at",
@@ -110,6 +117,38 @@ Index(
     jobs.c.state,
     jobs.c.finalized_at,
     postgresql_where=jobs.c.finalized_at.isnot(None),
+)
+
+# Bit i of a unique_states mask stands for STATES[i]. IMMUTABLE, so a partial index can use it.
+UNIQUE_ACTIVE_FUNCTION = """
+CREATE FUNCTION pgq_unique_active(state pgq_job_state, mask integer) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT (mask & (CASE state
+        WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2 WHEN 'running' THEN 4
+        WHEN 'retryable' THEN 8 WHEN 'completed' THEN 16 WHEN 'discarded' THEN 32
+        WHEN 'cancelled' THEN 64 END)) <> 0
+$$
+"""
+event.listen(jobs, "before_create", DDL(UNIQUE_ACTIVE_FUNCTION))  # type: ignore[no-untyped-call]
+event.listen(jobs, "after_drop", DDL("DROP FUNCTION IF EXISTS pgq_unique_active"))  # type: ignore[no-untyped-call]
+
+# Enforces unique jobs: one row per key among the states its mask names. Not a read-then-write.
+Index(
+    "pgq_jobs_unique_idx",
+    jobs.c.unique_key,
+    unique=True,
+    postgresql_where=text("unique_key IS NOT NULL AND pgq_unique_active(state, unique_states)"),
+)
+# Retention and `pgq jobs list`: by queue and state.
+Index("pgq_jobs_queue_state_idx", jobs.c.queue, jobs.c.state)
+
+# Periodic schedules: the last slot the leader enqueued, so a slot is enqueued once.
+periodic = Table(
+    "pgq_periodic",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("last_slot", TSTZ, nullable=False),
+    Column("updated_at", TSTZ, nullable=False, server_default=func.now()),
 )
 
 producers = Table(
@@ -158,6 +197,7 @@ __all__ = (
     "jobs",
     "leader",
     "metadata",
+    "periodic",
     "producers",
     "queues",
 )

@@ -16,8 +16,10 @@ from typing import Any
 from pgq.errors import ConfigError
 
 
-def _setting(default: Any, help: str, *, minimum: float | None = 0.001) -> Any:
-    return field(default=default, metadata={"help": help, "minimum": minimum})
+def _setting(
+    default: Any, help: str, *, minimum: float | None = 0.001, optional: bool = False
+) -> Any:
+    return field(default=default, metadata={"help": help, "minimum": minimum, "optional": optional})
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +55,16 @@ class WorkerSettings:
         10.0, "seconds past a job's own timeout before it counts as hung"
     )
     leader_ttl: float = _setting(15.0, "seconds a leader's lease lasts without renewal")
+    retention_completed: float | None = _setting(
+        86400.0, "seconds completed jobs are kept (none: forever)", optional=True
+    )
+    retention_cancelled: float | None = _setting(
+        604800.0, "seconds cancelled jobs are kept (none: forever)", optional=True
+    )
+    retention_discarded: float | None = _setting(
+        604800.0, "seconds discarded jobs are kept (none: forever)", optional=True
+    )
+    retention_interval: float = _setting(60.0, "seconds between the leader's retention rounds")
     reap_after: float = _setting(
         300.0, "seconds without a heartbeat after which a producer row is deleted"
     )
@@ -60,6 +72,8 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         for f in fields(self):
             value, minimum = getattr(self, f.name), f.metadata["minimum"]
+            if value is None and f.metadata["optional"]:
+                continue
             if minimum is None:
                 if not isinstance(value, bool):
                     raise ConfigError(f"{f.name} must be true or false, got {value!r}")
@@ -106,7 +120,9 @@ class WorkerSettings:
     ) -> WorkerSettings:
         """Settings from ``overrides`` (None values ignored), then ``PGQ_*`` variables."""
         environ = os.environ if environ is None else environ
-        overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+        optional = {f.name for f in fields(cls) if f.metadata["optional"]}
+        # None means "not given", except for optional settings, where it means "never".
+        overrides = {k: v for k, v in (overrides or {}).items() if v is not None or k in optional}
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:
             raise ConfigError(f"unknown worker setting(s): {', '.join(sorted(unknown))}")
@@ -117,7 +133,7 @@ class WorkerSettings:
                 continue
             var = env_name(f.name)
             if var in environ:
-                values[f.name] = _parse(var, environ[var], f.default)
+                values[f.name] = _parse(var, environ[var], f.default, f.metadata["optional"])
         return cls(**values)
 
     def replace(self, **changes: Any) -> WorkerSettings:
@@ -130,7 +146,9 @@ def env_name(setting: str) -> str:
     return "PGQ_" + setting.upper()
 
 
-def _parse(var: str, raw: str, default: Any) -> Any:
+def _parse(var: str, raw: str, default: Any, optional: bool = False) -> Any:
+    if optional and raw.strip().lower() in ("", "none", "forever", "never"):
+        return None
     try:
         if isinstance(default, bool):
             if raw.strip().lower() in ("1", "true", "yes", "on"):
@@ -149,3 +167,17 @@ def _parse(var: str, raw: str, default: Any) -> Any:
 def setting_help() -> dict[str, tuple[Any, str]]:
     """Name -> (default, help) for every setting, for the CLI and the docs."""
     return {f.name: (f.default, f.metadata["help"]) for f in fields(WorkerSettings)}
+
+
+def optional_setting(name: str) -> bool:
+    """Whether ``name`` accepts None ("none" on the command line: keep forever)."""
+    return bool(next(f for f in fields(WorkerSettings) if f.name == name).metadata["optional"])
+
+
+FOREVER = float("inf")
+
+
+def parse_optional_seconds(raw: str) -> float:
+    """A CLI value for an optional duration: seconds, or none/forever (as ``FOREVER``)."""
+    value = _parse("value", raw, 0.0, optional=True)
+    return FOREVER if value is None else float(value)

@@ -13,6 +13,7 @@ from typing import Final
 CHANNEL_JOBS: Final = "pgq_jobs"
 CHANNEL_LEADER: Final = "pgq_leader"
 CHANNEL_CONTROL: Final = "pgq_control"
+CHANNEL_DONE: Final = "pgq_done"
 
 # --------------------------------------------------------------------------- schema check
 
@@ -31,42 +32,61 @@ SHARED_VERSION: Final = (
 
 # One statement for one job or thousands: rows arrive as parallel arrays. Jobs due now are
 # 'available' and wake the workers of their queue with a NOTIFY, delivered on commit only.
+# A job whose unique key is taken (in the states its mask names) is skipped by the unique
+# index, race-free; the caller then reads the job that holds the key (EXISTING_UNIQUE).
 ENQUEUE: Final = """
 WITH ins AS (
     INSERT INTO pgq_jobs (queue, task, args, state, priority, max_attempts, scheduled_at,
-                          tags, metadata)
+                          tags, metadata, unique_key, unique_states)
     SELECT r.queue, r.task, r.args::jsonb,
            CASE WHEN r.sched > now() THEN 'scheduled' ELSE 'available' END::pgq_job_state,
            r.priority, r.max_attempts, r.sched,
-           ARRAY(SELECT jsonb_array_elements_text(r.tags::jsonb)), r.metadata::jsonb
+           CASE WHEN r.tags = '[]' THEN '{}'::text[]
+                ELSE ARRAY(SELECT jsonb_array_elements_text(r.tags::jsonb)) END,
+           r.metadata::jsonb, r.unique_key, r.unique_states
     FROM (
         SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => COALESCE(u.delay_s, 0)))
                     AS sched
         FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[],
-                    $6::timestamptz[], $7::float8[], $8::text[], $9::text[])
+                    $6::timestamptz[], $7::float8[], $8::text[], $9::text[], $10::text[],
+                    $11::int[])
              WITH ORDINALITY
-             AS u(queue, task, args, priority, max_attempts, run_at, delay_s, tags, metadata, ord)
+             AS u(queue, task, args, priority, max_attempts, run_at, delay_s, tags, metadata,
+                  unique_key, unique_states, ord)
         ORDER BY u.ord
     ) r
-    RETURNING id, queue, state, scheduled_at, created_at
+    ON CONFLICT (unique_key)
+        WHERE unique_key IS NOT NULL AND pgq_unique_active(state, unique_states)
+        DO NOTHING
+    RETURNING id, queue, state, scheduled_at, created_at, unique_key
 )
-SELECT id, state::text, scheduled_at, created_at,
+SELECT id, state::text, scheduled_at, created_at, unique_key,
        (SELECT count(pg_notify('pgq_jobs', q.queue))
         FROM (SELECT DISTINCT queue FROM ins WHERE state = 'available') q) AS notified
 FROM ins
 ORDER BY id
 """
 
+EXISTING_UNIQUE: Final = """
+SELECT id, queue, task, args::text, state::text, priority, attempt, max_attempts,
+       scheduled_at, attempted_at, finalized_at, created_at, producer_id, errors::text, tags,
+       metadata::text, result::text, unique_key
+FROM pgq_jobs
+WHERE unique_key = ANY($1::text[]) AND pgq_unique_active(state, unique_states)
+"""
+
 # --------------------------------------------------------------------------- worker hot path
 
 # Claims up to $3 available jobs of queue $1 whose task the producer registered ($2), in
-# priority then schedule order. SKIP LOCKED lets many producers claim side by side; the
+# priority then schedule order, unless the queue (or '*') is paused. SKIP LOCKED lets many producers claim side by side; the
 # deadline comes from the task's timeout ($5, parallel to $2) for the rescuer of hung jobs;
 # a job enqueued without max_attempts takes the task's ($6).
 FETCH_JOBS: Final = """
 WITH locked AS (
     SELECT id FROM pgq_jobs
     WHERE state = 'available' AND queue = $1 AND task = ANY($2::text[])
+      AND NOT EXISTS (SELECT 1 FROM pgq_queues
+                      WHERE name IN ($1, '*') AND paused_at IS NOT NULL)
     ORDER BY priority DESC, scheduled_at, id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
@@ -109,7 +129,13 @@ WITH u AS (
 )
 SELECT id,
        (SELECT count(pg_notify('pgq_jobs', q.queue))
-        FROM (SELECT DISTINCT queue FROM upd WHERE state = 'available') q) AS notified
+        FROM (SELECT DISTINCT queue FROM upd WHERE state = 'available') q) AS notified,
+       -- Finished jobs, announced for client.wait(), at most 500 ids per notification.
+       (SELECT count(pg_notify('pgq_done', c.ids))
+        FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER ()) / 500 AS chunk FROM upd
+                    WHERE state IN ('completed', 'discarded', 'cancelled')) f
+              GROUP BY chunk) c) AS done
 FROM upd
 """
 
@@ -270,7 +296,8 @@ SET state = (CASE WHEN c.attempt >= c.max_attempts THEN 'discarded'
                          to_jsonb(COALESCE((j.metadata ->> 'pgq_rescues')::int, 0) + 1))
 FROM candidates c
 WHERE j.id = c.id
-RETURNING j.id, j.state::text, c.reason, c.worker_name, c.silent_s
+RETURNING j.id, j.state::text, c.reason, c.worker_name, c.silent_s, j.queue, j.task, j.attempt,
+          CASE WHEN j.state = 'discarded' THEN pg_notify('pgq_done', j.id::text)::text END
 """
 
 # Producer rows silent far longer than stale_after, once none of their jobs is running
@@ -295,4 +322,146 @@ COUNT_BY_STATE: Final = """
 SELECT state::text, count(*)::bigint FROM pgq_jobs
 WHERE $1::text IS NULL OR queue = $1
 GROUP BY state
+"""
+
+# --------------------------------------------------------------------------- operator actions
+
+# A job not yet running is cancelled at once; a running one gets a cancel request that its
+# worker obeys (NOTIFY now, or its next poll). Final jobs are left alone.
+CANCEL_JOBS: Final = """
+WITH target AS (
+    SELECT id FROM pgq_jobs
+    WHERE id = ANY($1::bigint[]) AND state NOT IN ('completed', 'discarded', 'cancelled')
+    ORDER BY id
+    FOR UPDATE
+), upd AS (
+    UPDATE pgq_jobs j
+    SET state = CASE WHEN j.state = 'running' THEN j.state ELSE 'cancelled' END,
+        finalized_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
+        cancel_requested_at = now(),
+        errors = CASE WHEN j.state = 'running' THEN j.errors
+                      ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                          'attempt', j.attempt, 'kind', 'cancel',
+                          'message', 'cancelled by request', 'traceback', NULL,
+                          'at', now())) END
+    FROM target WHERE j.id = target.id
+    RETURNING j.id, j.state::text
+)
+SELECT id, state,
+       CASE WHEN state = 'running' THEN pg_notify('pgq_control', 'cancel:' || id)::text
+            ELSE pg_notify('pgq_done', id::text)::text END AS notified
+FROM upd
+"""
+
+# Running jobs (of this worker) whose cancellation was requested: the poll fallback.
+CANCEL_REQUESTED: Final = """
+SELECT id FROM pgq_jobs
+WHERE id = ANY($1::bigint[]) AND state = 'running' AND cancel_requested_at IS NOT NULL
+"""
+
+# Run again: a final or retryable job becomes available now, with one more attempt allowed
+# if it had used them all.
+RETRY_JOBS: Final = """
+WITH upd AS (
+    UPDATE pgq_jobs
+    SET state = 'available', scheduled_at = now(), finalized_at = NULL,
+        cancel_requested_at = NULL, producer_id = NULL,
+        max_attempts = CASE WHEN max_attempts IS NOT NULL AND attempt >= max_attempts
+                            THEN attempt + 1 ELSE max_attempts END
+    WHERE id = ANY($1::bigint[])
+      AND state IN ('completed', 'discarded', 'cancelled', 'retryable', 'scheduled')
+    RETURNING id, queue
+)
+SELECT id, pg_notify('pgq_jobs', queue)::text FROM upd
+"""
+
+PAUSE_QUEUE: Final = """
+WITH up AS (
+    INSERT INTO pgq_queues (name, paused_at) VALUES ($1, now())
+    ON CONFLICT (name) DO UPDATE SET paused_at = COALESCE(pgq_queues.paused_at, now())
+    RETURNING name
+)
+SELECT name, pg_notify('pgq_control', 'pause:' || name)::text FROM up
+"""
+
+# Resuming wakes the queue's workers on the jobs channel ('*' wakes all of them).
+RESUME_QUEUE: Final = """
+WITH up AS (
+    INSERT INTO pgq_queues (name, paused_at) VALUES ($1, NULL)
+    ON CONFLICT (name) DO UPDATE SET paused_at = NULL
+    RETURNING name
+)
+SELECT name, pg_notify('pgq_jobs', name)::text FROM up
+"""
+
+LIST_QUEUES: Final = """
+WITH names AS (
+    SELECT name FROM pgq_queues
+    UNION SELECT DISTINCT queue FROM pgq_jobs WHERE state NOT IN ('completed', 'discarded', 'cancelled')
+    UNION SELECT DISTINCT queue FROM pgq_producers
+)
+SELECT n.name, q.paused_at,
+       (SELECT count(*) FROM pgq_jobs j WHERE j.queue = n.name AND j.state = 'available')
+           AS available,
+       (SELECT count(*) FROM pgq_jobs j WHERE j.queue = n.name AND j.state = 'running')
+           AS running,
+       (SELECT count(*) FROM pgq_producers p WHERE p.queue = n.name) AS producers
+FROM names n LEFT JOIN pgq_queues q ON q.name = n.name
+ORDER BY n.name
+"""
+
+# --------------------------------------------------------------------------- operator reads
+
+LIST_JOBS: Final = """
+SELECT id, queue, task, args::text, state::text, priority, attempt, max_attempts,
+       scheduled_at, attempted_at, finalized_at, created_at, producer_id, errors::text, tags,
+       metadata::text, result::text
+FROM pgq_jobs
+WHERE ($1::pgq_job_state IS NULL OR state = $1::pgq_job_state)
+  AND ($2::text IS NULL OR queue = $2)
+  AND ($3::text IS NULL OR task = $3)
+ORDER BY id DESC
+LIMIT $4
+"""
+
+STATS_BY_QUEUE: Final = """
+SELECT queue, state::text, count(*)::bigint FROM pgq_jobs GROUP BY queue, state
+"""
+
+STATS_EXTRA: Final = """
+SELECT queue,
+       extract(epoch FROM now() - (min(scheduled_at) FILTER (WHERE state = 'available')))::float8
+           AS oldest_available_s,
+       (count(*) FILTER (WHERE state = 'completed'
+                         AND finalized_at > now() - interval '1 minute'))::bigint
+           AS completed_last_minute,
+       (count(*) FILTER (WHERE state IN ('completed', 'discarded', 'cancelled')
+                         AND finalized_at > now() - interval '1 minute'))::bigint
+           AS finished_last_minute
+FROM pgq_jobs
+WHERE state = 'available' OR finalized_at > now() - interval '1 minute'
+GROUP BY queue
+"""
+
+# --------------------------------------------------------------------------- retention
+
+# Deletes finished jobs of one state older than $2 seconds, $3 at a time: short
+# transactions that never hold many locks. SKIP LOCKED keeps out of anyone's way.
+DELETE_FINISHED: Final = """
+WITH old AS (
+    SELECT id FROM pgq_jobs
+    WHERE state = $1::pgq_job_state AND finalized_at < now() - make_interval(secs => $2)
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pgq_jobs j USING old WHERE j.id = old.id
+"""
+
+# --------------------------------------------------------------------------- periodic
+
+PERIODIC_LOCK: Final = "SELECT last_slot FROM pgq_periodic WHERE name = $1 FOR UPDATE"
+
+PERIODIC_UPSERT: Final = """
+INSERT INTO pgq_periodic (name, last_slot) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET last_slot = EXCLUDED.last_slot, updated_at = now()
 """

@@ -22,7 +22,7 @@ from pgq.completer import Completer, Outcome
 from pgq.db import DATABASE_ERRORS, Pool, check_schema, create_pool
 from pgq.dsn import resolve_dsn
 from pgq.errors import ConfigError
-from pgq.executor import SHUTDOWN
+from pgq.executor import CANCEL, SHUTDOWN
 from pgq.heartbeat import Heartbeater
 from pgq.leader import Elector
 from pgq.maintenance import Maintenance
@@ -195,6 +195,7 @@ class Worker:
                 limiter=limiter,
                 poll_interval=s.poll_interval,
                 fence_after_s=s.heartbeat_interval * s.max_heartbeat_failures,
+                hooks=self.app.hooks,
             )
             for queue, n in self._queues.items()
         ]
@@ -217,7 +218,9 @@ class Worker:
         self.elector = elector = Elector(
             pool, worker_id=self.id, worker_name=self.name, ttl_s=s.leader_ttl
         )
-        self.maintenance = maintenance = Maintenance(pool, elector, self.producers, s, self.id)
+        self.maintenance = maintenance = Maintenance(
+            pool, elector, self.producers, s, self.id, self.app
+        )
         try:
             async with anyio.create_task_group() as tg:
                 if not s.poll_only:
@@ -226,6 +229,7 @@ class Worker:
                         {
                             sql.CHANNEL_JOBS: self._on_jobs,
                             sql.CHANNEL_LEADER: lambda _payload: elector.wake(),
+                            sql.CHANNEL_CONTROL: self._on_control,
                         },
                         on_connect=self._wake_all,
                         connect_kwargs={
@@ -239,6 +243,8 @@ class Worker:
                 tg.start_soon(elector.run)
                 tg.start_soon(maintenance.run_scheduler)
                 tg.start_soon(maintenance.run_rescuer)
+                tg.start_soon(maintenance.run_retention)
+                tg.start_soon(self._watch_cancels, pool)
                 if self._health_port is not None:
                     self.health_port = await tg.start(
                         functools.partial(
@@ -284,8 +290,42 @@ class Worker:
 
     def _on_jobs(self, queue: str) -> None:
         for producer in self.producers:
-            if producer.queue == queue:
+            if queue in (producer.queue, "*"):
                 producer.wake()
+
+    def _on_control(self, message: str) -> None:
+        kind, _, value = message.partition(":")
+        if kind == "cancel" and value.isdigit():
+            self._cancel_running({int(value)})
+
+    def _cancel_running(self, job_ids: set[int]) -> None:
+        for producer in self.producers:
+            for job_id in job_ids & producer.running.keys():
+                log.info("job %d: cancel requested; cancelling it", job_id)
+                producer.running[job_id].cancel(CANCEL)
+
+    async def _watch_cancels(self, pool: Pool) -> None:
+        """The poll fallback for cancel requests (no LISTEN, or a lost notification)."""
+        while True:
+            await anyio.sleep(self.settings.poll_interval)
+            running = [i for p in self.producers for i in p.running]
+            if not running:
+                continue
+            try:
+                async with pool.acquire() as conn:
+                    rows = await conn.fetch(sql.CANCEL_REQUESTED, running)
+            except DATABASE_ERRORS as exc:
+                log.warning("cancel check failed: %s", exc)
+                continue
+            pending = {r[0] for r in rows}
+            self._cancel_running(
+                {
+                    i
+                    for p in self.producers
+                    for i, e in p.running.items()
+                    if i in pending and e.reason != CANCEL
+                }
+            )
 
     async def _drain(self) -> None:
         for producer in self.producers:

@@ -97,7 +97,7 @@ def test_worker_on_unmigrated_database(python: str, empty_dsn: str, tmp_path: Pa
     (tmp_path / "cli_tasks.py").write_text(APP)
     out = pgq_cmd(python, "worker", "cli_tasks:app", "--dsn", empty_dsn, cwd=tmp_path)
     assert out.returncode == 1
-    assert "this pgq needs 0001: run `pgq migrate`" in out.stderr
+    assert "this pgq needs 0002: run `pgq migrate`" in out.stderr
     assert "Traceback" not in out.stderr
 
 

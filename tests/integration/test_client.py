@@ -171,7 +171,7 @@ async def test_connection_of_another_kind_is_refused(client: pgq.Client) -> None
 async def test_unmigrated_database_is_named_with_the_fix(empty_dsn: str) -> None:
     with pytest.raises(
         pgq.SchemaMismatch,
-        match=r"schema at revision none .* this pgq needs 0001: run `pgq migrate`",
+        match=r"schema at revision none .* this pgq needs 0002: run `pgq migrate`",
     ):
         async with pgq.Client(empty_dsn):
             pass
@@ -181,7 +181,7 @@ async def test_older_schema_revision_is_named(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     await conn.execute("UPDATE pgq_alembic_version SET version_num = '0000'")
     await conn.close()
-    with pytest.raises(pgq.SchemaMismatch, match="schema at revision 0000, this pgq needs 0001"):
+    with pytest.raises(pgq.SchemaMismatch, match="schema at revision 0000, this pgq needs 0002"):
         async with pgq.Client(dsn):
             pass
 
@@ -195,3 +195,16 @@ async def test_server_that_does_not_answer_gives_a_masked_error() -> None:
             pass
     assert "hunter2" not in str(info.value)
     assert info.value.__cause__ is not None
+
+
+async def test_an_older_pgq_revision_asks_for_a_migration(dsn: str) -> None:
+    """A database migrated by the previous release (0001) is told to run `pgq migrate`."""
+    from pgq import migrate
+
+    await anyio.to_thread.run_sync(migrate.downgrade, dsn, "0001")
+    with pytest.raises(pgq.SchemaMismatch, match="schema at revision 0001, this pgq needs 0002"):
+        async with pgq.Client(dsn):
+            pass
+    await migrate.upgrade_async(dsn)
+    async with pgq.Client(dsn) as client:
+        assert (await client.enqueue("t")).id > 0

@@ -371,7 +371,14 @@ async def test_a_leader_with_unhealthy_producers_skips_the_rescue(
     ghost = await fake_producer(conn, silent_s=3600)
     job_id = await running_job(conn, ghost)
     caplog.set_level(logging.WARNING, "pgq.maintenance")
-    async with pgq.Worker(make_app(), dsn, **{**FAST, "rescue_interval": 3600}) as worker:
+    slow = {
+        **FAST,
+        "rescue_interval": 3600,
+        "heartbeat_interval": 30.0,
+        "stale_after": 100.0,
+        "reap_after": 200.0,
+    }
+    async with pgq.Worker(make_app(), dsn, **slow) as worker:
         assert worker.maintenance is not None
         worker.producers[0].set_healthy(False)
         assert await worker.maintenance.rescue_round() == 0
@@ -387,7 +394,9 @@ async def test_a_leader_with_unhealthy_producers_skips_the_rescue(
 async def test_healthz_reports_200_then_503_with_a_reason(dsn: str) -> None:
     import httpx
 
-    async with pgq.Worker(make_app(), dsn, health_port=0, **FAST) as worker:
+    # Slow beats: the next heartbeat must not unfence the producer this test fences by hand.
+    slow = {**FAST, "heartbeat_interval": 30.0, "stale_after": 100.0, "reap_after": 200.0}
+    async with pgq.Worker(make_app(), dsn, health_port=0, **slow) as worker:
         url = f"http://127.0.0.1:{worker.health_port}/healthz"
         async with httpx.AsyncClient() as http:
             ok = await http.get(url)

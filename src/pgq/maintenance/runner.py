@@ -9,8 +9,12 @@ from collections.abc import Sequence
 import anyio
 
 from pgq import sql
+from pgq.app import App
 from pgq.db import DATABASE_ERRORS, Pool
+from pgq.hooks import JobEvent
+from pgq.job import Job, JobState
 from pgq.leader import Elector
+from pgq.maintenance.periodic import Periodic
 from pgq.producer import Producer
 from pgq.settings import WorkerSettings
 
@@ -30,8 +34,11 @@ class Maintenance:
         producers: Sequence[Producer],
         settings: WorkerSettings,
         worker_id: uuid.UUID,
+        app: App | None = None,
     ) -> None:
         self._pool = pool
+        self._app = app
+        self._periodic = Periodic(pool, app, worker_id) if app and app.schedules else None
         self._elector = elector
         self._producers = producers
         self._settings = settings
@@ -41,12 +48,16 @@ class Maintenance:
         self.discarded_by_rescue = 0
         self.reaped = 0
         self.rounds = 0
+        self.deleted = 0
 
     async def run_scheduler(self) -> None:
-        """Make due scheduled and retryable jobs available, while leading."""
+        """Make due scheduled and retryable jobs available and enqueue periodic jobs,
+        while leading."""
         while True:
             if self._elector.is_leader:
                 try:
+                    if self._periodic is not None:
+                        await self._periodic.tick(self._elector.terms)
                     await self.promote_due()
                 except DATABASE_ERRORS as exc:
                     log.warning("scheduler round failed: %s", exc)
@@ -66,6 +77,42 @@ class Maintenance:
                 log.warning("rescue round failed: %s", exc)
             except Exception:
                 log.exception("rescue round failed")
+
+    async def run_retention(self) -> None:
+        """Delete old finished jobs, while leading."""
+        while True:
+            await anyio.sleep(self._settings.retention_interval)
+            if not self._elector.is_leader:
+                continue
+            try:
+                await self.retention_round()
+            except DATABASE_ERRORS as exc:
+                log.warning("retention round failed: %s", exc)
+            except Exception:
+                log.exception("retention round failed")
+
+    async def retention_round(self) -> int:
+        """Delete finished jobs past their state's retention, in small batches."""
+        s = self._settings
+        deleted = 0
+        for state, keep_s in (
+            ("completed", s.retention_completed),
+            ("cancelled", s.retention_cancelled),
+            ("discarded", s.retention_discarded),
+        ):
+            if keep_s is None:
+                continue
+            while True:
+                async with self._pool.acquire() as conn:
+                    status = await conn.execute(sql.DELETE_FINISHED, state, keep_s, BATCH)
+                n = int(status.split()[-1])
+                deleted += n
+                if n < BATCH:
+                    break
+        if deleted:
+            log.info("retention deleted %d finished jobs", deleted)
+        self.deleted += deleted
+        return deleted
 
     async def promote_due(self) -> int:
         """One scheduler step; returns how many jobs became available."""
@@ -112,6 +159,18 @@ class Maintenance:
                     )
                     if r[1] == "discarded":
                         self.discarded_by_rescue += 1
+                    if self._app is not None and self._app.hooks.wants("job_rescued"):
+                        job = Job(
+                            id=r[0],
+                            queue=r[5],
+                            task=r[6],
+                            args={},
+                            state=JobState(r[1]),
+                            attempt=r[7],
+                        )
+                        await self._app.hooks.emit(
+                            JobEvent("job_rescued", job, JobState(r[1]), reason=r[2])
+                        )
                 rescued += len(rows)
                 if len(rows) < BATCH:
                     break

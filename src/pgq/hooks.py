@@ -1,0 +1,62 @@
+"""Middleware around job execution and events for integrations (Sentry, metrics)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pgq.job import Job, JobContext, JobState
+
+log = logging.getLogger("pgq.hooks")
+
+EventName = Literal["job_started", "job_finished", "job_retried", "job_rescued"]
+EVENTS: tuple[EventName, ...] = ("job_started", "job_finished", "job_retried", "job_rescued")
+
+#: ``async def mw(ctx, call_next)``: run code around a job; ``await call_next()`` runs the
+#: rest of the chain (and the task) and returns its result.
+Middleware = Callable[[JobContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
+@dataclass(slots=True, frozen=True)
+class JobEvent:
+    """What a hook receives. ``state`` is the outcome (None for ``job_started``), ``error``
+    the error entry recorded for the attempt (if any), ``duration_s`` how long the attempt
+    ran, ``reason`` why a job was rescued."""
+
+    name: EventName
+    job: Job
+    state: JobState | None = None
+    error: dict[str, Any] | None = None
+    duration_s: float | None = None
+    reason: str | None = None
+
+
+Hook = Callable[[JobEvent], Awaitable[None] | None]
+
+
+class Hooks:
+    """The middleware chain and event hooks of an App."""
+
+    def __init__(self) -> None:
+        self.middleware: list[Middleware] = []
+        self.handlers: dict[EventName, list[Hook]] = {name: [] for name in EVENTS}
+
+    def __bool__(self) -> bool:
+        return bool(self.middleware) or any(self.handlers.values())
+
+    def wants(self, name: EventName) -> bool:
+        """Whether any hook listens to ``name`` (so the caller may skip building the event)."""
+        return bool(self.handlers[name])
+
+    async def emit(self, event: JobEvent) -> None:
+        """Call every hook for ``event``; a failing hook is logged and never affects the job."""
+        for hook in self.handlers[event.name]:
+            try:
+                result = hook(event)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("%s hook %r failed for job %d", event.name, hook, event.job.id)

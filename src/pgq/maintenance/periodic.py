@@ -1,0 +1,80 @@
+"""The leader's periodic enqueuer: each schedule slot becomes one job, exactly once."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+
+from pgq import sql
+from pgq.app import App
+from pgq.client import Client, JobSpec
+from pgq.cron import Schedule
+from pgq.db import Pool
+from pgq.job import JobState
+
+log = logging.getLogger("pgq.periodic")
+
+ALL_STATES = tuple(JobState)
+
+
+class Periodic:
+    """Enqueues the due slot of each of the App's schedules.
+
+    A slot's job carries the unique key ``pgq:periodic:NAME:SLOT`` across *every* state, so
+    two leaders in turn (or at once) can never enqueue it twice. ``pgq_periodic`` remembers
+    the last slot enqueued: a schedule seen for the first time starts with its next slot,
+    and a leader back after downtime enqueues only the most recent missed slot.
+    """
+
+    def __init__(self, pool: Pool, app: App, worker_id: uuid.UUID) -> None:
+        self._pool = pool
+        self._app = app
+        self._worker_id = worker_id
+        self._client = Client(pool=pool, app=app, check_schema=False)
+        self._last: dict[str, datetime] = {}
+        self._term = 0
+        self.enqueued = 0
+
+    async def tick(self, term: int) -> None:
+        """One pass over every schedule; ``term`` counts this worker's leadership terms."""
+        async with self._pool.acquire() as conn:
+            now: datetime = await conn.fetchval("SELECT now()")
+        new_term = term != self._term
+        self._term = term
+        for schedule in self._app.schedules:
+            slot = schedule.when.latest(now)
+            if new_term:
+                self._last.pop(schedule.name, None)  # another leader may have moved on
+                if schedule.run_on_start:
+                    await self._enqueue(schedule, f"start:{self._worker_id}:{term}", None)
+            if self._last.get(schedule.name) == slot:
+                continue
+            await self._advance(schedule, slot)
+
+    async def _advance(self, schedule: Schedule, slot: datetime) -> None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            last = await conn.fetchval(sql.PERIODIC_LOCK, schedule.name)
+            if last is not None and slot > last:
+                await self._enqueue(schedule, slot.isoformat(), conn)
+            if last is None or slot > last:
+                await conn.execute(sql.PERIODIC_UPSERT, schedule.name, slot)
+        self._last[schedule.name] = slot
+
+    async def _enqueue(self, schedule: Schedule, slot_id: str, conn: object | None) -> None:
+        spec = JobSpec(
+            schedule.task,
+            schedule.args,
+            queue=schedule.queue,
+            priority=schedule.priority,
+            max_attempts=schedule.max_attempts,
+            metadata={"pgq_periodic": schedule.name, "pgq_slot": slot_id},
+            unique_key=f"pgq:periodic:{schedule.name}:{slot_id}",
+            unique_states=ALL_STATES,
+        )
+        (job,) = await self._client.enqueue_many([spec], connection=conn)  # type: ignore[arg-type]
+        if job.duplicate:
+            log.debug("periodic %s slot %s was already enqueued", schedule.name, slot_id)
+        else:
+            self.enqueued += 1
+            log.info("periodic %s: enqueued job %d for slot %s", schedule.name, job.id, slot_id)

@@ -1,0 +1,490 @@
+"""Unique jobs, periodic jobs, cancel, queue control, retention, results and hooks."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+
+import pgq
+from tests.tests_support import until
+
+if TYPE_CHECKING:
+    from tests.tests_support import Conn
+
+pytestmark = pytest.mark.anyio
+
+QUICK: dict[str, Any] = {
+    "heartbeat_interval": 0.2,
+    "heartbeat_timeout": 0.1,
+    "max_heartbeat_failures": 2,
+    "stale_after": 1.0,
+    "rescue_interval": 0.2,
+    "leader_ttl": 1.5,
+    "reap_after": 3.0,
+    "schedule_interval": 0.05,
+    "poll_interval": 0.1,
+}
+
+
+# --------------------------------------------------------------------------- unique
+
+
+async def test_unique_key_returns_the_existing_job(client: pgq.Client) -> None:
+    first = await client.enqueue("t", {"a": 1}, unique_key="report:42")
+    again = await client.enqueue("t", {"a": 2}, unique_key="report:42")
+    assert not first.duplicate and again.duplicate
+    assert again.id == first.id and again.args == {"a": 1}
+    assert (await client.count_by_state())[pgq.JobState.AVAILABLE] == 1
+
+
+async def test_unique_true_derives_the_key_from_task_queue_and_args(client: pgq.Client) -> None:
+    a = await client.enqueue("t", {"x": 1, "y": 2}, unique=True)
+    b = await client.enqueue("t", {"y": 2, "x": 1}, unique=True)
+    c = await client.enqueue("t", {"x": 2}, unique=True)
+    d = await client.enqueue("t", {"x": 1, "y": 2}, unique=True, queue="other")
+    assert b.duplicate and b.id == a.id
+    assert not c.duplicate and not d.duplicate
+
+
+async def test_unique_period_buckets(client: pgq.Client) -> None:
+    from pgq.client import derive_unique_key
+
+    k1 = derive_unique_key("t", "q", "{}", 60, now=120.0)
+    k2 = derive_unique_key("t", "q", "{}", 60, now=179.0)
+    k3 = derive_unique_key("t", "q", "{}", 60, now=180.0)
+    assert k1 == k2 != k3
+    a = await client.enqueue("t", unique=True, unique_period=3600)
+    b = await client.enqueue("t", unique=True, unique_period=3600)
+    assert b.duplicate and b.id == a.id
+
+
+async def test_enqueue_many_reports_which_were_skipped(client: pgq.Client) -> None:
+    existing = await client.enqueue("t", unique_key="k1")
+    jobs = await client.enqueue_many(
+        [
+            pgq.JobSpec("t", {"i": 0}, unique_key="k1"),
+            pgq.JobSpec("t", {"i": 1}),
+            pgq.JobSpec("t", {"i": 2}, unique_key="k2"),
+            pgq.JobSpec("t", {"i": 3}, unique_key="k2"),
+            pgq.JobSpec("t", {"i": 4}),
+        ]
+    )
+    assert [j.duplicate for j in jobs] == [True, False, False, True, False]
+    assert jobs[0].id == existing.id
+    assert jobs[3].id == jobs[2].id
+    assert [j.args["i"] for j in (jobs[1], jobs[2], jobs[4])] == [1, 2, 4]
+    assert sum((await client.count_by_state()).values()) == 4
+
+
+async def test_a_finished_job_frees_its_key_unless_its_state_is_listed(
+    client: pgq.Client, conn: Conn
+) -> None:
+    first = await client.enqueue("t", unique_key="once")
+    await conn.execute(
+        "UPDATE pgq_jobs SET state = 'completed', finalized_at = now() WHERE id = $1", first.id
+    )
+    second = await client.enqueue("t", unique_key="once")
+    assert not second.duplicate and second.id != first.id
+    forever = list(pgq.JobState)
+    kept = await client.enqueue("t", unique_key="ever", unique_states=forever)
+    await conn.execute(
+        "UPDATE pgq_jobs SET state = 'completed', finalized_at = now() WHERE id = $1", kept.id
+    )
+    again = await client.enqueue("t", unique_key="ever", unique_states=forever)
+    assert again.duplicate and again.id == kept.id
+    with pytest.raises(pgq.ConfigError, match="unknown job state 'done'"):
+        await client.enqueue("t", unique_key="x", unique_states=["done"])
+
+
+async def test_concurrent_enqueuers_of_one_key_make_exactly_one_job(dsn: str) -> None:
+    results: list[pgq.Job] = []
+    async with pgq.Client(dsn) as client:
+
+        async def enqueuer() -> None:
+            for _ in range(5):
+                results.append(await client.enqueue("t", unique_key="contended"))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(enqueuer)
+        counts = await client.count_by_state()
+    assert sum(counts.values()) == 1
+    assert len({j.id for j in results}) == 1
+    assert sum(not j.duplicate for j in results) == 1
+
+
+# --------------------------------------------------------------------------- periodic
+
+
+async def test_periodic_jobs_are_enqueued_once_per_slot_across_leaders(
+    dsn: str, conn: Conn
+) -> None:
+    app = pgq.App()
+    ran: list[str] = []
+
+    @app.periodic(every=1, args={"n": 7})
+    async def tick(ctx: pgq.JobContext, n: int) -> None:
+        ran.append(ctx.job.metadata["pgq_slot"])
+
+    async def slots() -> list[str]:
+        return [
+            r[0] for r in await conn.fetch("SELECT metadata->>'pgq_slot' FROM pgq_jobs ORDER BY id")
+        ]
+
+    # Two leaders in turn, and a third worker that is never leader alongside both.
+    for name in ("first", "second"):
+        async with pgq.Worker(app, dsn, name=name, **QUICK) as w:
+            start = len(await slots())
+
+            async def two_more(start: int = start) -> bool:
+                return len(await slots()) >= start + 2
+
+            await until(two_more, limit_s=10)
+            assert w.stats()["leader"]
+    keys = await slots()
+    assert len(keys) == len(set(keys)), "no slot enqueued twice"
+    assert await conn.fetchval(
+        "SELECT count(*) FROM pgq_jobs WHERE args = '{\"n\": 7}'::jsonb"
+    ) == len(keys)
+
+
+async def test_a_returning_leader_enqueues_at_most_one_missed_slot(dsn: str, conn: Conn) -> None:
+    app = pgq.App()
+
+    @app.periodic("* * * * *")
+    async def minutely(ctx: pgq.JobContext) -> None: ...
+
+    # The schedule was last run a day ago: 1440 slots were missed while nobody led.
+    await conn.execute(
+        "INSERT INTO pgq_periodic (name, last_slot) VALUES ('minutely', now() - interval '1 day')"
+    )
+    async with pgq.Worker(app, dsn, **QUICK):
+
+        async def enqueued() -> bool:
+            return bool(await conn.fetchval("SELECT count(*) FROM pgq_jobs"))
+
+        await until(enqueued)
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 1
+
+
+async def test_a_new_schedule_waits_for_its_next_slot_unless_run_on_start(
+    dsn: str, conn: Conn
+) -> None:
+    app = pgq.App()
+
+    @app.periodic("0 0 1 1 *")  # next on January 1st
+    async def yearly(ctx: pgq.JobContext) -> None: ...
+
+    @app.periodic("0 0 1 1 *", run_on_start=True, name="yearly-now")
+    async def yearly_too(ctx: pgq.JobContext) -> None: ...
+
+    async with pgq.Worker(app, dsn, **QUICK):
+
+        async def baseline() -> bool:
+            return bool(await conn.fetchval("SELECT count(*) = 2 FROM pgq_periodic"))
+
+        await until(baseline)
+    rows = await conn.fetch("SELECT task FROM pgq_jobs")
+    assert [r[0] for r in rows] == ["yearly_too"]
+
+
+# --------------------------------------------------------------------------- cancel
+
+
+async def test_cancel_before_running_is_immediate(client: pgq.Client) -> None:
+    job = await client.enqueue("t", delay=60)
+    cancelled = await client.cancel(job.id)
+    assert cancelled is not None and cancelled.state is pgq.JobState.CANCELLED
+    assert cancelled.finalized_at is not None
+    assert cancelled.errors[-1]["message"] == "cancelled by request"
+    again = await client.cancel(job.id)  # already final: unchanged
+    assert again is not None and again.state is pgq.JobState.CANCELLED
+
+
+@pytest.mark.parametrize("poll_only", [False, True])
+async def test_cancel_of_a_running_async_job(dsn: str, client: pgq.Client, poll_only: bool) -> None:
+    app = pgq.App()
+    started = anyio.Event()
+
+    @app.task
+    async def forever(ctx: pgq.JobContext) -> None:
+        started.set()
+        await anyio.sleep(3600)
+
+    job = await client.enqueue("forever")
+    async with pgq.Worker(app, dsn, **{**QUICK, "poll_only": poll_only}):
+        with anyio.fail_after(10):
+            await started.wait()
+        assert (await client.cancel(job.id)).state is pgq.JobState.RUNNING  # type: ignore[union-attr]
+        done = await client.wait(job.id, timeout=10)
+    assert done.state is pgq.JobState.CANCELLED
+    assert done.errors[-1]["kind"] == "cancel"
+
+
+async def test_cancel_of_a_thread_job_sets_cancel_requested(dsn: str, client: pgq.Client) -> None:
+    app = pgq.App()
+    started, saw = threading.Event(), threading.Event()
+
+    @app.task
+    def loop(ctx: pgq.JobContext) -> None:
+        started.set()
+        for _ in range(1000):
+            if ctx.cancel_requested:
+                saw.set()
+                return
+            threading.Event().wait(0.01)
+
+    job = await client.enqueue("loop")
+    async with pgq.Worker(app, dsn, **QUICK):
+        await anyio.to_thread.run_sync(started.wait, 10)
+        await client.cancel(job.id)
+        done = await client.wait(job.id, timeout=10)
+    assert done.state is pgq.JobState.CANCELLED
+    await anyio.to_thread.run_sync(saw.wait, 5)
+    assert saw.is_set()
+
+
+async def test_cancel_racing_completion_ends_in_exactly_one_final_state(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    app = pgq.App()
+
+    @app.task
+    async def quick(ctx: pgq.JobContext, i: int) -> int:
+        await anyio.sleep(0.001 * (i % 5))
+        return i
+
+    jobs = await client.enqueue_many([pgq.JobSpec("quick", {"i": i}) for i in range(200)])
+    async with pgq.Worker(app, dsn, concurrency=20, **QUICK):
+        for job in jobs:
+            await client.cancel_many([job.id])
+        for job in jobs:
+            await client.wait(job.id, timeout=20)
+    rows = await conn.fetch("SELECT state::text, finalized_at FROM pgq_jobs")
+    assert len(rows) == 200
+    assert all(r[0] in ("completed", "cancelled") and r[1] is not None for r in rows)
+
+
+# --------------------------------------------------------------------------- pause
+
+
+async def test_pause_stops_every_worker_and_resume_restarts_them(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    app = pgq.App()
+    ran: Counter[str] = Counter()
+
+    @app.task(queue="mail")
+    async def send(ctx: pgq.JobContext) -> None:
+        ran[ctx.job.metadata["batch"]] += 1
+
+    await client.pause_queue("mail")
+    async with (
+        pgq.Worker(app, dsn, name="w1", **QUICK) as w1,
+        pgq.Worker(app, dsn, name="w2", **QUICK) as w2,
+    ):
+        paused = await client.enqueue_many(
+            [pgq.JobSpec("send", queue="mail", metadata={"batch": "a"}) for _ in range(10)]
+        )
+        assert len(paused) == 10, "a paused queue still accepts jobs"
+        # Several fetches by each worker pass (a poll is 0.1 s) and claim nothing.
+        claimed = w1.producers[0].claimed + w2.producers[0].claimed
+        await anyio.sleep(0.5)
+        assert w1.producers[0].claimed + w2.producers[0].claimed == claimed == 0
+        assert ran == Counter()
+        await client.resume_queue("mail")
+        for job in paused:
+            await client.wait(job.id, timeout=10)
+        assert ran["a"] == 10
+        await client.pause_queue("*")
+        (later,) = await client.enqueue_many(
+            [pgq.JobSpec("send", queue="mail", metadata={"batch": "b"})]
+        )
+        await anyio.sleep(0.5)
+        assert ran["b"] == 0
+        await client.resume_queue("*")
+        await client.wait(later.id, timeout=10)
+    assert ran["b"] == 1
+    queues = {q.name: q for q in await client.list_queues()}
+    assert not queues["mail"].paused
+
+
+# --------------------------------------------------------------------------- retention
+
+
+async def test_retention_deletes_old_finished_jobs_only(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    ids = {}
+    for state in ("completed", "cancelled", "discarded"):
+        ids[state] = await conn.fetchval(
+            "INSERT INTO pgq_jobs (task, state, finalized_at) VALUES ('t', $1, now() - interval '2 hours')"
+            " RETURNING id",
+            state,
+        )
+    for state in ("available", "scheduled", "retryable"):
+        ids[state] = await conn.fetchval(
+            "INSERT INTO pgq_jobs (task, state, created_at, scheduled_at) VALUES ('t', $1,"
+            " now() - interval '30 days', now() + interval '1 day') RETURNING id",
+            state,
+        )
+    recent = await conn.fetchval(
+        "INSERT INTO pgq_jobs (task, state, finalized_at) VALUES ('t', 'completed', now()) RETURNING id"
+    )
+    app = pgq.App()
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    settings = {
+        **QUICK,
+        "retention_completed": 3600,
+        "retention_cancelled": 3600,
+        "retention_discarded": None,
+    }
+    async with pgq.Worker(app, dsn, **settings) as worker:
+        assert worker.maintenance is not None
+        await worker.maintenance.retention_round()
+    left = {r[0] for r in await conn.fetch("SELECT id FROM pgq_jobs")}
+    assert ids["completed"] not in left and ids["cancelled"] not in left
+    assert ids["discarded"] in left, "None keeps forever"
+    assert {ids["available"], ids["scheduled"], ids["retryable"], recent} <= left
+
+
+# --------------------------------------------------------------------------- results
+
+
+async def test_wait_returns_the_result_or_the_errors(dsn: str, client: pgq.Client) -> None:
+    app = pgq.App()
+
+    @app.task
+    async def double(ctx: pgq.JobContext, n: int) -> dict[str, int]:
+        return {"double": n * 2}
+
+    @app.task(max_attempts=1)
+    async def broken(ctx: pgq.JobContext) -> None:
+        raise ValueError("nope")
+
+    ok = await client.enqueue("double", {"n": 21})
+    bad = await client.enqueue("broken")
+    async with pgq.Worker(app, dsn, **QUICK):
+        done = await client.wait(ok.id, timeout=10)
+        failed = await client.wait(bad.id, timeout=10)
+    assert done.state is pgq.JobState.COMPLETED and done.result == {"double": 42}
+    assert (
+        failed.state is pgq.JobState.DISCARDED and failed.errors[0]["message"] == "ValueError: nope"
+    )
+
+
+async def test_wait_times_out_and_knows_unknown_jobs(client: pgq.Client) -> None:
+    job = await client.enqueue("nobody_runs_this")
+    with pytest.raises(TimeoutError):
+        await client.wait(job.id, timeout=0.3)
+    with pytest.raises(LookupError, match="no job 999999"):
+        await client.wait(999999, timeout=1)
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+async def test_middleware_and_events(dsn: str, client: pgq.Client) -> None:
+    app = pgq.App()
+    seen: list[tuple[str, int, str | None]] = []
+    order: list[str] = []
+
+    @app.middleware
+    async def outer(ctx: pgq.JobContext, call_next: Any) -> Any:
+        order.append("outer in")
+        try:
+            return await call_next()
+        finally:
+            order.append("outer out")
+
+    @app.middleware
+    async def inner(ctx: pgq.JobContext, call_next: Any) -> Any:
+        order.append("inner in")
+        result = await call_next()
+        return {"wrapped": result}
+
+    @app.on("job_started")
+    def started(event: pgq.JobEvent) -> None:
+        seen.append((event.name, event.job.id, None))
+
+    @app.on("job_finished")
+    async def finished(event: pgq.JobEvent) -> None:
+        seen.append((event.name, event.job.id, event.state.value if event.state else None))
+
+    @app.on("job_retried")
+    def retried(event: pgq.JobEvent) -> None:
+        seen.append((event.name, event.job.id, event.error["message"] if event.error else None))
+
+    @app.on("job_finished")
+    def broken_hook(event: pgq.JobEvent) -> None:
+        raise RuntimeError("a failing hook never loses a job")
+
+    @app.task(backoff=pgq.Backoff(base_s=0.01, jitter=0), max_attempts=2)
+    async def flaky(ctx: pgq.JobContext) -> str:
+        order.append("task")
+        if ctx.attempt == 1:
+            raise ValueError("first time")
+        return "ok"
+
+    job = await client.enqueue("flaky")
+    async with pgq.Worker(app, dsn, **QUICK):
+        done = await client.wait(job.id, timeout=10)
+    assert done.state is pgq.JobState.COMPLETED and done.result == {"wrapped": "ok"}
+    assert order == ["outer in", "inner in", "task", "outer out"] * 2
+    assert seen == [
+        ("job_started", job.id, None),
+        ("job_finished", job.id, "retryable"),
+        ("job_retried", job.id, "ValueError: first time"),
+        ("job_started", job.id, None),
+        ("job_finished", job.id, "completed"),
+    ]
+
+
+async def test_failing_middleware_retries_the_job(dsn: str, client: pgq.Client) -> None:
+    app = pgq.App()
+    calls = Counter[str]()
+
+    @app.middleware
+    async def flaky_middleware(ctx: pgq.JobContext, call_next: Any) -> Any:
+        calls["mw"] += 1
+        if ctx.attempt == 1:
+            raise ConnectionError("metrics backend down")
+        return await call_next()
+
+    @app.task(backoff=pgq.Backoff(base_s=0.01, jitter=0))
+    async def work(ctx: pgq.JobContext) -> str:
+        return "done"
+
+    job = await client.enqueue("work")
+    async with pgq.Worker(app, dsn, **QUICK):
+        done = await client.wait(job.id, timeout=10)
+    assert done.state is pgq.JobState.COMPLETED and done.attempt == 2
+    assert "metrics backend down" in done.errors[0]["message"]
+
+
+async def test_rescued_event_fires_in_the_leader(dsn: str, client: pgq.Client, conn: Conn) -> None:
+    import uuid
+
+    app = pgq.App()
+    rescued: list[pgq.JobEvent] = []
+    app.on("job_rescued")(rescued.append)
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    ghost = uuid.uuid4()
+    job_id = await conn.fetchval(
+        "INSERT INTO pgq_jobs (task, state, attempt, producer_id, attempted_at) VALUES"
+        " ('t', 'running', 1, $1, now() - interval '1 hour') RETURNING id",
+        ghost,
+    )
+    async with pgq.Worker(app, dsn, **QUICK):
+        await client.wait(job_id, timeout=10)
+    assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer row missing")]

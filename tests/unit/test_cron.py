@@ -1,0 +1,64 @@
+from datetime import UTC, datetime
+
+import pytest
+
+from pgq.cron import Cron, Every, make_schedule
+from pgq.errors import ConfigError
+
+
+def at(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("expr", "now", "latest"),
+    [
+        ("*/5 * * * *", "2026-03-04T10:17:42", "2026-03-04T10:15:00"),
+        ("0 * * * *", "2026-03-04T10:00:00", "2026-03-04T10:00:00"),
+        ("30 9 * * mon-fri", "2026-03-08T12:00:00", "2026-03-06T09:30:00"),  # Sunday -> Friday
+        ("@daily", "2026-03-04T00:00:59", "2026-03-04T00:00:00"),
+        ("0 0 29 2 *", "2026-03-01T00:00:00", "2024-02-29T00:00:00"),
+        ("15,45 8-10 1 jan *", "2026-06-01T00:00:00", "2026-01-01T10:45:00"),
+        ("0 12 13 * 5", "2026-03-12T00:00:00", "2026-03-06T12:00:00"),  # dom OR dow
+        ("0 0 * * 7", "2026-03-04T00:00:00", "2026-03-01T00:00:00"),  # 7 is Sunday
+    ],
+)
+def test_latest_slot(expr: str, now: str, latest: str) -> None:
+    assert Cron(expr).latest(at(now)) == at(latest)
+
+
+def test_time_zone_is_respected() -> None:
+    # 09:00 in Paris (UTC+1 in winter) is 08:00 UTC.
+    assert Cron("0 9 * * *", "Europe/Paris").latest(at("2026-01-10T08:30:00")) == at(
+        "2026-01-10T08:00:00"
+    )
+    # Summer time: UTC+2.
+    assert Cron("0 9 * * *", "Europe/Paris").latest(at("2026-07-10T08:30:00")) == at(
+        "2026-07-10T07:00:00"
+    )
+
+
+def test_every_aligns_to_the_epoch() -> None:
+    assert Every(60).latest(at("2026-03-04T10:17:42")) == at("2026-03-04T10:17:00")
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("* * * *", "needs 5 fields"),
+        ("61 * * * *", "out of range"),
+        ("5-1 * * * *", "runs backwards"),
+        ("*/0 * * * *", "bad step"),
+        ("* * * foo *", "not valid in the month field"),
+    ],
+)
+def test_bad_expressions_say_why(expr: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Cron(expr)
+
+
+def test_schedule_needs_exactly_one_form() -> None:
+    with pytest.raises(ConfigError, match="one of the two"):
+        make_schedule("* * * * *", 5, "UTC")
+    with pytest.raises(ConfigError, match="unknown time zone"):
+        make_schedule("* * * * *", None, "Mars/Olympus")

@@ -75,3 +75,14 @@ async def test_transactional_enqueue_with_sqlalchemy(dsn: str, client: pgq.Clien
     finally:
         await engine.dispose()
     assert (await client.count_by_state())[pgq.JobState.AVAILABLE] == 1
+
+
+async def test_lifecycle_example_runs(dsn: str) -> None:
+    import lifecycle
+
+    outcome = await lifecycle.main(dsn)
+    assert outcome == {
+        "result": {"customer": 7, "rows": 42},
+        "cancelled": pgq.JobState.CANCELLED,
+        "timed": True,
+    }

@@ -39,3 +39,11 @@ def test_every_liveness_setting_is_explained_with_its_default() -> None:
         row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
         shown = row.split("|")[2].strip().removesuffix(" s")
         assert float(shown) == float(default), name
+
+
+def test_retention_defaults_in_the_lifecycle_page() -> None:
+    text = (DOCS / "lifecycle.md").read_text()
+    for name in ("retention_completed", "retention_cancelled", "retention_discarded"):
+        default = setting_help()[name][0]
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
+        assert float(row.split("|")[2].split()[0]) == float(default), name

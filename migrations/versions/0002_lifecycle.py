@@ -48,7 +48,6 @@ def upgrade() -> None:
             "unique_key IS NOT NULL AND pgq_unique_active(state, unique_states)"
         ),
     )
-    op.create_index("pgq_jobs_queue_state_idx", "pgq_jobs", ["queue", "state"])
     op.create_table(
         "pgq_periodic",
         sa.Column("name", sa.Text(), nullable=False),
@@ -65,7 +64,6 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("pgq_periodic")
-    op.drop_index("pgq_jobs_queue_state_idx", table_name="pgq_jobs")
     op.drop_index("pgq_jobs_unique_idx", table_name="pgq_jobs")
     op.execute("DROP FUNCTION pgq_unique_active")
     op.drop_column("pgq_jobs", "cancel_requested_at")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import traceback
@@ -26,20 +27,24 @@ CANCEL = "cancel"
 
 
 class Execution:
-    """One running attempt: its context and the scope that cancels it."""
+    """One running attempt: its context, and the asyncio task that runs it (cancelling the
+    task is how the worker stops the attempt)."""
 
-    __slots__ = ("ctx", "reason", "scope")
+    __slots__ = ("ctx", "reason", "task")
 
     def __init__(self, job: Job) -> None:
         self.ctx = JobContext(job)
-        self.scope = anyio.CancelScope()
         self.reason: str | None = None
+        self.task: asyncio.Task[None] | None = None
 
     def cancel(self, reason: str) -> None:
         """Stop the attempt: async tasks are cancelled, threads see ``cancel_requested``."""
+        if self.reason is not None:
+            return
         self.reason = reason
         self.ctx._request_cancel()
-        self.scope.cancel()
+        if self.task is not None:
+            self.task.cancel()
 
 
 def _error(attempt: int, kind: str, message: str, tb: str | None = None) -> str:
@@ -104,14 +109,27 @@ async def _run(
 
     result: Any = None
     try:
-        with execution.scope:
-            with anyio.move_on_after(task.timeout) as t:
+        try:
+            if task.timeout is None:
                 result = await call()
-            if t.cancelled_caught:
-                ctx._request_cancel()
-                message = f"timed out after {task.timeout:g}s"
-                log.warning("job %d (%s) attempt %d %s", job.id, job.task, job.attempt, message)
-                return _failure(job, task, producer_id, _error(job.attempt, "timeout", message))
+            else:
+                deadline = asyncio.timeout(task.timeout)
+                try:
+                    async with deadline:
+                        result = await call()
+                except TimeoutError:
+                    if not deadline.expired():
+                        raise  # the task's own TimeoutError: an ordinary failure
+                    ctx._request_cancel()
+                    message = f"timed out after {task.timeout:g}s"
+                    log.warning("job %d (%s) attempt %d %s", job.id, job.task, job.attempt, message)
+                    return _failure(job, task, producer_id, _error(job.attempt, "timeout", message))
+        except asyncio.CancelledError:
+            if execution.reason is None:
+                raise  # not ours to stop (the worker itself is being torn down)
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
         if execution.reason == CANCEL:
             # Requested by client.cancel(): an async task was cancelled; a thread saw
             # ctx.cancel_requested (or finished regardless). Either way it ends cancelled.
@@ -122,8 +140,8 @@ async def _run(
                 "cancelled",
                 error=_error(job.attempt, "cancel", "cancelled by request"),
             )
-        if execution.scope.cancelled_caught:
-            return _interrupted(job, producer_id, execution.reason or SHUTDOWN)
+        if execution.reason is not None:
+            return _interrupted(job, producer_id, execution.reason)
     except Retry as exc:
         return _failure(
             job, task, producer_id, _error(job.attempt, "retry", exc.reason), exc.delay_s

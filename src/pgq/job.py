@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
 import uuid
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -118,7 +117,8 @@ class JobContext:
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self._cancel = threading.Event()
+        # A plain flag: a task's thread reads it, the event loop sets it (atomic under the GIL).
+        self._cancel = False
         self._log: JobLogger | None = None
 
     @property
@@ -158,10 +158,10 @@ class JobContext:
         Async tasks are cancelled outright; tasks running in a thread should check this
         between steps and return early.
         """
-        return self._cancel.is_set()
+        return self._cancel
 
     def _request_cancel(self) -> None:
-        self._cancel.set()
+        self._cancel = True
 
 
 __all__ = ("Cancel", "Job", "JobContext", "JobState", "Retry", "Snooze")

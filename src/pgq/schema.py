@@ -139,8 +139,6 @@ Index(
     unique=True,
     postgresql_where=text("unique_key IS NOT NULL AND pgq_unique_active(state, unique_states)"),
 )
-# Retention and `pgq jobs list`: by queue and state.
-Index("pgq_jobs_queue_state_idx", jobs.c.queue, jobs.c.state)
 
 # Periodic schedules: the last slot the leader enqueued, so a slot is enqueued once.
 periodic = Table(

@@ -139,6 +139,22 @@ SELECT id,
 FROM upd
 """
 
+# The common outcome, lean: completed, with an optional result, fenced like the others. The
+# ids of finished jobs are announced for client.wait() ($5: comma-joined chunks built by the
+# caller; a spurious id is harmless, waiters re-read the job).
+COMPLETE_SUCCESSES: Final = """
+WITH upd AS (
+    UPDATE pgq_jobs j
+    SET state = 'completed', finalized_at = now(), result = u.result::jsonb, deadline_at = NULL
+    FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[])
+         AS u(id, attempt, producer_id, result)
+    WHERE j.id = u.id AND j.attempt = u.attempt AND j.producer_id = u.producer_id
+      AND j.state = 'running'
+    RETURNING j.id
+)
+SELECT id, (SELECT count(pg_notify('pgq_done', c)) FROM unnest($5::text[]) c) FROM upd
+"""
+
 # Makes due scheduled and retryable jobs available, in batches, and wakes their queues.
 PROMOTE_DUE: Final = """
 WITH due AS (

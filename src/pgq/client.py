@@ -245,7 +245,7 @@ class Client(Operations):
                     max_attempts=max_attempts,
                     scheduled_at=rec[2],
                     created_at=rec[3],
-                    tags=json_tags(tags),
+                    tags=json_tags(tags) if tags != "[]" else [],
                     metadata=metadata,
                     unique_key=key,
                 )
@@ -284,7 +284,7 @@ class Client(Operations):
     def _row(self, index: int, spec: JobSpec) -> _Row:
         where = f"job {index}: " if index else ""
         task = spec.task
-        if isinstance(task, Task):
+        if type(task) is Task:
             defaults: Task | None = task
             name = task.name
         else:
@@ -304,7 +304,7 @@ class Client(Operations):
         )
         if max_attempts is not None and max_attempts < 1:
             raise ConfigError(f"{where}max_attempts must be at least 1, got {max_attempts}")
-        if not isinstance(spec.args, Mapping):
+        if type(spec.args) is not dict and not isinstance(spec.args, Mapping):
             raise SerializationError(
                 f"{where}args must be a mapping of keyword arguments, not "
                 f"{type(spec.args).__name__}",
@@ -325,10 +325,12 @@ class Client(Operations):
                 raise ConfigError(f"{where}delay must be zero or more seconds, got {spec.delay!r}")
         if spec.run_at is not None and spec.run_at.tzinfo is None:
             raise ConfigError(f"{where}run_at must be timezone-aware (e.g. datetime.now(UTC))")
-        if isinstance(spec.tags, str) or not all(isinstance(t, str) for t in spec.tags):
+        if spec.tags and (
+            isinstance(spec.tags, str) or not all(isinstance(t, str) for t in spec.tags)
+        ):
             raise ConfigError(f"{where}tags must be a list of strings")
         args = dict(spec.args)
-        metadata = dict(spec.metadata)
+        metadata = dict(spec.metadata) if spec.metadata else {}
         args_json = serde.dumps(args, "args")
         unique_key = spec.unique_key
         if unique_key is None and spec.unique:
@@ -347,8 +349,8 @@ class Client(Operations):
             max_attempts,
             spec.run_at,
             delay_s,
-            serde.dumps(list(spec.tags), "tags"),
-            serde.dumps(metadata, "metadata"),
+            serde.dumps(list(spec.tags), "tags") if spec.tags else "[]",
+            serde.dumps(metadata, "metadata") if metadata else "{}",
             unique_key,
             states,
         )

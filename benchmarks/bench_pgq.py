@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
+import time
+from pathlib import Path
 
+import anyio
 import asyncpg
 from common import Timer, drop_database, emit, fresh_database, run
 
@@ -73,12 +78,77 @@ async def drain(concurrency: int) -> None:
     await drop_database("bench_pgq_drain")
 
 
+async def enqueue_one() -> None:
+    dsn = await setup("bench_pgq_enqueue")
+    async with pgq.Client(dsn, app=app) as client:
+        with Timer() as t:
+            for i in range(1_000):
+                await client.enqueue(noop, {"i": i})
+    emit(
+        {
+            "system": "pgq",
+            "workload": "enqueue",
+            "jobs": 1_000,
+            "seconds": t.seconds,
+            "rate": 1_000 / t.seconds,
+        }
+    )
+    await drop_database("bench_pgq_enqueue")
+
+
+async def latency() -> None:
+    import latency as driver
+
+    dsn = await setup("bench_pgq_latency")
+    async with pgq.Client(dsn, app=app) as client:
+
+        async def enqueue(seq: int) -> None:
+            await client.enqueue(stamp, {"seq": seq})
+
+        out = Path(tempfile.mkdtemp()) / "pgq.json"
+        result = await driver.drive(Path(__file__), dsn, enqueue, out)
+    emit({"system": "pgq", "workload": "latency", **result})
+    await drop_database("bench_pgq_latency")
+
+
+started: dict[int, float] = {}
+
+
+@app.task
+async def stamp(ctx: pgq.JobContext, seq: int) -> None:
+    """Record when the job started (latency benchmark)."""
+    started[seq] = time.time()
+    if len(started) >= _expected[0]:
+        _worker[0].stop()
+
+
+_expected = [0]
+_worker: list[pgq.Worker] = []
+
+
+async def latency_worker(dsn: str, out: str, n: int) -> None:
+    _expected[0] = n
+    worker = pgq.Worker(app, dsn, concurrency=100)
+    _worker.append(worker)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(worker.run)
+        await worker.started.wait()
+        print("READY", flush=True)
+    Path(out).write_text(json.dumps(started))
+
+
 async def main() -> None:
     workload = sys.argv[1]
     if workload == "enqueue_many":
         await enqueue_many()
+    elif workload == "enqueue":
+        await enqueue_one()
     elif workload == "drain":
         await drain(int(sys.argv[2]) if len(sys.argv) > 2 else 100)
+    elif workload == "latency":
+        await latency()
+    elif workload == "latency-worker":
+        await latency_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
         raise SystemExit(f"unknown workload {workload}")
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sys
+import tempfile
+import time
+from pathlib import Path
 
 import asyncpg
-from common import Timer, drop_database, emit, fresh_database, run
+from common import SERVER_DSN, Timer, drop_database, emit, fresh_database, run, with_database
 from pgqueuer import PgQueuer
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
@@ -77,12 +82,76 @@ async def drain(batch_size: int) -> None:
     await drop_database("bench_pgqueuer_drain")
 
 
+async def enqueue_one() -> None:
+    conn = await setup("bench_pgqueuer_enqueue")
+    queries = Queries(AsyncpgDriver(conn))
+    with Timer() as t:
+        for i in range(1_000):
+            await queries.enqueue("noop", str(i).encode())
+    await conn.close()
+    emit(
+        {
+            "system": "pgqueuer",
+            "workload": "enqueue",
+            "jobs": 1_000,
+            "seconds": t.seconds,
+            "rate": 1_000 / t.seconds,
+        }
+    )
+    await drop_database("bench_pgqueuer_enqueue")
+
+
+async def latency() -> None:
+    import latency as driver
+
+    conn = await setup("bench_pgqueuer_latency")
+    dsn = with_database(SERVER_DSN, "bench_pgqueuer_latency")
+    queries = Queries(AsyncpgDriver(conn))
+
+    async def enqueue(seq: int) -> None:
+        await queries.enqueue("stamp", str(seq).encode())
+
+    out = Path(tempfile.mkdtemp()) / "pgqueuer.json"
+    result = await driver.drive(Path(__file__), dsn, enqueue, out)
+    await conn.close()
+    emit({"system": "pgqueuer", "workload": "latency", **result})
+    await drop_database("bench_pgqueuer_latency")
+
+
+async def latency_worker(dsn: str, out: str, n: int) -> None:
+    conn = await asyncpg.connect(dsn)
+    pq = PgQueuer(AsyncpgDriver(conn))
+    started: dict[int, float] = {}
+
+    @pq.entrypoint("stamp")
+    async def stamp(job: Job) -> None:
+        """Record when the job started."""
+        assert job.payload is not None
+        started[int(job.payload.decode())] = time.time()
+        if len(started) >= n:
+            pq.shutdown.set()
+
+    async def ready() -> None:
+        await asyncio.sleep(0.5)
+        print("READY", flush=True)
+
+    await asyncio.gather(pq.run(), ready())
+    Path(out).write_text(json.dumps(started))
+    await conn.close()
+
+
 async def main() -> None:
     workload = sys.argv[1]
     if workload == "enqueue_many":
         await enqueue_many()
+    elif workload == "enqueue":
+        await enqueue_one()
     elif workload == "drain":
         await drain(int(sys.argv[2]) if len(sys.argv) > 2 else 10)
+    elif workload == "latency":
+        await latency()
+    elif workload == "latency-worker":
+        await latency_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
         raise SystemExit(f"unknown workload {workload}")
 

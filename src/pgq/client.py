@@ -216,7 +216,10 @@ class Client(Operations):
     async def _insert(
         self, conn: Connection, rows: list[_Row], columns: list[list[Any]]
     ) -> list[Job]:
-        result = await conn.fetch(sql.ENQUEUE, *columns)
+        if len(rows) == 1:
+            result = await conn.fetch(sql.ENQUEUE_ONE, *rows[0][0])
+        else:
+            result = await conn.fetch(sql.ENQUEUE, *columns)
         inserted = iter(result)
         inserted_keys = {r[4] for r in result if r[4] is not None}
         claimed: set[str] = set()

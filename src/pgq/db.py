@@ -80,18 +80,28 @@ async def connect(
         raise ConfigError(f"malformed DSN {mask_dsn(dsn)}: {exc}") from None
 
 
-#: Session settings for pgq's own connections. Our batch statements take arrays whose
-#: sizes vary: a generic plan (which Postgres switches to after five runs of a prepared
-#: statement) guesses their size and can pick a plan many times slower; custom plans cost
-#: a fraction of a millisecond per batch.
-SESSION_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
+#: Session settings for the worker's connections. Its batch statements join arrays whose
+#: sizes vary to the jobs table: a generic plan (which Postgres switches to after five runs
+#: of a prepared statement) guesses their size and can pick a plan many times slower;
+#: custom plans cost a fraction of a millisecond per batch. (The client's inserts have no
+#: join to get wrong, and keep cheap generic plans.)
+WORKER_SESSION_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
+
+
+async def _reset(conn: Connection) -> None:
+    # asyncpg's default reset costs a round trip per release (UNLISTEN *, RESET ALL, ...):
+    # one per job batch on the hot path. pgq's statements leave no session state behind
+    # (LISTENs are removed by their owner); only an abandoned transaction needs undoing.
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
 
 
 async def create_pool(
     dsn: str | None, *, min_size: int, max_size: int, timeout_s: float = 10.0, **kwargs: Any
 ) -> Pool:
-    """Open a pool (its first connections too), with the same error translation."""
-    kwargs["server_settings"] = {**SESSION_SETTINGS, **kwargs.get("server_settings", {})}
+    """Open a pool (its first connections too) for pgq's own use, with the same error
+    translation."""
+    kwargs.setdefault("reset", _reset)
     try:
         pool = await asyncpg.create_pool(
             dsn, min_size=min_size, max_size=max_size, timeout=timeout_s, **kwargs

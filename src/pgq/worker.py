@@ -19,7 +19,7 @@ import anyio.abc
 from pgq import health, sql
 from pgq.app import App, check_queue_name
 from pgq.completer import Completer, Outcome
-from pgq.db import DATABASE_ERRORS, Pool, check_schema, create_pool
+from pgq.db import DATABASE_ERRORS, WORKER_SESSION_SETTINGS, Pool, check_schema, create_pool
 from pgq.dsn import resolve_dsn
 from pgq.errors import ConfigError
 from pgq.executor import CANCEL, SHUTDOWN
@@ -154,7 +154,10 @@ class Worker:
             self._dsn,
             min_size=1,
             max_size=len(self._queues) + 3,
-            server_settings={"application_name": f"pgq worker {self.name}"[:63]},
+            server_settings={
+                **WORKER_SESSION_SETTINGS,
+                "application_name": f"pgq worker {self.name}"[:63],
+            },
         )
         try:
             async with pool.acquire() as conn:

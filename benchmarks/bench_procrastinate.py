@@ -1,0 +1,166 @@
+"""procrastinate's side of the benchmark: `python bench_procrastinate.py WORKLOAD [N]`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import procrastinate
+from common import Timer, drop_database, emit, fresh_database, run
+
+N = 20_000
+BATCH = 1_000
+
+
+def make_app(dsn: str) -> Any:
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
+
+    @app.task(name="noop")
+    async def noop(i: int) -> None:
+        """A job that does nothing."""
+
+    return app
+
+
+async def setup(name: str) -> tuple[str, Any]:
+    dsn = await fresh_database(name)
+    app = make_app(dsn)
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+    return dsn, app
+
+
+async def enqueue_many() -> None:
+    _, app = await setup("bench_procrastinate_enqueue_many")
+    async with app.open_async():
+        noop = app.tasks["noop"]
+        with Timer() as t:
+            for start in range(0, N, BATCH):
+                await noop.batch_defer_async(*({"i": i} for i in range(start, start + BATCH)))
+    emit(
+        {
+            "system": "procrastinate",
+            "workload": "enqueue_many",
+            "jobs": N,
+            "seconds": t.seconds,
+            "rate": N / t.seconds,
+        }
+    )
+    await drop_database("bench_procrastinate_enqueue_many")
+
+
+async def enqueue_one() -> None:
+    _, app = await setup("bench_procrastinate_enqueue")
+    async with app.open_async():
+        noop = app.tasks["noop"]
+        with Timer() as t:
+            for i in range(1_000):
+                await noop.defer_async(i=i)
+    emit(
+        {
+            "system": "procrastinate",
+            "workload": "enqueue",
+            "jobs": 1_000,
+            "seconds": t.seconds,
+            "rate": 1_000 / t.seconds,
+        }
+    )
+    await drop_database("bench_procrastinate_enqueue")
+
+
+async def drain(concurrency: int) -> None:
+    dsn, app = await setup("bench_procrastinate_drain")
+    async with app.open_async():
+        noop = app.tasks["noop"]
+        for start in range(0, N, 5_000):
+            await noop.batch_defer_async(*({"i": i} for i in range(start, start + 5_000)))
+        with Timer() as t:
+            await app.run_worker_async(
+                concurrency=concurrency,
+                wait=False,
+                install_signal_handlers=False,
+                delete_jobs="never",
+            )
+    conn = await asyncpg.connect(dsn)
+    done = await conn.fetchval("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
+    await conn.close()
+    assert done == N, f"only {done} of {N} jobs succeeded"
+    emit(
+        {
+            "system": "procrastinate",
+            "workload": "drain",
+            "jobs": N,
+            "seconds": t.seconds,
+            "rate": N / t.seconds,
+            "settings": {"concurrency": concurrency},
+        }
+    )
+    await drop_database("bench_procrastinate_drain")
+
+
+async def latency() -> None:
+    import latency as driver
+
+    dsn, app = await setup("bench_procrastinate_latency")
+    async with app.open_async():
+
+        async def enqueue(seq: int) -> None:
+            await app.configure_task("stamp").defer_async(seq=seq)
+
+        out = Path(tempfile.mkdtemp()) / "procrastinate.json"
+        result = await driver.drive(Path(__file__), dsn, enqueue, out)
+    emit({"system": "procrastinate", "workload": "latency", **result})
+    await drop_database("bench_procrastinate_latency")
+
+
+async def latency_worker(dsn: str, out: str, n: int) -> None:
+    app = make_app(dsn)
+    started: dict[int, float] = {}
+    done = asyncio.Event()
+
+    @app.task(name="stamp")
+    async def stamp(seq: int) -> None:
+        """Record when the job started."""
+        started[seq] = time.time()
+        if len(started) >= n:
+            done.set()
+
+    async with app.open_async():
+        worker = asyncio.create_task(
+            app.run_worker_async(concurrency=10, install_signal_handlers=False)
+        )
+        await asyncio.sleep(0.5)
+        print("READY", flush=True)
+        await done.wait()
+        worker.cancel()
+        try:
+            await worker
+        except asyncio.CancelledError:
+            pass
+    Path(out).write_text(json.dumps(started))
+
+
+async def main() -> None:
+    workload = sys.argv[1]
+    if workload == "enqueue_many":
+        await enqueue_many()
+    elif workload == "enqueue":
+        await enqueue_one()
+    elif workload == "drain":
+        await drain(int(sys.argv[2]) if len(sys.argv) > 2 else 10)
+    elif workload == "latency":
+        await latency()
+    elif workload == "latency-worker":
+        await latency_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        raise SystemExit(f"unknown workload {workload}")
+
+
+if __name__ == "__main__":
+    run(lambda: main())

@@ -35,6 +35,7 @@ async def setup(name: str) -> str:
 async def enqueue_many() -> None:
     dsn = await setup("bench_pgq_enqueue_many")
     async with pgq.Client(dsn, app=app) as client:
+        await client.enqueue_many([pgq.JobSpec(noop, {"i": -1})] * BATCH)  # warm-up, untimed
         with Timer() as t:
             for start in range(0, N, BATCH):
                 await client.enqueue_many(
@@ -81,6 +82,8 @@ async def drain(concurrency: int) -> None:
 async def enqueue_one() -> None:
     dsn = await setup("bench_pgq_enqueue")
     async with pgq.Client(dsn, app=app) as client:
+        for i in range(50):  # warm-up, untimed
+            await client.enqueue(noop, {"i": -i})
         with Timer() as t:
             for i in range(1_000):
                 await client.enqueue(noop, {"i": i})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import tempfile
@@ -40,6 +41,7 @@ async def enqueue_many() -> None:
     _, app = await setup("bench_procrastinate_enqueue_many")
     async with app.open_async():
         noop = app.tasks["noop"]
+        await noop.batch_defer_async(*({"i": -1} for _ in range(BATCH)))  # warm-up, untimed
         with Timer() as t:
             for start in range(0, N, BATCH):
                 await noop.batch_defer_async(*({"i": i} for i in range(start, start + BATCH)))
@@ -59,6 +61,8 @@ async def enqueue_one() -> None:
     _, app = await setup("bench_procrastinate_enqueue")
     async with app.open_async():
         noop = app.tasks["noop"]
+        for i in range(50):  # warm-up, untimed
+            await noop.defer_async(i=-i)
         with Timer() as t:
             for i in range(1_000):
                 await noop.defer_async(i=i)
@@ -139,10 +143,8 @@ async def latency_worker(dsn: str, out: str, n: int) -> None:
         print("READY", flush=True)
         await done.wait()
         worker.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await worker
-        except asyncio.CancelledError:
-            pass
     Path(out).write_text(json.dumps(started))
 
 

@@ -101,9 +101,9 @@ WHERE unique_key = ANY($1::text[]) AND pgq_unique_active(state, unique_states)
 # --------------------------------------------------------------------------- worker hot path
 
 # Claims up to $3 available jobs of queue $1 whose task the producer registered ($2), in
-# priority then schedule order, unless the queue (or '*') is paused. SKIP LOCKED lets many producers claim side by side; the
-# deadline comes from the task's timeout ($5, parallel to $2) for the rescuer of hung jobs;
-# a job enqueued without max_attempts takes the task's ($6).
+# priority then schedule order, unless the queue (or '*') is paused. SKIP LOCKED lets many
+# producers claim side by side. The deadline comes from the task's timeout ($5, parallel to
+# $2) for the rescuer of hung jobs; a job enqueued without max_attempts takes the task's ($6).
 FETCH_JOBS: Final = """
 WITH locked AS (
     SELECT id FROM pgq_jobs
@@ -116,10 +116,11 @@ WITH locked AS (
 )
 UPDATE pgq_jobs j
 SET state = 'running', attempt = j.attempt + 1, attempted_at = now(), producer_id = $4,
-    deadline_at = now() + make_interval(secs => t.timeout_s),
-    max_attempts = COALESCE(j.max_attempts, t.max_attempts)
-FROM locked, unnest($2::text[], $5::float8[], $6::int[]) AS t(task, timeout_s, max_attempts)
-WHERE j.id = locked.id AND t.task = j.task
+    deadline_at = now() + make_interval(
+        secs => ($5::float8[])[array_position($2::text[], j.task)]),
+    max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
+FROM locked
+WHERE j.id = locked.id
 RETURNING j.id, j.queue, j.task, j.args::text, j.priority, j.attempt, j.max_attempts,
           j.scheduled_at, j.attempted_at, j.created_at, j.tags, j.metadata::text
 """

@@ -187,7 +187,7 @@ def chart(best: dict[str, dict[str, Any]], path: Path) -> None:
         alpha=0.5,
     )
     ax.set_xticks(list(xs), systems, rotation=20)
-    ax.set_title("commit-to-start latency (ms, lower is better)")
+    ax.set_title("latency, commit to start (ms)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

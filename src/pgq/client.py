@@ -218,8 +218,10 @@ class Client(Operations):
     ) -> list[Job]:
         if len(rows) == 1:
             result = await conn.fetch(sql.ENQUEUE_ONE, *rows[0][0])
-        else:
+        elif any(key is not None for key in columns[9]):
             result = await conn.fetch(sql.ENQUEUE, *columns)
+        else:
+            result = await conn.fetch(sql.ENQUEUE_PLAIN, *columns)
         inserted = iter(result)
         inserted_keys = {r[4] for r in result if r[4] is not None}
         claimed: set[str] = set()

@@ -3,8 +3,11 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import anyio
 import asyncpg
 import pytest
+
+import pgq
 
 pytestmark = pytest.mark.anyio
 
@@ -130,3 +133,90 @@ def test_enqueue_rejects_bad_args_json(python: str, dsn: str, tmp_path: Path) ->
     assert out.returncode == 1 and "--args is not valid JSON" in out.stderr
     out = pgq_cmd(python, "enqueue", "t", "--queue", "bad queue", "--dsn", dsn, cwd=tmp_path)
     assert out.returncode == 1 and "invalid queue name" in out.stderr
+
+
+SLOW_APP = textwrap.dedent("""\
+    import anyio
+    import pgq
+    app = pgq.App()
+
+    @app.task
+    async def slow(ctx):
+        print("STARTED", flush=True)
+        await anyio.sleep(600)
+    """)
+
+
+async def _worker_with_a_running_job(
+    python: str, dsn: str, tmp_path: Path, shutdown_timeout: str
+) -> tuple[subprocess.Popen[str], int]:
+    (tmp_path / "slow_tasks.py").write_text(SLOW_APP)
+    async with pgq.Client(dsn) as client:
+        job = await client.enqueue("slow")
+    proc = subprocess.Popen(  # noqa: ASYNC220 - a real process; its pipe is read in a thread
+        [
+            python,
+            "-m",
+            "pgq.cli",
+            "worker",
+            "slow_tasks:app",
+            "--dsn",
+            dsn,
+            "--shutdown-timeout",
+            shutdown_timeout,
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = await anyio.to_thread.run_sync(proc.stdout.readline)
+    assert line.strip() == "STARTED"
+    return proc, job.id
+
+
+async def _state_after(dsn: str, job_id: int) -> tuple[str, int, int]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow("SELECT state::text, attempt FROM pgq_jobs WHERE id = $1", job_id)
+        running = await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'running'")
+        assert row is not None
+        return row[0], row[1], running
+    finally:
+        await conn.close()
+
+
+async def test_sigterm_stops_gracefully_and_leaves_nothing_running(
+    python: str, dsn: str, tmp_path: Path
+) -> None:
+    import signal
+
+    proc, job_id = await _worker_with_a_running_job(python, dsn, tmp_path, "0.5")
+    proc.send_signal(signal.SIGTERM)
+    _, err = await anyio.to_thread.run_sync(proc.communicate, None, 30)
+    assert proc.returncode == 0
+    assert "SIGTERM: stopping gracefully" in err
+    assert await _state_after(dsn, job_id) == ("retryable", 0, 0)
+
+
+async def test_a_second_sigint_stops_at_once(python: str, dsn: str, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    proc, job_id = await _worker_with_a_running_job(python, dsn, tmp_path, "600")
+    proc.send_signal(signal.SIGINT)
+    # Signals of one kind do not queue: send the second once the first was handled.
+    assert proc.stderr is not None
+    with anyio.fail_after(30):
+        while True:
+            line = await anyio.to_thread.run_sync(proc.stderr.readline)
+            assert line, "the worker exited before handling the first signal"
+            if "stopping gracefully" in line:
+                break
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = await anyio.to_thread.run_sync(proc.communicate, None, 30)
+    assert proc.returncode == 0, err
+    assert time.monotonic() - started < 30 < 600, "did not wait for the shutdown timeout"
+    assert await _state_after(dsn, job_id) == ("retryable", 0, 0)

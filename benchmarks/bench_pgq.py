@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import anyio
 import asyncpg
-from common import Timer, drop_database, emit, fresh_database, run
+from common import Timer, dispatch, drop_database, emit, fresh_database
 
 import pgq
 from pgq import migrate
@@ -140,21 +139,13 @@ async def latency_worker(dsn: str, out: str, n: int) -> None:
     Path(out).write_text(json.dumps(started))
 
 
-async def main() -> None:
-    workload = sys.argv[1]
-    if workload == "enqueue_many":
-        await enqueue_many()
-    elif workload == "enqueue":
-        await enqueue_one()
-    elif workload == "drain":
-        await drain(int(sys.argv[2]) if len(sys.argv) > 2 else 100)
-    elif workload == "latency":
-        await latency()
-    elif workload == "latency-worker":
-        await latency_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    else:
-        raise SystemExit(f"unknown workload {workload}")
-
-
 if __name__ == "__main__":
-    run(lambda: main())
+    dispatch(
+        {
+            "enqueue_many": enqueue_many,
+            "enqueue": enqueue_one,
+            "drain": lambda concurrency="100": drain(int(concurrency)),
+            "latency": latency,
+            "latency-worker": lambda dsn, out, n: latency_worker(dsn, out, int(n)),
+        }
+    )

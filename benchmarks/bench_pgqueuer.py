@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import asyncpg
-from common import SERVER_DSN, Timer, drop_database, emit, fresh_database, run, with_database
+from common import SERVER_DSN, Timer, dispatch, drop_database, emit, fresh_database, with_database
 from pgqueuer import PgQueuer
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
@@ -143,21 +142,13 @@ async def latency_worker(dsn: str, out: str, n: int) -> None:
     await conn.close()
 
 
-async def main() -> None:
-    workload = sys.argv[1]
-    if workload == "enqueue_many":
-        await enqueue_many()
-    elif workload == "enqueue":
-        await enqueue_one()
-    elif workload == "drain":
-        await drain(int(sys.argv[2]) if len(sys.argv) > 2 else 10)
-    elif workload == "latency":
-        await latency()
-    elif workload == "latency-worker":
-        await latency_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    else:
-        raise SystemExit(f"unknown workload {workload}")
-
-
 if __name__ == "__main__":
-    run(lambda: main())
+    dispatch(
+        {
+            "enqueue_many": enqueue_many,
+            "enqueue": enqueue_one,
+            "drain": lambda batch="10": drain(int(batch)),
+            "latency": latency,
+            "latency-worker": lambda dsn, out, n: latency_worker(dsn, out, int(n)),
+        }
+    )

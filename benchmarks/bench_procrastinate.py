@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 import asyncpg
 import procrastinate
-from common import Timer, drop_database, emit, fresh_database, run
+from common import Timer, dispatch, drop_database, emit, fresh_database
 
 N = 20_000
 BATCH = 1_000
@@ -148,21 +147,13 @@ async def latency_worker(dsn: str, out: str, n: int) -> None:
     Path(out).write_text(json.dumps(started))
 
 
-async def main() -> None:
-    workload = sys.argv[1]
-    if workload == "enqueue_many":
-        await enqueue_many()
-    elif workload == "enqueue":
-        await enqueue_one()
-    elif workload == "drain":
-        await drain(int(sys.argv[2]) if len(sys.argv) > 2 else 10)
-    elif workload == "latency":
-        await latency()
-    elif workload == "latency-worker":
-        await latency_worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
-    else:
-        raise SystemExit(f"unknown workload {workload}")
-
-
 if __name__ == "__main__":
-    run(lambda: main())
+    dispatch(
+        {
+            "enqueue_many": enqueue_many,
+            "enqueue": enqueue_one,
+            "drain": lambda concurrency="10": drain(int(concurrency)),
+            "latency": latency,
+            "latency-worker": lambda dsn, out, n: latency_worker(dsn, out, int(n)),
+        }
+    )

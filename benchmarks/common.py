@@ -87,3 +87,10 @@ def run(main: Any) -> None:
         uvloop.run(main())
     except ImportError:
         asyncio.run(main())
+
+
+def dispatch(workloads: dict[str, Any]) -> None:
+    """Run the workload named by argv[1] (its remaining argv are passed as strings)."""
+    if len(sys.argv) < 2 or sys.argv[1] not in workloads:
+        raise SystemExit(f"usage: {sys.argv[0]} {{{','.join(workloads)}}} [ARGS]")
+    run(lambda: workloads[sys.argv[1]](*sys.argv[2:]))

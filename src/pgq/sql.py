@@ -34,6 +34,10 @@ SHARED_VERSION: Final = (
 # 'available' and wake the workers of their queue with a NOTIFY, delivered on commit only.
 # A job whose unique key is taken (in the states its mask names) is skipped by the unique
 # index, race-free; the caller then reads the job that holds the key (EXISTING_UNIQUE).
+_UNIQUE_ARBITER: Final = """    ON CONFLICT (unique_key)
+        WHERE unique_key IS NOT NULL AND pgq_unique_active(state, unique_states)
+        DO NOTHING
+"""
 ENQUEUE: Final = """
 WITH ins AS (
     INSERT INTO pgq_jobs (queue, task, args, state, priority, max_attempts, scheduled_at,
@@ -69,35 +73,8 @@ ORDER BY id
 
 # The same without the unique-key arbiter, for batches that carry no key: ON CONFLICT makes
 # every row a speculative insertion, which costs WAL and time.
-ENQUEUE_PLAIN: Final = """
-WITH ins AS (
-    INSERT INTO pgq_jobs (queue, task, args, state, priority, max_attempts, scheduled_at,
-                          tags, metadata, unique_key, unique_states)
-    SELECT r.queue, r.task, r.args::jsonb,
-           CASE WHEN r.sched > now() THEN 'scheduled' ELSE 'available' END::pgq_job_state,
-           r.priority, r.max_attempts, r.sched,
-           CASE WHEN r.tags = '[]' THEN '{}'::text[]
-                ELSE ARRAY(SELECT jsonb_array_elements_text(r.tags::jsonb)) END,
-           r.metadata::jsonb, r.unique_key, r.unique_states
-    FROM (
-        SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => COALESCE(u.delay_s, 0)))
-                    AS sched
-        FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[],
-                    $6::timestamptz[], $7::float8[], $8::text[], $9::text[], $10::text[],
-                    $11::int[])
-             WITH ORDINALITY
-             AS u(queue, task, args, priority, max_attempts, run_at, delay_s, tags, metadata,
-                  unique_key, unique_states, ord)
-        ORDER BY u.ord
-    ) r
-    RETURNING id, queue, state, scheduled_at, created_at, unique_key
-)
-SELECT id, state::text, scheduled_at, created_at, unique_key,
-       (SELECT count(pg_notify('pgq_jobs', q.queue))
-        FROM (SELECT DISTINCT queue FROM ins WHERE state = 'available') q) AS notified
-FROM ins
-ORDER BY id
-"""
+ENQUEUE_PLAIN: Final = ENQUEUE.replace(_UNIQUE_ARBITER, "")
+assert ENQUEUE_PLAIN != ENQUEUE
 
 # The same for a single job, with scalar parameters: cheaper to plan and to run.
 ENQUEUE_ONE: Final = """

@@ -141,7 +141,7 @@ async def _run(
                 error=_error(job.attempt, "cancel", "cancelled by request"),
             )
         if execution.reason is not None:
-            return _interrupted(job, producer_id, execution.reason)
+            return interrupted(job, producer_id, execution.reason)
     except Retry as exc:
         return _failure(
             job, task, producer_id, _error(job.attempt, "retry", exc.reason), exc.delay_s
@@ -188,7 +188,7 @@ async def _run(
     return Outcome(job.id, job.attempt, producer_id, "completed", result=encoded)
 
 
-def _interrupted(job: Job, producer_id: uuid.UUID, reason: str) -> Outcome:
+def interrupted(job: Job, producer_id: uuid.UUID, reason: str) -> Outcome:
     """A job the worker stopped (shutdown): retryable at once; the attempt does not count,
     since the job did not fail."""
     return Outcome(

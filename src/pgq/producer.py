@@ -15,7 +15,7 @@ from pgq import serde, sql
 from pgq.app import Task
 from pgq.completer import Completer
 from pgq.db import DATABASE_ERRORS, Pool
-from pgq.executor import Execution, execute
+from pgq.executor import SHUTDOWN, Execution, execute, interrupted
 from pgq.hooks import Hooks
 from pgq.job import Job, JobState
 
@@ -197,6 +197,12 @@ class Producer:
                 continue
             failures = 0
             more = len(jobs) == limit
+            if jobs and self._stopping:
+                # Claimed while the worker began to stop: hand them straight back
+                # (retryable at once, the attempt not counted) rather than start them.
+                for job in jobs:
+                    self._completer.add(interrupted(job, self.id, SHUTDOWN))
+                break
             if jobs:
                 executions = [Execution(job) for job in jobs]
                 for execution in executions:
@@ -281,7 +287,7 @@ class Producer:
 
     # ------------------------------------------------------------------ stats
 
-    def stats(self, now: float | None = None) -> dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """A snapshot for :meth:`pgq.Worker.stats`."""
         return {
             "producer_id": str(self.id),

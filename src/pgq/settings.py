@@ -31,7 +31,9 @@ class WorkerSettings:
     )
     poll_interval: float = _setting(1.0, "seconds between fetches when no notification arrives")
     poll_only: bool = _setting(
-        False, "never LISTEN; poll only (for PgBouncer in transaction mode)", minimum=None
+        False,
+        "never LISTEN; poll only (where LISTEN cannot work, e.g. behind PgBouncer in transaction mode)",
+        minimum=None,
     )
     shutdown_timeout: float = _setting(
         30.0, "seconds running jobs get to finish on a graceful stop"

@@ -29,7 +29,6 @@ HERE = Path(__file__).resolve().parent
 #: The table settings docs/performance.md recommends for a busy queue.
 RECOMMENDED = """
 ALTER TABLE pgq_jobs SET (
-    fillfactor = 90,
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_insert_scale_factor = 0.05,
     autovacuum_analyze_scale_factor = 0.02,

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, TypeAlias
 
 import anyio
 
+import pgq
+
 if TYPE_CHECKING:
     import asyncpg
 
@@ -21,3 +23,17 @@ async def until(
     with anyio.fail_after(limit_s):
         while not await condition():  # noqa: ASYNC110 - nothing to await but the condition
             await anyio.sleep(every_s)
+
+
+def blocking_app() -> tuple[pgq.App, anyio.Event]:
+    """An App whose task ``forever`` sets the returned event when it starts, then sleeps
+    for an hour: a job that is certainly running when the test acts on it."""
+    app = pgq.App()
+    started = anyio.Event()
+
+    @app.task
+    async def forever(ctx: pgq.JobContext) -> None:
+        started.set()
+        await anyio.sleep(3600)
+
+    return app, started

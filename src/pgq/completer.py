@@ -146,8 +146,10 @@ class Completer:
 
     async def _write(self, batch: list[Outcome]) -> None:
         batch.sort(key=lambda o: o.job_id)  # a stable lock order across concurrent writers
-        simple = [o for o in batch if o.state == "completed" and o.error is None]
-        other = [o for o in batch if o.state != "completed" or o.error is not None]
+        simple: list[Outcome] = []
+        other: list[Outcome] = []
+        for o in batch:
+            (simple if o.state == "completed" and o.error is None else other).append(o)
         written: set[int] = set()
         with anyio.fail_after(30):
             async with self.write_lock, self._pool.acquire() as conn:

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 import pgq
-from tests.tests_support import until
+from tests.tests_support import blocking_app, until
 
 if TYPE_CHECKING:
     from tests.tests_support import Conn
@@ -207,13 +207,7 @@ async def test_cancel_before_running_is_immediate(client: pgq.Client) -> None:
 
 @pytest.mark.parametrize("poll_only", [False, True])
 async def test_cancel_of_a_running_async_job(dsn: str, client: pgq.Client, poll_only: bool) -> None:
-    app = pgq.App()
-    started = anyio.Event()
-
-    @app.task
-    async def forever(ctx: pgq.JobContext) -> None:
-        started.set()
-        await anyio.sleep(3600)
+    app, started = blocking_app()
 
     job = await client.enqueue("forever")
     async with pgq.Worker(app, dsn, **{**QUICK, "poll_only": poll_only}):

@@ -8,6 +8,7 @@ import anyio.lowlevel
 import pytest
 
 import pgq
+from tests.tests_support import blocking_app
 
 pytestmark = pytest.mark.anyio
 
@@ -306,13 +307,7 @@ async def test_clean_stop_waits_for_running_jobs(client: pgq.Client, dsn: str) -
 async def test_clean_stop_past_the_timeout_leaves_nothing_running(
     client: pgq.Client, dsn: str, conn: Any
 ) -> None:
-    app = pgq.App()
-    started = anyio.Event()
-
-    @app.task
-    async def forever(ctx: pgq.JobContext) -> None:
-        started.set()
-        await anyio.sleep(3600)
+    app, started = blocking_app()
 
     job = await client.enqueue("forever")
     async with pgq.Worker(app, dsn, shutdown_timeout=0.2):
@@ -327,13 +322,7 @@ async def test_clean_stop_past_the_timeout_leaves_nothing_running(
 
 
 async def test_stop_now_cancels_at_once(client: pgq.Client, dsn: str) -> None:
-    app = pgq.App()
-    started = anyio.Event()
-
-    @app.task
-    async def forever(ctx: pgq.JobContext) -> None:
-        started.set()
-        await anyio.sleep(3600)
+    app, started = blocking_app()
 
     job = await client.enqueue("forever")
     worker = pgq.Worker(app, dsn, shutdown_timeout=3600)

@@ -206,29 +206,100 @@ class Client(Operations):
         rows = [self._row(i, spec) for i, spec in enumerate(specs)]
         if not rows:
             return []
-        columns = [list(col) for col in zip(*(r[0] for r in rows), strict=True)]
         if connection is not None:
-            conn = await caller_connection(connection)
-            return await self._insert(conn, rows, columns)
+            return await self._insert(await caller_connection(connection), rows)
         async with self.pool.acquire() as conn:
-            return await self._insert(conn, rows, columns)
+            if len(rows) > 1 and all(r.unique_key is None for r in rows):
+                return await self._copy(conn, rows)
+            return await self._insert(conn, rows)
 
-    async def _insert(
-        self, conn: Connection, rows: list[_Row], columns: list[list[Any]]
-    ) -> list[Job]:
+    async def _copy(self, conn: Connection, rows: list[_Row]) -> list[Job]:
+        """Write keyless rows with COPY, on pgq's own connection (whose jsonb codec COPY's
+        binary format relies on: a caller's connection may have registered another)."""
+        due: dict[str, datetime | None] = {}  # per queue, its earliest job; None: due now
+        plain = True  # every job due now, without tags or metadata: columns keep defaults
+        for r in rows:
+            if r.run_at is None and not r.delay_s:
+                due[r.queue] = None
+                if r.tags or r.metadata:
+                    plain = False
+                continue
+            plain = False
+            if r.run_at is not None:
+                earliest = due.get(r.queue, r.run_at)
+                if earliest is not None:
+                    due[r.queue] = min(earliest, r.run_at)
+        async with conn.transaction():
+            allocated = await conn.fetchrow(
+                sql.ALLOCATE_JOBS, len(rows), list(due), list(due.values())
+            )
+            assert allocated is not None
+            ids, now = allocated["ids"], allocated["now"]
+            jobs: list[Job] = []
+            records: list[tuple[Any, ...]] = []
+            for job_id, r in zip(ids, rows, strict=True):
+                if r.run_at is not None:
+                    scheduled_at = r.run_at
+                elif r.delay_s:
+                    scheduled_at = now + timedelta(seconds=r.delay_s)
+                else:
+                    scheduled_at = now
+                state = JobState.SCHEDULED if scheduled_at > now else JobState.AVAILABLE
+                if plain:
+                    records.append(
+                        (job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts)
+                    )
+                else:
+                    records.append(
+                        (
+                            job_id,
+                            r.queue,
+                            r.task,
+                            r.args_json,
+                            r.priority,
+                            r.max_attempts,
+                            state.value,
+                            scheduled_at,
+                            r.tags,
+                            r.metadata_json,
+                        )
+                    )
+                jobs.append(
+                    Job(
+                        id=job_id,
+                        queue=r.queue,
+                        task=r.task,
+                        args=r.args,
+                        state=state,
+                        priority=r.priority,
+                        max_attempts=r.max_attempts,
+                        scheduled_at=scheduled_at,
+                        created_at=now,
+                        tags=r.tags,
+                        metadata=r.metadata,
+                    )
+                )
+            await conn.copy_records_to_table(
+                sql.COPY_JOBS_TABLE,
+                records=records,
+                columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
+            )
+        return jobs
+
+    async def _insert(self, conn: Connection, rows: list[_Row]) -> list[Job]:
         if len(rows) == 1:
-            result = await conn.fetch(sql.ENQUEUE_ONE, *rows[0][0])
-        elif any(key is not None for key in columns[9]):
-            result = await conn.fetch(sql.ENQUEUE, *columns)
+            result = await conn.fetch(sql.ENQUEUE_ONE, *rows[0].values())
         else:
-            result = await conn.fetch(sql.ENQUEUE_PLAIN, *columns)
+            columns = [list(col) for col in zip(*(r.values() for r in rows), strict=True)]
+            keyed = any(r.unique_key is not None for r in rows)
+            result = await conn.fetch(sql.ENQUEUE if keyed else sql.ENQUEUE_PLAIN, *columns)
         inserted = iter(result)
         inserted_keys = {r[4] for r in result if r[4] is not None}
         claimed: set[str] = set()
         jobs: list[Job | None] = []
         duplicates: list[tuple[int, str]] = []
-        for i, (values, args, metadata) in enumerate(rows):
-            key = values[9]
+        for i, row in enumerate(rows):
+            key = row.unique_key
             # Inserted rows come back in input order (ids follow it); a key's first holder
             # in this batch is the one inserted, the rest are duplicates.
             if key is not None and (key in claimed or key not in inserted_keys):
@@ -238,20 +309,19 @@ class Client(Operations):
             if key is not None:
                 claimed.add(key)
             rec = next(inserted)
-            queue, task, _, priority, max_attempts, _, _, tags, _, _, _ = values
             jobs.append(
                 Job(
                     id=rec[0],
-                    queue=queue,
-                    task=task,
-                    args=args,
+                    queue=row.queue,
+                    task=row.task,
+                    args=row.args,
                     state=JobState(rec[1]),
-                    priority=priority,
-                    max_attempts=max_attempts,
+                    priority=row.priority,
+                    max_attempts=row.max_attempts,
                     scheduled_at=rec[2],
                     created_at=rec[3],
-                    tags=json_tags(tags) if tags != "[]" else [],
-                    metadata=metadata,
+                    tags=row.tags,
+                    metadata=row.metadata,
                     unique_key=key,
                 )
             )
@@ -274,20 +344,20 @@ class Client(Operations):
 
     @staticmethod
     def _skipped(row: _Row, key: str) -> Job:
-        values, args, metadata = row
         return Job(
             id=0,
-            queue=values[0],
-            task=values[1],
-            args=args,
+            queue=row.queue,
+            task=row.task,
+            args=row.args,
             state=JobState.COMPLETED,
-            metadata=metadata,
+            metadata=row.metadata,
             unique_key=key,
             duplicate=True,
         )
 
     def _row(self, index: int, spec: JobSpec) -> _Row:
-        where = f"job {index}: " if index else ""
+        # Runs once per job of a batch: the common case (a registered task, no options)
+        # takes the fewest steps; every check still runs.
         task = spec.task
         if type(task) is Task:
             defaults: Task | None = task
@@ -299,74 +369,115 @@ class Client(Operations):
             queue = check_queue_name(spec.queue)
         else:
             queue = defaults.queue if defaults else DEFAULT_QUEUE
-        priority = (
-            spec.priority if spec.priority is not None else (defaults.priority if defaults else 0)
-        )
-        max_attempts = (
-            spec.max_attempts
-            if spec.max_attempts is not None
-            else (defaults.max_attempts if defaults else None)
-        )
+        priority = spec.priority
+        if priority is None:
+            priority = defaults.priority if defaults else 0
+        max_attempts = spec.max_attempts
+        if max_attempts is None and defaults:
+            max_attempts = defaults.max_attempts
         if max_attempts is not None and max_attempts < 1:
-            raise ConfigError(f"{where}max_attempts must be at least 1, got {max_attempts}")
-        if type(spec.args) is not dict and not isinstance(spec.args, Mapping):
+            raise ConfigError(f"{_where(index)}max_attempts must be at least 1, got {max_attempts}")
+        args = spec.args
+        if type(args) is not dict and not isinstance(args, Mapping):
             raise SerializationError(
-                f"{where}args must be a mapping of keyword arguments, not "
-                f"{type(spec.args).__name__}",
+                f"{_where(index)}args must be a mapping of keyword arguments, not "
+                f"{type(args).__name__}",
                 "args",
             )
-        if any(not isinstance(k, str) for k in spec.args):
-            raise SerializationError(f"{where}args keys must be strings", "args")
-        if spec.delay is not None and spec.run_at is not None:
-            raise ConfigError(f"{where}give delay or run_at, not both")
+        args = dict(args)  # the caller's mapping may change after this call; the job's not
+        for key in args:
+            if type(key) is not str and not isinstance(key, str):
+                raise SerializationError(f"{_where(index)}args keys must be strings", "args")
+        args_json = serde.dumps(args, "args")
         delay_s: float | None = None
         if spec.delay is not None:
+            if spec.run_at is not None:
+                raise ConfigError(f"{_where(index)}give delay or run_at, not both")
             delay_s = (
                 spec.delay.total_seconds()
                 if isinstance(spec.delay, timedelta)
                 else float(spec.delay)
             )
             if not delay_s >= 0:
-                raise ConfigError(f"{where}delay must be zero or more seconds, got {spec.delay!r}")
-        if spec.run_at is not None and spec.run_at.tzinfo is None:
-            raise ConfigError(f"{where}run_at must be timezone-aware (e.g. datetime.now(UTC))")
-        if spec.tags and (
-            isinstance(spec.tags, str) or not all(isinstance(t, str) for t in spec.tags)
-        ):
-            raise ConfigError(f"{where}tags must be a list of strings")
-        args = dict(spec.args)
-        metadata = dict(spec.metadata) if spec.metadata else {}
-        args_json = serde.dumps(args, "args")
+                raise ConfigError(
+                    f"{_where(index)}delay must be zero or more seconds, got {spec.delay!r}"
+                )
+        elif spec.run_at is not None and spec.run_at.tzinfo is None:
+            raise ConfigError(
+                f"{_where(index)}run_at must be timezone-aware (e.g. datetime.now(UTC))"
+            )
+        tags: list[str] = []
+        if spec.tags:
+            if isinstance(spec.tags, str) or not all(isinstance(t, str) for t in spec.tags):
+                raise ConfigError(f"{_where(index)}tags must be a list of strings")
+            tags = list(spec.tags)
+        if spec.metadata:
+            metadata = dict(spec.metadata)
+            metadata_json = serde.dumps(metadata, "metadata")
+        else:
+            metadata, metadata_json = {}, "{}"
         unique_key = spec.unique_key
+        states = None
         if unique_key is None and spec.unique:
             canonical = json.dumps(args, sort_keys=True, separators=(",", ":"))
             unique_key = derive_unique_key(name, queue, canonical, spec.unique_period)
         elif unique_key is not None and not isinstance(unique_key, str):
-            raise ConfigError(f"{where}unique_key must be a string")
-        states = None
+            raise ConfigError(f"{_where(index)}unique_key must be a string")
         if unique_key is not None:
             states = unique_mask(spec.unique_states or DEFAULT_UNIQUE_STATES)
-        values = (
+        return _Row(
             queue,
             name,
+            args,
             args_json,
             priority,
             max_attempts,
             spec.run_at,
             delay_s,
-            serde.dumps(list(spec.tags), "tags") if spec.tags else "[]",
-            serde.dumps(metadata, "metadata") if metadata else "{}",
+            tags,
+            metadata,
+            metadata_json,
             unique_key,
             states,
         )
-        return values, args, metadata
 
 
-_Row = tuple[tuple[Any, ...], dict[str, Any], dict[str, Any]]
+def _where(index: int) -> str:
+    """How an error names the spec at ``index`` of a batch (the first needs no name)."""
+    return f"job {index}: " if index else ""
 
 
-def json_tags(text: str) -> list[str]:
-    """Tags as sent (JSON text) back to a list."""
-    value = serde.loads(text)
-    assert isinstance(value, list)
-    return [str(v) for v in value]
+@dataclass(slots=True)
+class _Row:
+    """One spec, checked and serialized: what every enqueue path writes."""
+
+    queue: str
+    task: str
+    args: dict[str, Any]
+    args_json: str
+    priority: int
+    max_attempts: int | None
+    run_at: datetime | None
+    delay_s: float | None
+    tags: list[str]
+    metadata: dict[str, Any]
+    metadata_json: str
+    unique_key: str | None
+    unique_states: int | None
+
+    def values(self) -> tuple[Any, ...]:
+        """The parameters of one row of ENQUEUE / ENQUEUE_ONE (tags as JSON text: SQL
+        arrays of arrays cannot be ragged)."""
+        return (
+            self.queue,
+            self.task,
+            self.args_json,
+            self.priority,
+            self.max_attempts,
+            self.run_at,
+            self.delay_s,
+            serde.dumps(self.tags, "tags") if self.tags else "[]",
+            self.metadata_json,
+            self.unique_key,
+            self.unique_states,
+        )

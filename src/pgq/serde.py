@@ -10,6 +10,37 @@ from typing import Any
 from pgq.errors import SerializationError
 
 _encoder = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _make_encode() -> Any:
+    """``_encoder.encode``, minus the C encoder it builds anew for every value.
+
+    The stdlib's C encoder is built once here with ``_encoder``'s settings, so the output
+    and the errors are the same (without circular-reference markers, a cycle raises
+    RecursionError, which :func:`dumps` reports as one). Where the C encoder is missing or
+    differs, ``_encoder.encode`` is used as is.
+    """
+    try:
+        from json.encoder import (  # type: ignore[attr-defined]
+            c_make_encoder,
+            encode_basestring,
+        )
+
+        assert c_make_encoder is not None
+        chunks = c_make_encoder(
+            None, _encoder.default, encode_basestring, None, ":", ",", False, False, False
+        )
+        if "".join(chunks({"a": [1, 2.5, None, True, "\u00e9"]}, 0)) != (
+            '{"a":[1,2.5,null,true,"\u00e9"]}'
+        ):
+            raise ValueError("unexpected output")
+    except (ImportError, AssertionError, TypeError, ValueError):  # pragma: no cover
+        return _encoder.encode
+    join = "".join
+    return lambda value: join(chunks(value, 0))
+
+
+_encode = _make_encode()
 _decode: Any = json.JSONDecoder().decode
 try:  # the "speed" extra: decoding job rows is on the worker's hot path
     import orjson
@@ -21,9 +52,10 @@ except ImportError:  # pragma: no cover - depends on the installation
 
 def dumps(value: Any, what: str = "args") -> str:
     """Encode ``value`` as JSON text, or raise :class:`SerializationError` naming the path
-    of the first value that JSON cannot hold (``args['user']['born']``)."""
+    of the first value that JSON (or PostgreSQL's jsonb) cannot hold
+    (``args['user']['born']``)."""
     try:
-        return _encoder.encode(value)
+        text: str = _encode(value)
     except (TypeError, ValueError, RecursionError):
         path, problem = _find_bad(value, what, set())
         raise SerializationError(
@@ -32,6 +64,29 @@ def dumps(value: Any, what: str = "args") -> str:
             "e.g. a datetime to .isoformat()",
             path,
         ) from None
+    if "\\u0000" in text:  # maybe a NUL, which jsonb refuses (or an escaped backslash)
+        nul_at = _find_nul(value, what)
+        if nul_at is not None:
+            raise SerializationError(
+                f"{nul_at} is a string with a NUL character (\\u0000), which PostgreSQL "
+                "cannot store in jsonb: remove it, or encode the value (e.g. as base64)",
+                nul_at,
+            )
+    return text
+
+
+def _find_nul(value: Any, path: str) -> str | None:
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, Mapping | list | tuple):
+        items = value.items() if isinstance(value, Mapping) else enumerate(value)
+        for key, item in items:
+            if isinstance(key, str) and "\x00" in key:
+                return f"{path}[{key!r}]"
+            found = _find_nul(item, f"{path}[{key!r}]")
+            if found is not None:
+                return found
+    return None
 
 
 def loads(text: str | None) -> Any:

@@ -76,6 +76,36 @@ ORDER BY id
 ENQUEUE_PLAIN: Final = ENQUEUE.replace(_UNIQUE_ARBITER, "")
 assert ENQUEUE_PLAIN != ENQUEUE
 
+# Bulk enqueue on pgq's own connections: COPY writes the rows (far cheaper per row than an
+# INSERT), so this statement first takes their ids in order from the table's sequence, reads
+# the transaction's clock (the rows' created_at, and what the client compares run_at to), and
+# queues a NOTIFY for each queue that gets a job due now ($2, $3: a queue and its earliest
+# run_at, NULL for "now"). All three belong to the caller's transaction: the NOTIFY is
+# delivered with the COPY's commit, or not at all.
+ALLOCATE_JOBS: Final = """
+SELECT ARRAY(SELECT nextval('pgq_jobs_id_seq') FROM generate_series(1, $1::int)) AS ids,
+       now() AS now,
+       (SELECT count(pg_notify('pgq_jobs', d.queue))
+        FROM unnest($2::text[], $3::timestamptz[]) AS d(queue, due)
+        WHERE d.due IS NULL OR d.due <= now()) AS notified
+"""
+COPY_JOBS_TABLE: Final = "pgq_jobs"
+# The columns COPY writes; a batch of jobs all due now, without tags or metadata, writes
+# the first six only and leaves state, scheduled_at, tags and metadata to their defaults.
+# created_at always takes its default, now(): the transaction clock ALLOCATE_JOBS read.
+COPY_JOBS_COLUMNS: Final = (
+    "id",
+    "queue",
+    "task",
+    "args",
+    "priority",
+    "max_attempts",
+    "state",
+    "scheduled_at",
+    "tags",
+    "metadata",
+)
+
 # The same for a single job, with scalar parameters: cheaper to plan and to run.
 ENQUEUE_ONE: Final = """
 WITH ins AS (

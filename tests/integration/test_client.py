@@ -57,6 +57,109 @@ async def test_enqueue_many_inserts_thousands_in_order(client: pgq.Client) -> No
     assert (await client.count_by_state("bulk"))[pgq.JobState.AVAILABLE] == 5000
 
 
+async def test_bulk_enqueue_of_every_kind_of_job_matches_what_is_stored(
+    client: pgq.Client,
+) -> None:
+    """A batch that schedules, tags and labels jobs: what enqueue_many returns is the row."""
+    at = datetime.now(UTC) + timedelta(hours=1)
+    specs = [
+        pgq.JobSpec("t", {"i": 0}, queue="mixed"),
+        pgq.JobSpec("t", {"i": 1}, queue="mixed", delay=60),
+        pgq.JobSpec("t", {"i": 2}, queue="mixed", run_at=at),
+        pgq.JobSpec("t", {"i": 3}, queue="mixed", run_at=datetime.now(UTC) - timedelta(hours=1)),
+        pgq.JobSpec("t", {"i": 4}, queue="other", tags=["a", "b"], metadata={"m": [1]}),
+        pgq.JobSpec("u", {"i": 5}, priority=-3, max_attempts=2, delay=0),
+    ]
+    jobs = await client.enqueue_many(specs)
+    states = [j.state for j in jobs]
+    A, S = pgq.JobState.AVAILABLE, pgq.JobState.SCHEDULED
+    assert states == [A, S, S, A, A, A]
+    assert jobs[2].scheduled_at == at
+    assert jobs[0].scheduled_at == jobs[0].created_at
+    assert jobs[1].created_at is not None
+    assert jobs[1].scheduled_at == jobs[1].created_at + timedelta(seconds=60)
+    assert [j.id for j in jobs] == sorted(j.id for j in jobs)
+    for job in jobs:
+        stored = await client.get_job(job.id)
+        assert stored is not None
+        fields = ("queue", "task", "args", "state", "priority", "max_attempts")
+        assert [getattr(stored, f) for f in fields] == [getattr(job, f) for f in fields]
+        assert (stored.scheduled_at, stored.created_at) == (job.scheduled_at, job.created_at)
+        assert (stored.tags, stored.metadata) == (job.tags, job.metadata)
+    assert jobs[4].tags == ["a", "b"] and jobs[4].metadata == {"m": [1]}
+
+
+async def test_bulk_enqueue_wakes_only_queues_with_a_job_due_now_once_committed(
+    client: pgq.Client, dsn: str
+) -> None:
+    notes: list[str] = []
+    ended = anyio.Event()
+
+    def on_note(*args: object) -> None:
+        notes.append(str(args[3]))
+        if notes[-1] == "end":
+            ended.set()
+
+    listener = await asyncpg.connect(dsn)
+    await listener.add_listener("pgq_jobs", on_note)
+    try:
+        past = datetime.now(UTC) - timedelta(minutes=1)
+        specs = [pgq.JobSpec("t", queue="now")] * 50 + [
+            pgq.JobSpec("t", queue="later", delay=600),
+            pgq.JobSpec("t", queue="later", run_at=datetime.now(UTC) + timedelta(hours=1)),
+            pgq.JobSpec("t", queue="past", run_at=past + timedelta(hours=2)),
+            pgq.JobSpec("t", queue="past", run_at=past),
+        ]
+        await client.enqueue_many(specs)
+        # A notification sent after the batch's arrives after it: once this one is here,
+        # the batch's have been read too.
+        await listener.execute("NOTIFY pgq_jobs, 'end'")
+        with anyio.fail_after(5):
+            await ended.wait()
+        assert sorted(notes) == ["end", "now", "past"]
+    finally:
+        await listener.close()
+
+
+async def test_a_bulk_enqueue_the_server_refuses_writes_nothing_and_wakes_no_one(
+    client: pgq.Client, dsn: str
+) -> None:
+    notes: list[str] = []
+    arrived = anyio.Event()
+
+    def on_note(*args: object) -> None:
+        notes.append(str(args[3]))
+        arrived.set()
+
+    listener = await asyncpg.connect(dsn)
+    await listener.add_listener("pgq_jobs", on_note)
+    # A rule of the user's own that Postgres enforces on row 51 of 100.
+    await listener.execute(
+        """
+        CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.task = 'boom' THEN RAISE EXCEPTION 'no boom jobs'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_boom BEFORE INSERT ON pgq_jobs
+            FOR EACH ROW EXECUTE FUNCTION refuse_boom();
+        """
+    )
+    try:
+        specs = [pgq.JobSpec("t", {"i": i}, queue="refused") for i in range(100)]
+        specs[50] = pgq.JobSpec("boom", queue="refused")
+        with pytest.raises(asyncpg.RaiseError, match="no boom jobs"):
+            await client.enqueue_many(specs)
+        assert sum((await client.count_by_state()).values()) == 0
+        await client.enqueue_many([pgq.JobSpec("t", queue="after")] * 2)
+        with anyio.fail_after(5):
+            await arrived.wait()
+        assert notes == ["after"]
+        assert sum((await client.count_by_state()).values()) == 2
+    finally:
+        await listener.close()
+
+
 async def test_unserializable_args_raise_before_anything_is_written(client: pgq.Client) -> None:
     specs = [pgq.JobSpec("t", {"i": 1}), pgq.JobSpec("t", {"when": {"at": datetime.now()}})]
     with pytest.raises(

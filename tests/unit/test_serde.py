@@ -1,3 +1,4 @@
+import json
 import math
 from datetime import datetime
 
@@ -34,3 +35,27 @@ def test_circular_reference_is_reported() -> None:
     value["self"] = value
     with pytest.raises(SerializationError, match="circular"):
         serde.dumps(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"i": 1},
+        {},
+        [],
+        "x",
+        -0.0,
+        10**30,
+        {"a": {"b": [1, 'é\n"\\', 1e300, None, True, False]}, "c": 2.5},
+        {1: "int keys become strings", 2.5: "so do floats", None: "and None"},
+    ],
+)
+def test_encodes_exactly_as_the_standard_library(value: object) -> None:
+    expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    assert serde.dumps(value) == expected
+
+
+def test_a_nul_character_is_refused_with_its_path() -> None:
+    with pytest.raises(SerializationError, match=r"args\['s'\]\[1\] is a string with a NUL"):
+        serde.dumps({"s": ["ok", "a\x00b"]})
+    assert serde.dumps({"s": "\\u0000"}) == '{"s":"\\\\u0000"}', "a backslash is not a NUL"

@@ -10,9 +10,7 @@ import asyncio
 import sys
 
 import asyncpg
-from common import Timer, drop_database, emit, fresh_database, run
-
-from pgq import migrate
+from common import Timer, drop_database, emit, fresh_database, pgq_migrate, run
 
 N = 20_000
 CLAIM = """
@@ -32,7 +30,7 @@ WHERE id = ANY($1::bigint[]) AND state = 'running'
 
 async def drain() -> None:
     dsn = await fresh_database("bench_ceiling")
-    await migrate.upgrade_async(dsn)
+    await pgq_migrate(dsn)
     conn = await asyncpg.connect(dsn)
     for start in range(0, N, 5_000):
         await conn.execute(

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import anyio
 import asyncpg
-from common import Timer, dispatch, drop_database, emit, fresh_database
+from common import Timer, dispatch, drop_database, emit, fresh_database, pgq_migrate
 
 import pgq
-from pgq import migrate
 
 N = 20_000
 BATCH = 1_000
@@ -27,7 +26,7 @@ async def noop(ctx: pgq.JobContext, i: int) -> None:
 
 async def setup(name: str) -> str:
     dsn = await fresh_database(name)
-    await migrate.upgrade_async(dsn)
+    await pgq_migrate(dsn)
     return dsn
 
 

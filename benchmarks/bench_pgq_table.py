@@ -19,10 +19,10 @@ import uuid
 from pathlib import Path
 
 import asyncpg
-from common import drop_database, emit, fresh_database, run, summary_ms
+from common import drop_database, emit, fresh_database, pgq_migrate, run, summary_ms
 
 import pgq
-from pgq import migrate, sql
+from pgq import sql
 
 HERE = Path(__file__).resolve().parent
 
@@ -73,7 +73,7 @@ async def aged() -> None:
     dsns = {}
     for name, finished in (("fresh", 0), ("aged", 1_000_000)):
         dsns[name] = await fresh_database(f"bench_pgq_{name}")
-        await migrate.upgrade_async(dsns[name])
+        await pgq_migrate(dsns[name])
         await fill(dsns[name], finished, 100_000)
     # Alternate between the two tables in rounds, so that noise on this shared machine falls
     # on both alike; the first round of each warms its caches and is not counted.
@@ -123,7 +123,7 @@ async def noop(ctx: pgq.JobContext, i: int) -> None:
 async def steady(seconds: float, settings: str) -> None:
     db = f"bench_pgq_steady_{settings}"
     dsn = await fresh_database(db)
-    await migrate.upgrade_async(dsn)
+    await pgq_migrate(dsn)
     conn = await asyncpg.connect(dsn)
     if settings == "recommended":
         await conn.execute(RECOMMENDED)
@@ -175,7 +175,7 @@ def rss_kb(pid: int) -> int:
 
 async def rss() -> None:
     dsn = await fresh_database("bench_pgq_rss")
-    await migrate.upgrade_async(dsn)
+    await pgq_migrate(dsn)
     async with pgq.Client(dsn) as client:
         await client.enqueue_many([pgq.JobSpec("sleeper", {"s": 30}) for _ in range(1_000)])
     env = {**os.environ, "PYTHONPATH": str(HERE)}

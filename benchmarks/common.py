@@ -33,6 +33,18 @@ async def fresh_database(name: str) -> str:
     return with_database(SERVER_DSN, name)
 
 
+async def pgq_migrate(dsn: str) -> None:
+    """Install pgq's schema with `pgq migrate` in a process of its own, as a deployment
+    does: the measuring process then holds what an application's would (asyncpg and pgq,
+    not alembic and SQLAlchemy, whose objects would weigh on its garbage collector)."""
+    # `python -m pgq`: in this environment PgQueuer's console script is named `pgq` too.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pgq", "migrate", "--dsn", dsn, stdout=asyncio.subprocess.DEVNULL
+    )
+    if await proc.wait() != 0:
+        raise RuntimeError(f"pgq migrate failed with exit code {proc.returncode}")
+
+
 async def drop_database(name: str) -> None:
     """Drop database ``name`` if it exists."""
     conn = await asyncpg.connect(SERVER_DSN)

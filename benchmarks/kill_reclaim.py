@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 import asyncpg
-from common import drop_database, emit, fresh_database
+from common import drop_database, emit, fresh_database, pgq_migrate
 
 import pgq
-from pgq import migrate
 from pgq.settings import WorkerSettings
 
 HERE = Path(__file__).resolve().parent
@@ -64,7 +63,7 @@ async def wait_for(
 async def trial(n: int) -> float:
     name = f"bench_reclaim_{n}"
     dsn = await fresh_database(name)
-    await migrate.upgrade_async(dsn)
+    await pgq_migrate(dsn)
     # The victim starts alone and claims every job; then the peer joins. The victim leads
     # too, so the peer must first take the lease over (within leader_ttl) before it can
     # judge the victim stale: the measured time covers both.

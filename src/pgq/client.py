@@ -372,19 +372,30 @@ class Client(Operations):
         priority = spec.priority
         if priority is None:
             priority = defaults.priority if defaults else 0
+        elif type(priority) is not int or not _INT4_MIN <= priority <= _INT4_MAX:
+            raise ConfigError(
+                f"{_where(index)}priority must be an integer from {_INT4_MIN} to {_INT4_MAX}, "
+                f"got {priority!r}"
+            )
         max_attempts = spec.max_attempts
         if max_attempts is None and defaults:
             max_attempts = defaults.max_attempts
-        if max_attempts is not None and max_attempts < 1:
-            raise ConfigError(f"{_where(index)}max_attempts must be at least 1, got {max_attempts}")
-        args = spec.args
-        if type(args) is not dict and not isinstance(args, Mapping):
-            raise SerializationError(
-                f"{_where(index)}args must be a mapping of keyword arguments, not "
-                f"{type(args).__name__}",
-                "args",
+        if max_attempts is not None and (
+            type(max_attempts) is not int or not 1 <= max_attempts <= _INT4_MAX
+        ):
+            raise ConfigError(
+                f"{_where(index)}max_attempts must be an integer from 1 to {_INT4_MAX}, "
+                f"got {max_attempts!r}"
             )
-        args = dict(args)  # the caller's mapping may change after this call; the job's not
+        args = spec.args
+        if type(args) is not dict:
+            if not isinstance(args, Mapping):
+                raise SerializationError(
+                    f"{_where(index)}args must be a mapping of keyword arguments, not "
+                    f"{type(args).__name__}",
+                    "args",
+                )
+            args = dict(args)
         for key in args:
             if type(key) is not str and not isinstance(key, str):
                 raise SerializationError(f"{_where(index)}args keys must be strings", "args")
@@ -440,6 +451,9 @@ class Client(Operations):
             unique_key,
             states,
         )
+
+
+_INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1  # the range of the integer columns
 
 
 def _where(index: int) -> str:

@@ -11,7 +11,7 @@ import asyncpg
 from pgq import sql
 from pgq.dsn import mask_dsn
 from pgq.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
-from pgq.schema import SCHEMA_REVISION
+from pgq.revision import SCHEMA_REVISION
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession

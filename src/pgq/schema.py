@@ -26,11 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 
-#: The alembic revision this code runs on; a test checks it is the migrations' head.
-SCHEMA_REVISION = "0002"
-
-#: pgq keeps its own alembic version table, so it never collides with the user's.
-VERSION_TABLE = "pgq_alembic_version"
+from pgq.revision import SCHEMA_REVISION, VERSION_TABLE
 
 STATES = ("scheduled", "available", "running", "retryable", "completed", "discarded", "cancelled")
 FINAL_STATES = ("completed", "discarded", "cancelled")

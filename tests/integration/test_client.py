@@ -182,6 +182,25 @@ async def test_odd_queue_names_are_refused(client: pgq.Client, queue: str) -> No
     assert sum((await client.count_by_state()).values()) == 0
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("priority", 2**31, "priority must be an integer from -2147483648 to 2147483647"),
+        ("priority", "5", "priority must be an integer"),
+        ("max_attempts", 0, "max_attempts must be an integer from 1 to 2147483647"),
+        ("max_attempts", 2**40, "max_attempts must be an integer from 1"),
+    ],
+)
+async def test_out_of_range_options_are_refused_before_anything_is_written(
+    client: pgq.Client, option: str, value: object, message: str
+) -> None:
+    specs = [pgq.JobSpec("t", {"i": i}) for i in range(10)]
+    specs.append(pgq.JobSpec("t", **{option: value}))  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=f"job 10: {message}"):
+        await client.enqueue_many(specs)
+    assert sum((await client.count_by_state()).values()) == 0
+
+
 async def test_client_with_an_app_checks_task_names_and_applies_defaults(dsn: str) -> None:
     app = pgq.App()
 

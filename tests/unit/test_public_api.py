@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import pgq
 
 
@@ -12,3 +15,11 @@ def test_all_is_exactly_the_public_names() -> None:
 def test_every_public_name_has_a_docstring() -> None:
     for name in pgq.__all__:
         assert getattr(pgq, name).__doc__, name
+
+
+def test_importing_pgq_leaves_sqlalchemy_and_alembic_unloaded() -> None:
+    """Clients and workers run on asyncpg alone; SQLAlchemy (migrations, connection= with a
+    session) loads only when used, keeping their import and their heap small."""
+    code = "import sys, pgq, pgq.cli; print(sorted(m for m in ('sqlalchemy', 'alembic') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

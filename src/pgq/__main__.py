@@ -1,0 +1,7 @@
+"""``python -m pgq``: the ``pgq`` command, also where another package's script took the name."""
+
+import sys
+
+from pgq.cli import main
+
+sys.exit(main())

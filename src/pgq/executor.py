@@ -63,17 +63,27 @@ def _failure(
     return Outcome(job.id, job.attempt, producer_id, "retryable", delay_s=delay_s, error=error)
 
 
-async def execute(
+def execute(
     task: Task,
     execution: Execution,
     producer_id: uuid.UUID,
     limiter: anyio.CapacityLimiter,
     hooks: Hooks | None = None,
-) -> Outcome:
+) -> Awaitable[Outcome]:
     """Run ``execution``'s job and return its outcome; never raises for a task's failure.
     With ``hooks``, runs the App's middleware around the task and emits its events."""
     if not hooks:
-        return await _run(task, execution, producer_id, limiter, None)
+        return _run(task, execution, producer_id, limiter, None)  # no coroutine in between
+    return _run_with_events(task, execution, producer_id, limiter, hooks)
+
+
+async def _run_with_events(
+    task: Task,
+    execution: Execution,
+    producer_id: uuid.UUID,
+    limiter: anyio.CapacityLimiter,
+    hooks: Hooks,
+) -> Outcome:
     job = execution.ctx.job
     await hooks.emit(JobEvent("job_started", job))
     started = anyio.current_time()
@@ -104,8 +114,12 @@ async def _run(
         return await anyio.to_thread.run_sync(call, limiter=limiter, abandon_on_cancel=True)
 
     call: Callable[[], Awaitable[Any]] = call_task
-    for middleware in reversed(hooks.middleware if hooks else []):
-        call = functools.partial(middleware, ctx, call)
+    if hooks is not None and hooks.middleware:
+        for middleware in reversed(hooks.middleware):
+            call = functools.partial(middleware, ctx, call)
+    elif task.is_async:
+        # The common case, once per job: call the task itself, one coroutine fewer.
+        call = functools.partial(task.fn, ctx, **job.args)
 
     result: Any = None
     try:

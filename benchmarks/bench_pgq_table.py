@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import asyncpg
-from common import drop_database, emit, fresh_database, pgq_migrate, run, summary_ms
+from common import drop_database, emit, fresh_database, pgq_migrate, private_server, run, summary_ms
 
 import pgq
 from pgq import sql
@@ -37,15 +37,26 @@ ALTER TABLE pgq_jobs SET (
 """
 
 
-async def claim_timings(dsn: str, rounds: int = 400) -> list[float]:
-    conn = await asyncpg.connect(dsn, server_settings={"plan_cache_mode": "force_custom_plan"})
+async def claim_timings(dsns: dict[str, str], rounds: int, warmup: int) -> dict[str, list[float]]:
+    """Time the claim statement (10 jobs) on each database in turn, one claim each per round,
+    so that noise on this shared machine falls on every table alike. The first ``warmup``
+    rounds warm the caches and are not kept."""
     producer = uuid.uuid4()
-    samples = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        await conn.fetch(sql.FETCH_JOBS, "default", ["noop"], 10, producer, [None], [20])
-        samples.append(time.perf_counter() - t)
-    await conn.close()
+    conns = {
+        name: await asyncpg.connect(dsn, server_settings={"plan_cache_mode": "force_custom_plan"})
+        for name, dsn in dsns.items()
+    }
+    samples: dict[str, list[float]] = {name: [] for name in dsns}
+    try:
+        for round_ in range(warmup + rounds):
+            for name, conn in conns.items():
+                t = time.perf_counter()
+                await conn.fetch(sql.FETCH_JOBS, "default", ["noop"], 10, producer, [None], [20])
+                if round_ >= warmup:
+                    samples[name].append(time.perf_counter() - t)
+    finally:
+        for conn in conns.values():
+            await conn.close()
     return samples
 
 
@@ -75,14 +86,7 @@ async def aged() -> None:
         dsns[name] = await fresh_database(f"bench_pgq_{name}")
         await pgq_migrate(dsns[name])
         await fill(dsns[name], finished, 100_000)
-    # Alternate between the two tables in rounds, so that noise on this shared machine falls
-    # on both alike; the first round of each warms its caches and is not counted.
-    samples: dict[str, list[float]] = {"fresh": [], "aged": []}
-    for round_ in range(11):
-        for name, dsn in dsns.items():
-            timings = await claim_timings(dsn, rounds=100)
-            if round_:
-                samples[name] += timings
+    samples = await claim_timings(dsns, rounds=3_000, warmup=200)
     results = {name: summary_ms(s) for name, s in samples.items()}
     for name in dsns:
         await drop_database(f"bench_pgq_{name}")
@@ -100,14 +104,16 @@ async def aged() -> None:
 async def table_size(conn: asyncpg.Connection[asyncpg.Record]) -> dict[str, float]:
     row = await conn.fetchrow(
         "SELECT pg_relation_size('pgq_jobs') AS heap, pg_indexes_size('pgq_jobs') AS indexes,"
-        " (SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'pgq_jobs') AS dead,"
+        " s.n_dead_tup AS dead, s.autovacuum_count AS vacuums,"
         " (SELECT count(*) FROM pgq_jobs) AS live"
+        " FROM pg_stat_user_tables s WHERE s.relname = 'pgq_jobs'"
     )
     assert row is not None
     return {
         "heap_mb": row["heap"] / 2**20,
         "indexes_mb": row["indexes"] / 2**20,
         "dead_tuples": float(row["dead"] or 0),
+        "autovacuums": float(row["vacuums"] or 0),
         "rows": float(row["live"]),
     }
 
@@ -120,37 +126,46 @@ async def noop(ctx: pgq.JobContext, i: int) -> None:
     """Does nothing."""
 
 
+#: The server setting docs/performance.md recommends with them: autovacuum looks at each
+#: database every 10 s instead of every minute, so per-table thresholds can act.
+RECOMMENDED_SERVER = {"autovacuum_naptime": "10s"}
+
+
 async def steady(seconds: float, settings: str) -> None:
-    db = f"bench_pgq_steady_{settings}"
-    dsn = await fresh_database(db)
-    await pgq_migrate(dsn)
-    conn = await asyncpg.connect(dsn)
-    if settings == "recommended":
-        await conn.execute(RECOMMENDED)
-    before = await table_size(conn)
-    stop = asyncio.Event()
-    enqueued = 0
+    """Each run gets a Postgres instance of its own: stock, or with the recommended server
+    setting; the recommended run also applies the recommended table settings."""
+    server = RECOMMENDED_SERVER if settings == "recommended" else {}
+    async with private_server(server) as dsn:
+        await pgq_migrate(dsn)
+        conn = await asyncpg.connect(dsn)
+        if settings == "recommended":
+            await conn.execute(RECOMMENDED)
+        before = await table_size(conn)
+        stop = asyncio.Event()
+        enqueued = 0
 
-    async def enqueuer(client: pgq.Client) -> None:
-        nonlocal enqueued
-        while not stop.is_set():
-            await client.enqueue_many([pgq.JobSpec(noop, {"i": i}) for i in range(100)])
-            enqueued += 100
-            await asyncio.sleep(0.02)  # about 5,000 jobs/s from each of two enqueuers
+        async def enqueuer(client: pgq.Client) -> None:
+            nonlocal enqueued
+            while not stop.is_set():
+                await client.enqueue_many([pgq.JobSpec(noop, {"i": i}) for i in range(100)])
+                enqueued += 100
+                await asyncio.sleep(0.02)  # about 5,000 jobs/s from each of two enqueuers
 
-    # A short completed-job retention, as a busy production queue would run, so the leader's
-    # deletes are part of the churn being measured.
-    worker = pgq.Worker(app, dsn, concurrency=500, retention_completed=10.0, retention_interval=5.0)
-    async with pgq.Client(dsn, app=app) as client, worker:
-        tasks = [asyncio.create_task(enqueuer(client)) for _ in range(2)]
-        started = time.perf_counter()
-        await asyncio.sleep(seconds)
-        stop.set()
-        await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - started
-        completed = sum(p.completed for p in worker.producers)
-    after = await table_size(conn)
-    await conn.close()
+        # A short completed-job retention, as a busy production queue would run, so the
+        # leader's deletes are part of the churn being measured.
+        worker = pgq.Worker(
+            app, dsn, concurrency=500, retention_completed=10.0, retention_interval=5.0
+        )
+        async with pgq.Client(dsn, app=app) as client, worker:
+            tasks = [asyncio.create_task(enqueuer(client)) for _ in range(2)]
+            started = time.perf_counter()
+            await asyncio.sleep(seconds)
+            stop.set()
+            await asyncio.gather(*tasks)
+            elapsed = time.perf_counter() - started
+            completed = sum(p.completed for p in worker.producers)
+        after = await table_size(conn)
+        await conn.close()
     emit(
         {
             "system": "pgq",
@@ -159,11 +174,11 @@ async def steady(seconds: float, settings: str) -> None:
             "enqueued": enqueued,
             "completed": completed,
             "rate": completed / elapsed,
+            "server_settings": server,
             "before": before,
             "after": after,
         }
     )
-    await drop_database(db)
 
 
 def rss_kb(pid: int) -> int:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import glob
 import json
 import os
+import shutil
+import socket
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,6 +36,72 @@ async def fresh_database(name: str) -> str:
     finally:
         await conn.close()
     return with_database(SERVER_DSN, name)
+
+
+def _postgres_bindir() -> str:
+    """The newest PostgreSQL server binaries on this machine (PGQ_BENCH_PG_BINDIR wins)."""
+    if os.environ.get("PGQ_BENCH_PG_BINDIR"):
+        return os.environ["PGQ_BENCH_PG_BINDIR"]
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4])
+    )
+    if not found:
+        raise RuntimeError("no PostgreSQL server binaries: set PGQ_BENCH_PG_BINDIR")
+    return os.path.dirname(found[-1])
+
+
+@contextlib.asynccontextmanager
+async def private_server(settings: dict[str, str]) -> AsyncIterator[str]:
+    """A throwaway PostgreSQL instance of this machine's binaries, listening on a free
+    loopback port with server ``settings`` on top of the stock ones; yields its DSN.
+
+    For workloads that compare server settings: the shared server's configuration is never
+    touched. Run as the ``postgres`` user when the benchmark runs as root (initdb refuses
+    root). The instance and its files are gone when the block ends.
+    """
+    bindir = _postgres_bindir()
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    data = tempfile.mkdtemp(prefix="pgq-bench-pg-")
+    if as_postgres:
+        shutil.chown(data, "postgres", "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = {
+        "port": str(port),
+        "listen_addresses": "127.0.0.1",
+        "unix_socket_directories": data,
+        **settings,
+    }
+
+    async def run_pg(*args: str) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            *as_postgres, *args, stdout=asyncio.subprocess.DEVNULL
+        )
+        if await proc.wait() != 0:
+            raise RuntimeError(f"{args[0]} failed with exit code {proc.returncode}")
+
+    try:
+        await run_pg(
+            f"{bindir}/initdb", "-D", data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "-N"
+        )
+        await run_pg(
+            f"{bindir}/pg_ctl",
+            "-D",
+            data,
+            "-l",
+            f"{data}/server.log",
+            "-w",
+            "-o",
+            " ".join(f"-c {k}={v}" for k, v in options.items()),
+            "start",
+        )
+        try:
+            yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        finally:
+            await run_pg(f"{bindir}/pg_ctl", "-D", data, "-m", "fast", "-w", "stop")
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
 
 
 async def pgq_migrate(dsn: str) -> None:

@@ -51,7 +51,8 @@ def main() -> None:
         a = s["after"]
         print(
             f"| {key} | {s['rate']:,.0f} jobs/s | {a['heap_mb']:.0f} MB | "
-            f"{a['indexes_mb']:.0f} MB | {a['dead_tuples']:,.0f} | {a['rows']:,.0f} |"
+            f"{a['indexes_mb']:.0f} MB | {a['dead_tuples']:,.0f} | {a['rows']:,.0f} | "
+            f"{a.get('autovacuums', 0):.0f} |"
         )
     aged = r["pgq/aged_table"]
     print(

@@ -30,20 +30,15 @@ SCRIPTS = {
 STEADY_S = os.environ.get("PGQ_BENCH_STEADY_S", "60")
 
 # (script, workload, variants): each variant is extra argv; the best (highest rate) is kept.
+# Three tries each, in turn, best kept: noise on a shared 2-core machine is large.
+ROUNDS = 3
 PLAN: list[tuple[str, str, list[list[str]]]] = [
-    # Two tries each, in turn, best kept: noise on a shared 2-core machine is large.
-    ("pgq", "enqueue_many", [[]]),
-    ("pgqueuer", "enqueue_many", [[]]),
-    ("procrastinate", "enqueue_many", [[]]),
-    ("pgq", "enqueue_many", [[]]),
-    ("pgqueuer", "enqueue_many", [[]]),
-    ("procrastinate", "enqueue_many", [[]]),
-    ("pgq", "enqueue", [[]]),
-    ("pgqueuer", "enqueue", [[]]),
-    ("procrastinate", "enqueue", [[]]),
-    ("pgq", "enqueue", [[]]),
-    ("pgqueuer", "enqueue", [[]]),
-    ("procrastinate", "enqueue", [[]]),
+    *(
+        (system, workload, [[]])
+        for workload in ("enqueue_many", "enqueue")
+        for _ in range(ROUNDS)
+        for system in ("pgq", "pgqueuer", "procrastinate")
+    ),
     ("pgq", "drain", [["1000"], ["2000"], ["4000"]]),
     ("pgqueuer", "drain", [["100"], ["200"], ["500"], ["1000"]]),
     ("pgq", "drain", [["2000"]]),

@@ -264,19 +264,25 @@ class Client(Operations):
                             r.metadata_json,
                         )
                     )
+                # Positional, in Job's field order: half the cost of keywords, per job.
                 jobs.append(
                     Job(
-                        id=job_id,
-                        queue=r.queue,
-                        task=r.task,
-                        args=r.args,
-                        state=state,
-                        priority=r.priority,
-                        max_attempts=r.max_attempts,
-                        scheduled_at=scheduled_at,
-                        created_at=now,
-                        tags=r.tags,
-                        metadata=r.metadata,
+                        job_id,
+                        r.queue,
+                        r.task,
+                        r.args,
+                        state,
+                        r.priority,
+                        0,  # attempt
+                        r.max_attempts,
+                        scheduled_at,
+                        None,  # attempted_at
+                        None,  # finalized_at
+                        now,  # created_at
+                        None,  # producer_id
+                        [],  # errors
+                        r.tags,
+                        r.metadata,
                     )
                 )
             await conn.copy_records_to_table(

@@ -107,19 +107,22 @@ async def _run(
     ctx = execution.ctx
     job = ctx.job
 
-    async def call_task() -> Any:
-        if task.is_async:
-            return await task.fn(ctx, **job.args)
+    call: Callable[[], Awaitable[Any]]
+    middleware_chain = hooks.middleware if hooks is not None else []
+    if task.is_async and not middleware_chain:
+        # The common case, once per job: call the task itself, no wrapper in between.
         call = functools.partial(task.fn, ctx, **job.args)
-        return await anyio.to_thread.run_sync(call, limiter=limiter, abandon_on_cancel=True)
+    else:
 
-    call: Callable[[], Awaitable[Any]] = call_task
-    if hooks is not None and hooks.middleware:
-        for middleware in reversed(hooks.middleware):
+        async def call_task() -> Any:
+            if task.is_async:
+                return await task.fn(ctx, **job.args)
+            run = functools.partial(task.fn, ctx, **job.args)
+            return await anyio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
+
+        call = call_task
+        for middleware in reversed(middleware_chain):
             call = functools.partial(middleware, ctx, call)
-    elif task.is_async:
-        # The common case, once per job: call the task itself, one coroutine fewer.
-        call = functools.partial(task.fn, ctx, **job.args)
 
     result: Any = None
     try:

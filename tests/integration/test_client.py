@@ -8,6 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 import pgq
 from pgq.dsn import sqlalchemy_url
 from pgq.errors import ConfigError, SerializationError, UnknownTaskError
+from tests.tests_support import job_notes
 
 pytestmark = pytest.mark.anyio
 
@@ -92,17 +93,7 @@ async def test_bulk_enqueue_of_every_kind_of_job_matches_what_is_stored(
 async def test_bulk_enqueue_wakes_only_queues_with_a_job_due_now_once_committed(
     client: pgq.Client, dsn: str
 ) -> None:
-    notes: list[str] = []
-    ended = anyio.Event()
-
-    def on_note(*args: object) -> None:
-        notes.append(str(args[3]))
-        if notes[-1] == "end":
-            ended.set()
-
-    listener = await asyncpg.connect(dsn)
-    await listener.add_listener("pgq_jobs", on_note)
-    try:
+    async with job_notes(dsn) as notes:
         past = datetime.now(UTC) - timedelta(minutes=1)
         specs = [pgq.JobSpec("t", queue="now")] * 50 + [
             pgq.JobSpec("t", queue="later", delay=600),
@@ -111,53 +102,33 @@ async def test_bulk_enqueue_wakes_only_queues_with_a_job_due_now_once_committed(
             pgq.JobSpec("t", queue="past", run_at=past),
         ]
         await client.enqueue_many(specs)
-        # A notification sent after the batch's arrives after it: once this one is here,
-        # the batch's have been read too.
-        await listener.execute("NOTIFY pgq_jobs, 'end'")
-        with anyio.fail_after(5):
-            await ended.wait()
-        assert sorted(notes) == ["end", "now", "past"]
-    finally:
-        await listener.close()
+        assert sorted(await notes.received()) == ["now", "past"]
 
 
 async def test_a_bulk_enqueue_the_server_refuses_writes_nothing_and_wakes_no_one(
     client: pgq.Client, dsn: str
 ) -> None:
-    notes: list[str] = []
-    arrived = anyio.Event()
-
-    def on_note(*args: object) -> None:
-        notes.append(str(args[3]))
-        arrived.set()
-
-    listener = await asyncpg.connect(dsn)
-    await listener.add_listener("pgq_jobs", on_note)
-    # A rule of the user's own that Postgres enforces on row 51 of 100.
-    await listener.execute(
-        """
-        CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.task = 'boom' THEN RAISE EXCEPTION 'no boom jobs'; END IF;
-            RETURN NEW;
-        END $$;
-        CREATE TRIGGER refuse_boom BEFORE INSERT ON pgq_jobs
-            FOR EACH ROW EXECUTE FUNCTION refuse_boom();
-        """
-    )
-    try:
+    async with job_notes(dsn) as notes:
+        # A rule of the user's own that Postgres enforces on row 51 of 100.
+        await notes.conn.execute(
+            """
+            CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.task = 'boom' THEN RAISE EXCEPTION 'no boom jobs'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_boom BEFORE INSERT ON pgq_jobs
+                FOR EACH ROW EXECUTE FUNCTION refuse_boom();
+            """
+        )
         specs = [pgq.JobSpec("t", {"i": i}, queue="refused") for i in range(100)]
         specs[50] = pgq.JobSpec("boom", queue="refused")
         with pytest.raises(asyncpg.RaiseError, match="no boom jobs"):
             await client.enqueue_many(specs)
         assert sum((await client.count_by_state()).values()) == 0
         await client.enqueue_many([pgq.JobSpec("t", queue="after")] * 2)
-        with anyio.fail_after(5):
-            await arrived.wait()
-        assert notes == ["after"]
+        assert await notes.received() == ["after"]
         assert sum((await client.count_by_state()).values()) == 2
-    finally:
-        await listener.close()
 
 
 async def test_unserializable_args_raise_before_anything_is_written(client: pgq.Client) -> None:
@@ -218,31 +189,16 @@ async def test_client_with_an_app_checks_task_names_and_applies_defaults(dsn: st
 async def test_rolled_back_asyncpg_transaction_leaves_no_job_and_no_notification(
     client: pgq.Client, dsn: str
 ) -> None:
-    notes: list[str] = []
-    arrived = anyio.Event()
-
-    def on_note(*args: object) -> None:
-        notes.append(str(args[3]))
-        arrived.set()
-
-    listener = await asyncpg.connect(dsn)
-    await listener.add_listener("pgq_jobs", on_note)
-    try:
+    async with job_notes(dsn) as notes:
         async with client.pool.acquire() as conn:
             tx = conn.transaction()
             await tx.start()
             job = await client.enqueue("t", queue="txq", connection=conn)
             await tx.rollback()
         assert await client.get_job(job.id) is None
-        # A committed job is announced; the rolled-back one never was. The committed job's
-        # notification arriving proves the listener would have seen the first.
         async with client.pool.acquire() as conn, conn.transaction():
             await client.enqueue("t", queue="committed", connection=conn)
-        with anyio.fail_after(5):
-            await arrived.wait()
-        assert notes == ["committed"]
-    finally:
-        await listener.close()
+        assert await notes.received() == ["committed"]
 
 
 async def test_notification_is_sent_on_commit_not_before(client: pgq.Client, dsn: str) -> None:

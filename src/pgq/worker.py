@@ -349,8 +349,14 @@ class Worker:
         """Stop once nothing runs, nothing is being claimed or written, and the database
         holds no job these producers could run now."""
         while not self._stop_requested.is_set():
-            await anyio.sleep(0.05)
+            # Wait for the jobs to end and their outcomes to be written (events, so the
+            # check below runs as soon as the last one is durable), then for any claim in
+            # flight, which sets no event: look again shortly.
+            for producer in self.producers:
+                await producer.wait_empty()
+            await completer.wait_idle()
             if any(p.running or p.fetching for p in self.producers) or completer.pending:
+                await anyio.sleep(0.005)
                 continue
             try:
                 async with pool.acquire() as conn:
@@ -366,8 +372,11 @@ class Worker:
                 log.info("burst: no runnable job left")
                 self.stop()
             else:
+                # Runnable jobs are left (another worker's to claim, or just promoted):
+                # let the producers claim them, and look again in a while.
                 for producer in self.producers:
                     producer.wake()
+                await anyio.sleep(0.05)
 
     def _report(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         by_id = {p.id: p for p in self.producers}  # ids change on re-registration

@@ -233,13 +233,14 @@ SELECT g.queue, g.n, pg_notify('pgq_jobs', g.queue)::text
 FROM (SELECT queue, count(*)::int AS n FROM upd GROUP BY queue) g
 """
 
-# Burst mode: is anything left that this producer could run, now or later?
+# Burst mode: is anything left that this producer could claim now (a paused queue's jobs
+# cannot be claimed: a burst worker does not wait for its resumption)?
 RUNNABLE_LEFT: Final = """
 SELECT EXISTS (
     SELECT 1 FROM pgq_jobs
     WHERE queue = $1 AND task = ANY($2::text[])
       AND (state = 'available' OR (state IN ('scheduled', 'retryable') AND scheduled_at <= now()))
-)
+) AND NOT EXISTS (SELECT 1 FROM pgq_queues WHERE name IN ($1, '*') AND paused_at IS NOT NULL)
 """
 
 # --------------------------------------------------------------------------- producers

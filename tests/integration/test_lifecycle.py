@@ -307,6 +307,23 @@ async def test_pause_stops_every_worker_and_resume_restarts_them(
     assert not queues["mail"].paused
 
 
+async def test_a_burst_worker_ends_when_its_queue_is_paused(dsn: str, client: pgq.Client) -> None:
+    app = pgq.App()
+
+    @app.task(queue="mail")
+    async def send(ctx: pgq.JobContext) -> None:
+        raise AssertionError("a paused queue's job ran")
+
+    for paused in ("mail", "*"):
+        await client.pause_queue(paused)
+        job = await client.enqueue("send", queue="mail")
+        with anyio.fail_after(10):
+            await pgq.Worker(app, dsn, **QUICK).run(burst=True)
+        stored = await client.get_job(job.id)
+        assert stored is not None and stored.state is pgq.JobState.AVAILABLE
+        await client.resume_queue(paused)
+
+
 # --------------------------------------------------------------------------- retention
 
 

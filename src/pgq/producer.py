@@ -207,7 +207,10 @@ class Producer:
                 executions = [Execution(job) for job in jobs]
                 for execution in executions:
                     self.running[execution.ctx.job.id] = execution
-                self._empty = anyio.Event()
+                if self._empty.is_set():
+                    # A new event only when the last was set: one that is waited on must
+                    # be the one set when the last job ends.
+                    self._empty = anyio.Event()
                 tg.start_soon(self._run_batch, executions, name=f"pgq batch of {len(jobs)}")
 
     async def _fetch(self, limit: int) -> list[Job]:

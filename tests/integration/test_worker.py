@@ -355,3 +355,40 @@ async def test_worker_refuses_a_queue_without_tasks() -> None:
 
     with pytest.raises(pgq.ConfigError, match="queue 'b' has no task in this App"):
         pgq.Worker(app, "postgresql://localhost/x", queues=["b"])
+
+
+async def test_a_producer_says_it_is_empty_after_batches_that_overlapped(
+    client: pgq.Client, dsn: str
+) -> None:
+    """Waiting for "no job runs" while one batch runs and another is claimed still ends
+    when the last job of either ends (burst mode and shutdown wait on it)."""
+    app = pgq.App()
+    slow_started, release = anyio.Event(), anyio.Event()
+
+    @app.task
+    async def slow(ctx: pgq.JobContext) -> None:
+        slow_started.set()
+        await release.wait()
+
+    @app.task
+    async def quick(ctx: pgq.JobContext) -> None:
+        pass
+
+    emptied = anyio.Event()
+
+    async def wait_empty(producer: Any) -> None:
+        await producer.wait_empty()
+        emptied.set()
+
+    async with pgq.Worker(app, dsn, poll_interval=0.1) as worker, anyio.create_task_group() as tg:
+        await client.enqueue("slow")
+        with anyio.fail_after(10):
+            await slow_started.wait()
+        tg.start_soon(wait_empty, worker.producers[0])  # waits while the first batch runs
+        await anyio.lowlevel.checkpoint()
+        second = await client.enqueue("quick")  # a second batch, claimed meanwhile
+        await client.wait(second.id, timeout=10)
+        assert not emptied.is_set()
+        release.set()
+        with anyio.fail_after(10):
+            await emptied.wait()

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
+from pgq import serde
 from pgq.cron import Schedule, make_schedule
 from pgq.errors import ConfigError, UnknownTaskError
 from pgq.hooks import EVENTS, EventName, Hook, Hooks, Middleware
@@ -168,6 +169,11 @@ class App:
 
         Decorates a function (registering it as a task) or an existing :class:`Task`."""
         schedule = make_schedule(cron, every, timezone)
+        # Checked now, not by the leader at each slot: a schedule that cannot enqueue must
+        # fail where it is declared.
+        serde.dumps(dict(args or {}), "args")
+        if queue is not None:
+            check_queue_name(queue)
 
         def register(fn: Callable[..., Any] | Task) -> Task:
             task = fn if isinstance(fn, Task) else self.task(fn)

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
+
+import asyncpg
 
 from pgq import serde, sql
 from pgq.app import DEFAULT_QUEUE, App, Task, check_queue_name
@@ -206,12 +209,24 @@ class Client(Operations):
         rows = [self._row(i, spec) for i, spec in enumerate(specs)]
         if not rows:
             return []
-        if connection is not None:
-            return await self._insert(await caller_connection(connection), rows)
-        async with self.pool.acquire() as conn:
-            if len(rows) > 1 and all(r.unique_key is None for r in rows):
-                return await self._copy(conn, rows)
-            return await self._insert(conn, rows)
+        try:
+            if connection is not None:
+                return await self._insert(await caller_connection(connection), rows)
+            async with self.pool.acquire() as conn:
+                if len(rows) > 1 and all(r.unique_key is None for r in rows):
+                    return await self._copy(conn, rows)
+                return await self._insert(conn, rows)
+        except asyncpg.ProgramLimitExceededError as exc:
+            # jsonb limits that a JSON text under serde.MAX_JSON_BYTES can still exceed (a huge
+            # array of small numbers takes more room in jsonb than as text).
+            largest = max(range(len(rows)), key=lambda i: len(rows[i].args_json))
+            raise SerializationError(
+                f"{_where(largest)}args of task {rows[largest].task!r} are "
+                f"{len(rows[largest].args_json.encode()):,} bytes of JSON, more than PostgreSQL "
+                f"can store ({str(exc).splitlines()[0][:200]}); nothing was enqueued: store "
+                "large data elsewhere and pass a reference",
+                "args",
+            ) from exc
 
     async def _copy(self, conn: Connection, rows: list[_Row]) -> list[Job]:
         """Write keyless rows with COPY, on pgq's own connection (whose jsonb codec COPY's
@@ -410,19 +425,9 @@ class Client(Operations):
         if spec.delay is not None:
             if spec.run_at is not None:
                 raise ConfigError(f"{_where(index)}give delay or run_at, not both")
-            delay_s = (
-                spec.delay.total_seconds()
-                if isinstance(spec.delay, timedelta)
-                else float(spec.delay)
-            )
-            if not delay_s >= 0:
-                raise ConfigError(
-                    f"{_where(index)}delay must be zero or more seconds, got {spec.delay!r}"
-                )
-        elif spec.run_at is not None and spec.run_at.tzinfo is None:
-            raise ConfigError(
-                f"{_where(index)}run_at must be timezone-aware (e.g. datetime.now(UTC))"
-            )
+            delay_s = _delay_seconds(spec.delay, name, index)
+        elif spec.run_at is not None:
+            _check_run_at(spec.run_at, name, index)
         tags: list[str] = []
         if spec.tags:
             if isinstance(spec.tags, str) or not all(isinstance(t, str) for t in spec.tags):
@@ -460,6 +465,48 @@ class Client(Operations):
 
 
 _INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1  # the range of the integer columns
+# The latest time both Python and PostgreSQL can hold (PostgreSQL goes on to 294276 AD; a
+# row past Python's year 9999 could be written but not read back). A day is kept in hand
+# for the distance between this machine's clock and the database's.
+_LATEST = datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
+
+
+def _delay_seconds(delay: float | timedelta, task: str, index: int) -> float:
+    """``delay`` as seconds from now, checked: a negative delay means now."""
+    try:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{_where(index)}delay for task {task!r} must be a number of seconds or a "
+            f"timedelta, got {delay!r}"
+        ) from None
+    if not math.isfinite(seconds) or seconds > (_LATEST - datetime.now(UTC)).total_seconds():
+        raise ConfigError(
+            f"{_where(index)}delay={delay!r} for task {task!r} is out of range: the job "
+            f"must be due before {_LATEST:%Y-%m-%d}; nothing was enqueued"
+        )
+    return max(seconds, 0.0)
+
+
+def _check_run_at(run_at: datetime, task: str, index: int) -> None:
+    if not isinstance(run_at, datetime):
+        raise ConfigError(
+            f"{_where(index)}run_at for task {task!r} must be a datetime, got {run_at!r}"
+        )
+    if run_at.tzinfo is None:
+        raise ConfigError(
+            f"{_where(index)}run_at for task {task!r} must be timezone-aware "
+            "(e.g. datetime.now(UTC))"
+        )
+    try:
+        in_range = run_at.astimezone(UTC) <= _LATEST
+    except OverflowError:
+        in_range = False
+    if not in_range:
+        raise ConfigError(
+            f"{_where(index)}run_at={run_at.isoformat()} for task {task!r} is out of range: "
+            f"the job must be due before {_LATEST:%Y-%m-%d}; nothing was enqueued"
+        )
 
 
 def _where(index: int) -> str:

@@ -1,47 +1,47 @@
-"""Batches job outcomes into fenced UPDATEs: one round trip for many jobs."""
+"""Batches job outcomes into fenced UPDATEs: one round trip for many jobs.
+
+Every outcome reaches the database. A batch the database refuses for want of a connection
+(or for a transient reason: a deadlock, a full disk, a standby) is kept and retried whole.
+A batch it refuses for what one outcome holds is written outcome by outcome, and an outcome
+refused on its own is retried once, then written without its result and error details (the
+reason recorded instead), then as a failed attempt; one that even that cannot write is held
+and retried, never dropped while the worker lives.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import anyio
-import asyncpg
 
 from pgq import sql
-from pgq.db import CONNECTION_ERRORS, Pool
+from pgq.db import Pool, is_transient
+from pgq.outcome import Outcome, error_entry
 
 log = logging.getLogger("pgq.completer")
 
-
-@dataclass(slots=True)
-class Outcome:
-    """The end of one attempt, as it will be written. ``(job_id, attempt, producer_id)`` is
-    the fencing token; ``attempt_delta`` is -1 when the attempt must not count (a snooze, a
-    shutdown)."""
-
-    job_id: int
-    attempt: int
-    producer_id: uuid.UUID
-    state: str
-    delay_s: float | None = None
-    error: str | None = None
-    result: str | None = None
-    attempt_delta: int = 0
-
-
 #: Called with the outcomes a flush wrote, and those the fence rejected.
 Reporter = Callable[[list[Outcome], list[Outcome]], None]
+
+#: Seconds between tries of an outcome the database refused in every form.
+HELD_RETRY_S = 30.0
+
+
+def brief(exc: BaseException | None, limit: int = 300) -> str:
+    """An exception as one short line (a driver error may quote a huge parameter)."""
+    if exc is None:
+        return "no error"
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class Completer:
     """Collects outcomes from every producer of a worker and writes them in batches.
 
     A batch goes out when ``batch_size`` outcomes wait or ``interval_s`` after the first one,
-    whichever is sooner. Outcomes that cannot be written (the database is away) are kept and
-    retried; none is dropped while the worker lives.
+    whichever is sooner.
     """
 
     def __init__(
@@ -59,18 +59,19 @@ class Completer:
         self._interval_s = interval_s
         self._retry_max_s = retry_max_s
         self._buffer: list[Outcome] = []
+        # Outcomes the database refused in every form: (when to try again, outcome).
+        self._held: list[tuple[float, Outcome]] = []
         self._has_items = anyio.Event()
         self._full = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
-        self.failures = 0
-        #: Held around every write; a producer changing its id holds it too.
-        self.write_lock = anyio.Lock()
+        #: Outcomes written in a fallback form (without their result or as a failed attempt).
+        self.salvaged = 0
 
     @property
     def pending(self) -> int:
         """Outcomes not yet durable."""
-        return len(self._buffer)
+        return len(self._buffer) + len(self._held)
 
     def add(self, outcome: Outcome) -> None:
         """Queue one outcome; never blocks."""
@@ -81,12 +82,6 @@ class Completer:
         if len(self._buffer) >= self._batch_size:
             self._full.set()
 
-    def rekey(self, old: uuid.UUID, new: uuid.UUID) -> None:
-        """Point pending outcomes fenced with producer ``old`` at ``new``."""
-        for outcome in self._buffer:
-            if outcome.producer_id == old:
-                outcome.producer_id = new
-
     async def wait_idle(self) -> None:
         """Return once every outcome added so far is written (or rejected)."""
         await self._idle.wait()
@@ -95,97 +90,177 @@ class Completer:
         """Write batches until cancelled. Cancel only after :meth:`wait_idle`."""
         delay = 0.1
         while True:
-            await self._has_items.wait()
+            await self._wait_for_work()
             if len(self._buffer) < self._batch_size:
                 with anyio.move_on_after(self._interval_s):
                     await self._full.wait()
             batch = self._buffer[: self._batch_size]
-            try:
-                try:
-                    await self._write(batch)
-                except asyncpg.PostgresError as exc:
-                    if isinstance(exc, CONNECTION_ERRORS):
-                        raise
-                    # Not the connection: something in the batch itself. Write the outcomes
-                    # one by one so a single bad one cannot hold back the rest.
-                    await self._write_singly(batch, exc)
-            except CONNECTION_ERRORS as exc:
-                self.failures += 1
-                log.warning(
-                    "could not write %d outcomes (%s); keeping them, retrying in %.1fs",
-                    len(batch),
-                    exc,
-                    delay,
-                )
+            unsettled = await self._flush(batch)
+            self._buffer[: len(batch)] = unsettled
+            self._full = anyio.Event()
+            if unsettled:
                 await anyio.sleep(delay)
                 delay = min(delay * 2, self._retry_max_s)
                 continue
             delay = 0.1
-            del self._buffer[: len(batch)]
-            self._full = anyio.Event()
             if not self._buffer:
                 self._has_items = anyio.Event()
-                self._idle.set()
+                if not self._held:
+                    self._idle.set()
             elif len(self._buffer) >= self._batch_size:
                 self._full.set()
 
-    async def _write_singly(self, batch: list[Outcome], first: BaseException) -> None:
-        log.warning("batch of %d outcomes failed (%s); writing them one by one", len(batch), first)
-        for outcome in batch:
-            try:
-                await self._write([outcome])
-            except asyncpg.PostgresError as exc:
-                # The job stays 'running' under this producer; the rescuer retries it later.
-                self.failures += 1
-                log.error(
-                    "dropped the outcome of job %d attempt %d: %s",
-                    outcome.job_id,
-                    outcome.attempt,
-                    exc,
-                )
+    async def _wait_for_work(self) -> None:
+        while True:
+            now = anyio.current_time()
+            due = [o for at, o in self._held if at <= now]
+            if due:
+                self._held = [(at, o) for at, o in self._held if at > now]
+                for outcome in due:
+                    self.add(outcome)
+            if self._buffer:
+                return
+            next_at = min((at for at, _ in self._held), default=None)
+            with anyio.move_on_after(None if next_at is None else next_at - now):
+                await self._has_items.wait()
 
-    async def _write(self, batch: list[Outcome]) -> None:
-        batch.sort(key=lambda o: o.job_id)  # a stable lock order across concurrent writers
+    async def _flush(self, batch: list[Outcome]) -> list[Outcome]:
+        """Write ``batch``, one statement per kind of outcome; returns the outcomes a
+        transient failure kept from being settled (written, rejected by the fence, or held)."""
         simple: list[Outcome] = []
         other: list[Outcome] = []
         for o in batch:
             (simple if o.state == "completed" and o.error is None else other).append(o)
-        written: set[int] = set()
+        unsettled: list[Outcome] = []
+        for group in (simple, other):
+            if group:
+                unsettled += await self._flush_group(group)
+        return unsettled
+
+    async def _flush_group(self, group: list[Outcome]) -> list[Outcome]:
+        try:
+            await self._write(group)
+            return []
+        except Exception as exc:
+            if is_transient(exc):
+                log.warning(
+                    "could not write %d outcomes (%s); keeping them and retrying",
+                    len(group),
+                    brief(exc),
+                )
+                return group
+            log.warning(
+                "a batch of %d outcomes was refused (%s); writing them one by one",
+                len(group),
+                brief(exc),
+            )
+        for i, outcome in enumerate(group):
+            try:
+                await self._settle(outcome)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                log.warning("could not write outcomes (%s); keeping them and retrying", brief(exc))
+                return group[i:]
+        return []
+
+    async def _settle(self, outcome: Outcome) -> None:
+        """Write one outcome, falling back step by step; raises only transient errors."""
+        error: Exception | None = None
+        for form in ("as is", "again", "salvaged", "failed attempt"):
+            try:
+                if form == "failed attempt":
+                    assert error is not None
+                    await self._fail_attempt(outcome, error)
+                else:
+                    await self._write(
+                        [_salvaged(outcome, error) if form == "salvaged" else outcome]
+                    )
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
+                error = exc
+                continue
+            if form in ("salvaged", "failed attempt"):
+                self.salvaged += 1
+                log.error(
+                    "the outcome %s of job %d attempt %d was refused by the database (%s); "
+                    "written %s instead",
+                    outcome.state,
+                    outcome.job_id,
+                    outcome.attempt,
+                    brief(error),
+                    "without its result and error details"
+                    if form == "salvaged"
+                    else "as a failed attempt",
+                )
+            return
+        log.error(
+            "the outcome of job %d attempt %d cannot be written in any form (%s); holding it "
+            "and trying again every %gs (the job stays running)",
+            outcome.job_id,
+            outcome.attempt,
+            brief(error),
+            HELD_RETRY_S,
+        )
+        self._held.append((anyio.current_time() + HELD_RETRY_S, outcome))
+
+    async def _fail_attempt(self, outcome: Outcome, exc: Exception) -> None:
+        message = f"the outcome ({outcome.state}) could not be written: {brief(exc, 2000)}"
         with anyio.fail_after(30):
-            async with self.write_lock, self._pool.acquire() as conn:
-                # Lock order: ids ascending within each statement; the two statements touch
-                # disjoint jobs.
-                if simple:
+            async with self._pool.acquire() as conn:
+                row = await conn.fetchrow(
+                    sql.FAIL_ATTEMPT,
+                    outcome.job_id,
+                    outcome.token,
+                    error_entry(outcome.attempt, "outcome", message),
+                )
+        self._report([outcome], []) if row is not None else self._report([], [outcome])
+
+    async def _write(self, batch: list[Outcome]) -> None:
+        """One statement for outcomes of one kind (plain successes, or the rest)."""
+        batch.sort(key=lambda o: o.job_id)  # a stable lock order across concurrent writers
+        with anyio.fail_after(30):
+            async with self._pool.acquire() as conn:
+                if batch[0].state == "completed" and batch[0].error is None:
                     rows = await conn.fetch(
                         sql.COMPLETE_SUCCESSES,
-                        [o.job_id for o in simple],
-                        [o.attempt for o in simple],
-                        [o.producer_id for o in simple],
-                        [o.result for o in simple],
-                        _done_payload(simple),
+                        [o.job_id for o in batch],
+                        [o.token for o in batch],
+                        [o.result for o in batch],
+                        _done_payload(batch),
                     )
-                    written.update(r[0] for r in rows)
-                if other:
+                else:
                     rows = await conn.fetch(
                         sql.COMPLETE_JOBS,
-                        [o.job_id for o in other],
-                        [o.attempt for o in other],
-                        [o.producer_id for o in other],
-                        [o.state for o in other],
-                        [o.delay_s for o in other],
-                        [o.error for o in other],
-                        [o.result for o in other],
-                        [o.attempt_delta for o in other],
+                        [o.job_id for o in batch],
+                        [o.token for o in batch],
+                        [o.state for o in batch],
+                        [o.delay_s for o in batch],
+                        [o.error for o in batch],
+                        [o.result for o in batch],
+                        [o.attempt_delta for o in batch],
                     )
-                    written.update(r[0] for r in rows)
-        if len(written) == len(batch):
+        if len(rows) == len(batch):
             self._report(batch, [])
             return
+        written = {r[0] for r in rows}
         ok: list[Outcome] = []
         rejected: list[Outcome] = []
         for o in batch:
             (ok if o.job_id in written else rejected).append(o)
         self._report(ok, rejected)
+
+
+def _salvaged(outcome: Outcome, exc: Exception | None) -> Outcome:
+    """``outcome`` without the payloads the database may have refused, saying why."""
+    message = (
+        f"the outcome ({outcome.state}) could not be written with its "
+        f"{'result' if outcome.result is not None else 'error details'}: {brief(exc, 2000)}"
+    )
+    return dataclasses.replace(
+        outcome, result=None, error=error_entry(outcome.attempt, "outcome", message)
+    )
 
 
 def _done_payload(outcomes: list[Outcome], per_notification: int = 500) -> list[str]:

@@ -28,6 +28,21 @@ _MONTHS = {
     )
 }
 _DAYS = {d: i for i, d in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])}
+# The most days each month can have (February: in a leap year).
+_MONTH_DAYS = {
+    1: 31,
+    2: 29,
+    3: 31,
+    4: 30,
+    5: 31,
+    6: 30,
+    7: 31,
+    8: 31,
+    9: 30,
+    10: 31,
+    11: 30,
+    12: 31,
+}
 # (name, low, high, names)
 _FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
     ("minute", 0, 59, {}),
@@ -108,12 +123,25 @@ class Cron:
         object.__setattr__(self, "_sets", (*sets[:4], dow))
         object.__setattr__(self, "_dom_any", parts[2] == "*")
         object.__setattr__(self, "_dow_any", parts[4] == "*")
+        if not self._can_match():
+            raise ConfigError(
+                f"cron expression {self.expression!r} never matches: no month it names has "
+                "any of the days of the month it names (e.g. February 30th)"
+            )
         try:
             object.__setattr__(self, "_zone", ZoneInfo(self.timezone))
         except (ZoneInfoNotFoundError, ValueError):
             raise ConfigError(
                 f"unknown time zone {self.timezone!r} (use an IANA name such as 'Europe/Paris')"
             ) from None
+
+    def _can_match(self) -> bool:
+        # Only a restricted day of month with any day of week can name no real date: every
+        # month has every weekday, and a restricted weekday matches on its own (OR).
+        if self._dom_any or not self._dow_any:
+            return True
+        _, _, dom, months, _ = self._sets
+        return any(day <= _MONTH_DAYS[month] for month in months for day in dom)
 
     def _day_matches(self, day: datetime) -> bool:
         _, _, dom, month, dow = self._sets

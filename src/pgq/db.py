@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from pgq import sql
-from pgq.dsn import mask_dsn
+from pgq.dsn import mask_dsn, scrub
 from pgq.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
 from pgq.revision import SCHEMA_REVISION
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgq")
 
 #: Revisions any pgq release has shipped, oldest first; used to read a shared version table.
-KNOWN_REVISIONS = ("0001", "0002")
+KNOWN_REVISIONS = ("0001", "0002", "0003")
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -48,14 +48,41 @@ CONNECTION_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+# SQLSTATE classes of failures that pass: connection exceptions, transaction rollbacks
+# (deadlock, serialization), insufficient resources (disk full, out of memory), operator
+# intervention (shutdown, cancel), system errors.
+_TRANSIENT_CLASSES = frozenset({"08", "40", "53", "57", "58"})
+_READ_ONLY_TRANSACTION = "25006"  # connected to a standby (e.g. during a failover)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not do it *now*: the same statement may well
+    succeed later. Otherwise the statement itself (or what it carries) was refused."""
+    if isinstance(exc, asyncpg.PostgresError):
+        state = exc.sqlstate or ""
+        return (
+            state[:2] in _TRANSIENT_CLASSES
+            or state == _READ_ONLY_TRANSACTION
+            or isinstance(exc, asyncpg.InvalidCachedStatementError)
+        )
+    return isinstance(exc, CONNECTION_ERRORS)
+
+
 def _unavailable(dsn: str | None, exc: BaseException) -> DatabaseUnavailable:
-    reason = str(exc) or type(exc).__name__
+    reason = scrub(str(exc) or type(exc).__name__, dsn)
     err = DatabaseUnavailable(
         f"cannot connect to PostgreSQL at {mask_dsn(dsn)}: {reason}; check that the server "
         "is running and the DSN (--dsn, PGQ_DSN or DATABASE_URL) is right"
     )
     err.__cause__ = exc
     return err
+
+
+def _unparsable(dsn: str | None, exc: ValueError) -> ConfigError:
+    return ConfigError(
+        f"malformed DSN {mask_dsn(dsn)}: {scrub(str(exc), dsn)}; expected "
+        "postgresql://user:password@host:port/database"
+    )
 
 
 _connect_errors: tuple[type[Exception], ...] = (
@@ -77,7 +104,7 @@ async def connect(
     except _connect_errors as exc:
         raise _unavailable(dsn, exc) from exc
     except ValueError as exc:  # asyncpg's own DSN parser
-        raise ConfigError(f"malformed DSN {mask_dsn(dsn)}: {exc}") from None
+        raise _unparsable(dsn, exc) from None
 
 
 #: Session settings for the worker's connections. Its batch statements join arrays whose
@@ -109,7 +136,7 @@ async def create_pool(
     except _connect_errors as exc:
         raise _unavailable(dsn, exc) from exc
     except ValueError as exc:
-        raise ConfigError(f"malformed DSN {mask_dsn(dsn)}: {exc}") from None
+        raise _unparsable(dsn, exc) from None
     assert pool is not None
     return pool
 

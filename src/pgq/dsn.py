@@ -2,18 +2,28 @@
 
 Resolution everywhere: an explicit DSN > ``PGQ_DSN`` > ``DATABASE_URL`` > libpq variables
 (``PGHOST``, ``PGPORT``, ``PGUSER``, ``PGPASSWORD``, ``PGDATABASE``), which asyncpg reads itself.
+
+No message pgq writes carries any part of a password, whatever the DSN's shape: errors about
+a DSN describe the problem in pgq's own words and show the DSN only through
+:func:`mask_dsn`, never a parser's message (which may quote a piece of the password).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from pgq.errors import ConfigError
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*)://")
 _SCHEMES = ("postgres", "postgresql")
-_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+# Keyword form: host=db password='x y' ...
+_KEYWORD = re.compile(r"^\s*\w+\s*=")
+_KEYWORD_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S*)", re.IGNORECASE)
+_QUERY_PASSWORD = re.compile(r"(password=)[^&#]*", re.IGNORECASE)
+# A scheme however mistyped (postgres//, postgresql:/), before the user information.
+_MASK_PREFIX = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:?//?")
+_EXPECTED = "expected postgresql://user:password@host:port/database"
 
 
 def resolve_dsn(explicit: str | None = None) -> str | None:
@@ -27,25 +37,50 @@ def resolve_dsn(explicit: str | None = None) -> str | None:
 def normalize_dsn(dsn: str) -> str:
     """Check that ``dsn`` is a PostgreSQL URL and return it in the form asyncpg accepts.
 
-    SQLAlchemy-style schemes (``postgresql+asyncpg://``) are accepted and reduced to
-    ``postgresql://``. Anything else raises :class:`ConfigError` with the password masked.
+    SQLAlchemy-style schemes (``postgresql+asyncpg://``) are reduced to ``postgresql://``;
+    several hosts (``postgresql://u@db1:5432,db2:5432/app``) are kept. Anything else raises
+    :class:`ConfigError` saying what is wrong, with the password masked.
     """
     dsn = dsn.strip()
-    try:
-        parts = urlsplit(dsn)
-        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
-    except ValueError as exc:
-        raise ConfigError(
-            f"malformed DSN {mask_dsn(dsn)!r}: {exc}; expected "
-            "postgresql://user:password@host:port/database"
-        ) from None
-    scheme = parts.scheme.split("+", 1)[0].lower()
-    if scheme not in _SCHEMES or (not parts.netloc and not parts.query and not parts.path):
-        raise ConfigError(
-            f"malformed DSN {mask_dsn(dsn)!r}: expected "
-            "postgresql://user:password@host:port/database"
+    match = _SCHEME.match(dsn)
+    if match is None or match.group(1).split("+", 1)[0].lower() not in _SCHEMES:
+        raise _malformed(dsn, _EXPECTED)
+    rest = dsn[match.end() :]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i != -1), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]
+    if "@" in tail:
+        raise _malformed(
+            dsn,
+            "the user name or password seems to hold a '/', '?', '#' or '@' as is: "
+            "percent-encode such characters (e.g. '/' as %2F, '@' as %40)",
         )
-    return urlunsplit(SplitResult("postgresql", parts.netloc, parts.path, parts.query, ""))
+    hosts = netloc.rpartition("@")[2]
+    for host in hosts.split(",") if hosts else ():
+        _check_host(dsn, host)
+    if not netloc and not tail:
+        raise _malformed(dsn, _EXPECTED)
+    return "postgresql://" + netloc + tail.split("#", 1)[0]
+
+
+def _check_host(dsn: str, host: str) -> None:
+    if host.startswith("["):  # [IPv6]:port
+        close = host.find("]")
+        port = host[close + 1 :] if close != -1 else ""
+        if close == -1 or (port and not port.startswith(":")):
+            raise _malformed(dsn, "an IPv6 host must be written [address] or [address]:port")
+        port = port[1:]
+    else:
+        port = host.partition(":")[2]
+    if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+        raise _malformed(
+            dsn,
+            "a port is not a number from 1 to 65535 (if the password holds a '/', '?', "
+            "'#' or '@', percent-encode it)",
+        )
+
+
+def _malformed(dsn: str, why: str) -> ConfigError:
+    return ConfigError(f"malformed DSN {mask_dsn(dsn)!r}: {why}")
 
 
 def sqlalchemy_url(dsn: str | None) -> str:
@@ -56,17 +91,66 @@ def sqlalchemy_url(dsn: str | None) -> str:
 
 
 def mask_dsn(dsn: str | None) -> str:
-    """``dsn`` with any password replaced by ``***``, safe for logs and error messages."""
+    """``dsn`` with any password replaced by ``***``, safe for logs and error messages,
+    whatever the DSN's shape (keyword form, a URL with a missing ``:`` or ``//``, characters
+    a password should have percent-encoded)."""
     if dsn is None:
         return "(libpq environment)"
-    if "://" not in dsn:
+    if "://" not in dsn and _KEYWORD.match(dsn):
         return _KEYWORD_PASSWORD.sub(r"\1***", dsn)
-    scheme, rest = dsn.split("://", 1)
-    netloc, sep, tail = rest.partition("/")
-    if "@" in netloc:
-        userinfo, host = netloc.rsplit("@", 1)
-        if ":" in userinfo:
-            userinfo = userinfo.split(":", 1)[0] + ":***"
-        netloc = f"{userinfo}@{host}"
-    tail = re.sub(r"(password=)[^&]*", r"\1***", tail, flags=re.IGNORECASE)
-    return f"{scheme}://{netloc}{sep}{tail}"
+    text = dsn
+    at = text.rfind("@")
+    if at != -1:
+        # Everything before the last '@' is user information, whatever a password holds.
+        head = text[:at]
+        scheme = _MASK_PREFIX.match(head)
+        prefix = scheme.group(0) if scheme else ""
+        user, colon, _password = head[len(prefix) :].partition(":")
+        if colon:
+            text = f"{prefix}{user}:***{text[at:]}"
+    else:
+        # No user information: a "port" that is not a number may be a password whose '@'
+        # went missing (postgresql://user:secret/db).
+        scheme = _SCHEME.match(text)
+        if scheme is not None:
+            rest = text[scheme.end() :]
+            end = min((i for i in (rest.find(c) for c in "/?#") if i != -1), default=len(rest))
+            hosts = [_mask_port(h) for h in rest[:end].split(",")]
+            text = text[: scheme.end()] + ",".join(hosts) + rest[end:]
+    return _QUERY_PASSWORD.sub(r"\1***", text)
+
+
+def scrub(text: str, dsn: str | None) -> str:
+    """``text`` (a driver's or the system's message about ``dsn``) with every piece of the
+    DSN's password replaced by ``***``: parsers echo what they choke on."""
+    if not dsn:
+        return text
+    for secret in sorted(_password_pieces(dsn), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _password_pieces(dsn: str) -> set[str]:
+    from urllib.parse import unquote
+
+    found: list[str] = []
+    masked = mask_dsn(dsn)
+    if masked != dsn:
+        # What masking hid, found by lining the two up: the text between the common prefix
+        # and the common suffix, once per masked span.
+        for piece in re.split(r"\*\*\*", masked):
+            dsn = dsn.replace(piece, "\0", 1) if piece else dsn
+        found = [p for p in dsn.split("\0") if p]
+    pieces: set[str] = set()
+    for secret in found:
+        for variant in (secret, unquote(secret)):
+            pieces.add(variant)
+            pieces.update(p for p in re.split(r"[/?#@:&'\s]", variant) if len(p) >= 3)
+    return pieces
+
+
+def _mask_port(host: str) -> str:
+    name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+    if colon and not (port.isdigit() or (name.startswith("[") and not name.endswith("]"))):
+        return f"{name}:***"
+    return host

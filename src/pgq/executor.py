@@ -6,7 +6,6 @@ import asyncio
 import functools
 import logging
 import traceback
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,10 +13,9 @@ import anyio
 
 from pgq import serde
 from pgq.app import Task
-from pgq.completer import Outcome
-from pgq.errors import SerializationError
 from pgq.hooks import Hooks, JobEvent
 from pgq.job import Cancel, Job, JobContext, JobState, Retry, Snooze
+from pgq.outcome import Outcome, error_entry
 
 log = logging.getLogger("pgq.executor")
 
@@ -47,47 +45,48 @@ class Execution:
             self.task.cancel()
 
 
-def _error(attempt: int, kind: str, message: str, tb: str | None = None) -> str:
-    return serde.dumps(
-        {"attempt": attempt, "kind": kind, "message": message, "traceback": tb}, "error"
-    )
-
-
-def _failure(
-    job: Job, task: Task, producer_id: uuid.UUID, error: str, delay_s: float | None = None
-) -> Outcome:
+def _failure(job: Job, task: Task, error: str, delay_s: float | None = None) -> Outcome:
+    """A failed attempt: retryable after ``delay_s`` (default: the task's backoff), or
+    discarded when it was the last."""
     if job.attempt >= (job.max_attempts or task.max_attempts):
-        return Outcome(job.id, job.attempt, producer_id, "discarded", error=error)
+        return Outcome.of(job, "discarded", error=error)
     if delay_s is None:
         delay_s = task.backoff.delay(job.attempt)
-    return Outcome(job.id, job.attempt, producer_id, "retryable", delay_s=delay_s, error=error)
+    return Outcome.of(job, "retryable", delay_s=delay_s, error=error)
+
+
+def internal_failure(job: Job, task: Task, exc: BaseException) -> Outcome:
+    """The outcome of an attempt that pgq itself failed to see through (a bug, or an
+    exception raised where none was expected): a failed attempt, never a lost one."""
+    log.error("job %d (%s) attempt %d: internal error", job.id, job.task, job.attempt, exc_info=exc)
+    message = f"internal error running the job: {type(exc).__name__}: {exc}"
+    tb = "".join(traceback.format_exception(exc))
+    return _failure(job, task, error_entry(job.attempt, "internal", message, tb))
 
 
 def execute(
     task: Task,
     execution: Execution,
-    producer_id: uuid.UUID,
     limiter: anyio.CapacityLimiter,
     hooks: Hooks | None = None,
 ) -> Awaitable[Outcome]:
     """Run ``execution``'s job and return its outcome; never raises for a task's failure.
     With ``hooks``, runs the App's middleware around the task and emits its events."""
     if not hooks:
-        return _run(task, execution, producer_id, limiter, None)  # no coroutine in between
-    return _run_with_events(task, execution, producer_id, limiter, hooks)
+        return _run(task, execution, limiter, None)  # no coroutine in between
+    return _run_with_events(task, execution, limiter, hooks)
 
 
 async def _run_with_events(
     task: Task,
     execution: Execution,
-    producer_id: uuid.UUID,
     limiter: anyio.CapacityLimiter,
     hooks: Hooks,
 ) -> Outcome:
     job = execution.ctx.job
     await hooks.emit(JobEvent("job_started", job))
     started = anyio.current_time()
-    outcome = await _run(task, execution, producer_id, limiter, hooks)
+    outcome = await _run(task, execution, limiter, hooks)
     state = JobState(outcome.state)
     error = serde.loads(outcome.error) if outcome.error else None
     duration = anyio.current_time() - started
@@ -100,7 +99,6 @@ async def _run_with_events(
 async def _run(
     task: Task,
     execution: Execution,
-    producer_id: uuid.UUID,
     limiter: anyio.CapacityLimiter,
     hooks: Hooks | None,
 ) -> Outcome:
@@ -140,7 +138,7 @@ async def _run(
                     ctx._request_cancel()
                     message = f"timed out after {task.timeout:g}s"
                     log.warning("job %d (%s) attempt %d %s", job.id, job.task, job.attempt, message)
-                    return _failure(job, task, producer_id, _error(job.attempt, "timeout", message))
+                    return _failure(job, task, error_entry(job.attempt, "timeout", message))
         except asyncio.CancelledError:
             if execution.reason is None:
                 raise  # not ours to stop (the worker itself is being torn down)
@@ -150,70 +148,47 @@ async def _run(
         if execution.reason == CANCEL:
             # Requested by client.cancel(): an async task was cancelled; a thread saw
             # ctx.cancel_requested (or finished regardless). Either way it ends cancelled.
-            return Outcome(
-                job.id,
-                job.attempt,
-                producer_id,
-                "cancelled",
-                error=_error(job.attempt, "cancel", "cancelled by request"),
+            return Outcome.of(
+                job, "cancelled", error=error_entry(job.attempt, "cancel", "cancelled by request")
             )
         if execution.reason is not None:
-            return interrupted(job, producer_id, execution.reason)
+            return interrupted(job, execution.reason)
     except Retry as exc:
-        return _failure(
-            job, task, producer_id, _error(job.attempt, "retry", exc.reason), exc.delay_s
-        )
+        return _failure(job, task, error_entry(job.attempt, "retry", exc.reason), exc.delay_s)
     except Snooze as exc:
-        return Outcome(
-            job.id,
-            job.attempt,
-            producer_id,
+        return Outcome.of(
+            job,
             "retryable" if exc.delay_s else "available",
             delay_s=exc.delay_s,
             attempt_delta=-1,
         )
     except Cancel as exc:
-        return Outcome(
-            job.id,
-            job.attempt,
-            producer_id,
-            "cancelled",
-            error=_error(job.attempt, "cancel", exc.reason),
-        )
+        return Outcome.of(job, "cancelled", error=error_entry(job.attempt, "cancel", exc.reason))
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}"
         log.debug("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt, message)
         return _failure(
-            job,
-            task,
-            producer_id,
-            _error(job.attempt, "exception", message, traceback.format_exc()),
+            job, task, error_entry(job.attempt, "exception", message, traceback.format_exc())
         )
+    if result is None:
+        return Outcome.of(job, "completed")
     try:
-        encoded = None if result is None else serde.dumps(result, "result")
-    except SerializationError as exc:
+        return Outcome.of(job, "completed", result=serde.dumps(result, "result"))
+    except Exception as exc:  # SerializationError, and whatever a strange object raises
         # The work is done; running it again to get a storable result could repeat side
-        # effects. Complete it and keep the reason.
-        log.warning("job %d (%s): %s", job.id, job.task, exc)
-        return Outcome(
-            job.id,
-            job.attempt,
-            producer_id,
-            "completed",
-            error=_error(job.attempt, "result", str(exc)),
-        )
-    return Outcome(job.id, job.attempt, producer_id, "completed", result=encoded)
+        # effects. Complete it without a result and keep the reason.
+        message = f"the result could not be stored: {exc}"
+        log.warning("job %d (%s) attempt %d: %s", job.id, job.task, job.attempt, message)
+        return Outcome.of(job, "completed", error=error_entry(job.attempt, "result", message))
 
 
-def interrupted(job: Job, producer_id: uuid.UUID, reason: str) -> Outcome:
+def interrupted(job: Job, reason: str) -> Outcome:
     """A job the worker stopped (shutdown): retryable at once; the attempt does not count,
     since the job did not fail."""
-    return Outcome(
-        job.id,
-        job.attempt,
-        producer_id,
+    return Outcome.of(
+        job,
         "retryable",
         delay_s=0.0,
-        error=_error(job.attempt, reason, f"interrupted by worker {reason}"),
+        error=error_entry(job.attempt, reason, f"interrupted by worker {reason}"),
         attempt_delta=-1,
     )

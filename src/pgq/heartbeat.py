@@ -11,7 +11,6 @@ import anyio
 import asyncpg
 
 from pgq import sql
-from pgq.completer import Completer
 from pgq.db import connect
 from pgq.producer import Producer
 
@@ -30,7 +29,6 @@ class Heartbeater:
         self,
         dsn: str | None,
         producers: Sequence[Producer],
-        completer: Completer,
         *,
         worker_id: uuid.UUID,
         worker_name: str,
@@ -40,7 +38,6 @@ class Heartbeater:
     ) -> None:
         self._dsn = dsn
         self._producers = producers
-        self._completer = completer
         self._worker_id = worker_id
         self._worker_name = worker_name
         self._interval_s = interval_s
@@ -107,31 +104,25 @@ class Heartbeater:
     async def _reregister(
         self, conn: asyncpg.Connection[asyncpg.Record], producer: Producer
     ) -> None:
-        # Outcome writes pause while the id changes, so no outcome is fenced against an id
-        # that is switching under it.
-        async with self._completer.write_lock:
-            old, new = producer.id, uuid.uuid4()
-            running = list(producer.running)
-            producer.id = new
-            try:
-                adopted = await conn.fetch(
-                    sql.REREGISTER_PRODUCER,
-                    old,
-                    new,
-                    self._worker_id,
-                    self._worker_name,
-                    producer.queue,
-                    producer.concurrency,
-                    producer.claimed,
-                    producer.completed,
-                    producer.failed,
-                    producer.rejected_outcomes,
-                    running,
-                )
-            except BaseException:
-                producer.id = old
-                self._completer.rekey(new, old)
-                raise
+        # Outcomes are fenced on each attempt's own token, which adoption leaves alone: they
+        # need no pause while the producer's id changes.
+        old, new = producer.id, uuid.uuid4()
+        running = list(producer.running)
+        adopted = await conn.fetch(
+            sql.REREGISTER_PRODUCER,
+            old,
+            new,
+            self._worker_id,
+            self._worker_name,
+            producer.queue,
+            producer.concurrency,
+            producer.claimed,
+            producer.completed,
+            producer.failed,
+            producer.rejected_outcomes,
+            running,
+        )
+        producer.id = new
         self.reregistrations += 1
         log.warning(
             "producer %s (queue %s) found its row gone: peers judged it dead, or it was "

@@ -54,6 +54,9 @@ class Job:
     unique_key: str | None = None
     #: True when enqueue found the unique key taken and returned the job holding it.
     duplicate: bool = False
+    #: The fencing token of the attempt running now (None unless running): drawn when the
+    #: job is claimed, it stays the same until the attempt's outcome is written.
+    attempt_token: uuid.UUID | None = None
 
 
 def _seconds(delay: float | timedelta | None) -> float | None:
@@ -130,6 +133,14 @@ class JobContext:
     def attempt(self) -> int:
         """This attempt's number, from 1."""
         return self.job.attempt
+
+    @property
+    def token(self) -> uuid.UUID | None:
+        """This attempt's fencing token. A side effect written in the same database with
+        ``WHERE EXISTS (SELECT 1 FROM pgq_jobs WHERE id = <ctx.id> AND attempt_token =
+        <ctx.token> AND state = 'running')`` is written only while this attempt's outcome
+        would still be accepted (see docs/liveness.md)."""
+        return self.job.attempt_token
 
     @property
     def args(self) -> Mapping[str, Any]:

@@ -71,6 +71,8 @@ def job_from_record(rec: Any) -> Job:
         tags=list(rec["tags"]),
         metadata=serde.loads(rec["metadata"]),
         result=serde.loads(rec["result"]),
+        unique_key=rec["unique_key"],
+        attempt_token=rec["attempt_token"],
     )
 
 

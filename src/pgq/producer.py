@@ -15,7 +15,7 @@ from pgq import serde, sql
 from pgq.app import Task
 from pgq.completer import Completer
 from pgq.db import DATABASE_ERRORS, Pool
-from pgq.executor import SHUTDOWN, Execution, execute, interrupted
+from pgq.executor import SHUTDOWN, Execution, execute, internal_failure, interrupted
 from pgq.hooks import Hooks
 from pgq.job import Job, JobState
 
@@ -201,7 +201,7 @@ class Producer:
                 # Claimed while the worker began to stop: hand them straight back
                 # (retryable at once, the attempt not counted) rather than start them.
                 for job in jobs:
-                    self._completer.add(interrupted(job, self.id, SHUTDOWN))
+                    self._completer.add(interrupted(job, SHUTDOWN))
                 break
             if jobs:
                 executions = [Execution(job) for job in jobs]
@@ -248,6 +248,7 @@ class Producer:
                 producer_id=self.id,
                 tags=list(r[10]),
                 metadata=serde.loads(r[11]),
+                attempt_token=r[12],
             )
             for r in rows
         ]
@@ -265,6 +266,8 @@ class Producer:
             for t in tasks:
                 if not t.done():
                     await asyncio.wait((t,))
+                if not t.cancelled() and t.exception() is not None:  # retrieved, never lost
+                    log.error("a job's task failed in pgq itself", exc_info=t.exception())
         except BaseException:
             # The worker is being torn down: nothing may outlive this batch.
             for t in tasks:
@@ -275,12 +278,12 @@ class Producer:
 
     async def _run_one(self, execution: Execution) -> None:
         job = execution.ctx.job
+        task = self._tasks[job.task]
         try:
-            outcome = await execute(
-                self._tasks[job.task], execution, self.id, self._limiter, self._hooks
-            )
-            # The id may have changed while the job ran (re-registration adopted the job).
-            outcome.producer_id = self.id
+            try:
+                outcome = await execute(task, execution, self._limiter, self._hooks)
+            except Exception as exc:  # never an attempt without an outcome
+                outcome = internal_failure(job, task, exc)
             self._completer.add(outcome)
         finally:
             del self.running[job.id]

@@ -7,7 +7,7 @@ only for migrations and for ``connection=`` with a SQLAlchemy session) out of th
 from __future__ import annotations
 
 #: The alembic revision this code runs on; a test checks it is the migrations' head.
-SCHEMA_REVISION = "0002"
+SCHEMA_REVISION = "0003"
 
 #: pgq keeps its own alembic version table, so it never collides with the user's.
 VERSION_TABLE = "pgq_alembic_version"

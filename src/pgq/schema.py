@@ -61,8 +61,12 @@ jobs = Table(
     Column("attempted_at", TSTZ),
     Column("finalized_at", TSTZ),
     Column("created_at", TSTZ, nullable=False, server_default=func.now()),
-    # The fencing token is (id, attempt, producer_id): every outcome write matches all three.
+    # The producer running the job (liveness: the rescuer joins it to its heartbeat). It may
+    # change while the job runs, when its producer re-registers and adopts the job.
     Column("producer_id", UUID(as_uuid=True)),
+    # The fencing token of the running attempt, drawn at claim time and never changed while
+    # it runs: every outcome write matches (id, attempt_token, state = 'running').
+    Column("attempt_token", UUID(as_uuid=True)),
     # When a running attempt overran its task's timeout; the rescuer uses it for hung jobs.
     Column("deadline_at", TSTZ),
     Column("errors", JSONB, nullable=False, server_default=text("'[]'::jsonb")),

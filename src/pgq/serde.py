@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pgq.errors import SerializationError
@@ -50,6 +51,13 @@ except ImportError:  # pragma: no cover - depends on the installation
     pass
 
 
+#: The most JSON text pgq writes in one value, in UTF-8 bytes. PostgreSQL's jsonb holds at
+#: most 2^28 - 1 bytes in a string or a container; a text longer than that cannot fit.
+MAX_JSON_BYTES = 2**28 - 1
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def dumps(value: Any, what: str = "args") -> str:
     """Encode ``value`` as JSON text, or raise :class:`SerializationError` naming the path
     of the first value that JSON (or PostgreSQL's jsonb) cannot hold
@@ -57,33 +65,53 @@ def dumps(value: Any, what: str = "args") -> str:
     try:
         text: str = _encode(value)
     except (TypeError, ValueError, RecursionError):
-        path, problem = _find_bad(value, what, set())
+        path, problem = _find_bad(value, what)
+        if problem == "fine":  # nested deeper than the encoder goes, but not circular
+            path, problem = what, "nested too deeply to be stored as JSON (flatten it)"
         raise SerializationError(
             f"{path} is {problem}: job {what.split('[')[0]} must be JSON "
             "(dict, list, str, int, float, bool, None); convert it before enqueueing, "
             "e.g. a datetime to .isoformat()",
             path,
         ) from None
+    if len(text) > MAX_JSON_BYTES // 4:  # a UTF-8 character takes at most 4 bytes
+        size = len(text.encode(errors="replace"))
+        if size > MAX_JSON_BYTES:
+            raise SerializationError(
+                f"{what} is {size:,} bytes of JSON, more than PostgreSQL's jsonb can hold "
+                f"({MAX_JSON_BYTES:,} bytes): store large data elsewhere (a table, object "
+                "storage) and pass a reference",
+                what,
+            )
     if "\\u0000" in text:  # maybe a NUL, which jsonb refuses (or an escaped backslash)
-        nul_at = _find_nul(value, what)
+        nul_at = _find_string(value, what, lambda s: "\x00" in s)
         if nul_at is not None:
             raise SerializationError(
                 f"{nul_at} is a string with a NUL character (\\u0000), which PostgreSQL "
                 "cannot store in jsonb: remove it, or encode the value (e.g. as base64)",
                 nul_at,
             )
+    if not text.isascii() and _LONE_SURROGATE.search(text):
+        at = _find_string(value, what, lambda s: _LONE_SURROGATE.search(s) is not None) or what
+        raise SerializationError(
+            f"{at} is a string with a lone surrogate (such as \\ud800), which is not valid "
+            "UTF-8 and cannot be stored: decode the text that produced it with "
+            "errors='replace', or encode the value (e.g. as base64)",
+            at,
+        )
     return text
 
 
-def _find_nul(value: Any, path: str) -> str | None:
+def _find_string(value: Any, path: str, bad: Callable[[str], bool]) -> str | None:
+    """The path of the first string (value or key) in ``value`` for which ``bad`` holds."""
     if isinstance(value, str):
-        return path if "\x00" in value else None
+        return path if bad(value) else None
     if isinstance(value, Mapping | list | tuple):
         items = value.items() if isinstance(value, Mapping) else enumerate(value)
         for key, item in items:
-            if isinstance(key, str) and "\x00" in key:
+            if isinstance(key, str) and bad(key):
                 return f"{path}[{key!r}]"
-            found = _find_nul(item, f"{path}[{key!r}]")
+            found = _find_string(item, f"{path}[{key!r}]", bad)
             if found is not None:
                 return found
     return None
@@ -98,8 +126,20 @@ def loads(text: str | None) -> Any:
     return _decode(text)
 
 
-def _find_bad(value: Any, path: str, seen: set[int]) -> tuple[str, str]:
+def _find_bad(value: Any, path: str) -> tuple[str, str]:
+    try:
+        return _find_bad_in(value, path, set())
+    except RecursionError:
+        return path, "nested too deeply to be stored as JSON"
+
+
+def _find_bad_in(value: Any, path: str, seen: set[int]) -> tuple[str, str]:
     if value is None or isinstance(value, str | bool | int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            try:
+                repr(value)
+            except ValueError:  # more digits than Python converts to text
+                return path, "an integer too large to write as JSON"
         return path, "fine"
     if isinstance(value, float):
         return path, "fine" if math.isfinite(
@@ -113,7 +153,7 @@ def _find_bad(value: Any, path: str, seen: set[int]) -> tuple[str, str]:
         for key, item in items:
             if isinstance(value, Mapping) and not isinstance(key, str | int | float | bool):
                 return f"{path}[{key!r}]", f"a key of type {type(key).__name__}"
-            found = _find_bad(item, f"{path}[{key!r}]", seen)
+            found = _find_bad_in(item, f"{path}[{key!r}]", seen)
             if found[1] != "fine":
                 return found
         seen.discard(id(value))

@@ -28,6 +28,20 @@ SHARED_VERSION: Final = (
     "SELECT version_num FROM alembic_version WHERE version_num = ANY($1::text[])"
 )
 
+# A whole job, as every read returns it. Timestamps are read within the years Python can
+# hold (1 to 9999): PostgreSQL keeps dates far beyond them, and one such row (written by hand,
+# or by an older pgq) must not make a listing fail.
+JOB_COLUMNS: Final = """
+       id, queue, task, args::text AS args, state::text AS state, priority, attempt,
+       max_attempts,
+       LEAST(GREATEST(scheduled_at, '0001-01-02Z'), '9999-12-30Z') AS scheduled_at,
+       LEAST(GREATEST(attempted_at, '0001-01-02Z'), '9999-12-30Z') AS attempted_at,
+       LEAST(GREATEST(finalized_at, '0001-01-02Z'), '9999-12-30Z') AS finalized_at,
+       LEAST(GREATEST(created_at, '0001-01-02Z'), '9999-12-30Z') AS created_at,
+       producer_id, errors::text AS errors, tags, metadata::text AS metadata,
+       result::text AS result, unique_key, attempt_token
+"""
+
 # --------------------------------------------------------------------------- enqueue
 
 # One statement for one job or thousands: rows arrive as parallel arrays. Jobs due now are
@@ -129,13 +143,15 @@ SELECT id, state::text, scheduled_at, created_at, unique_key,
 FROM ins
 """
 
-EXISTING_UNIQUE: Final = """
-SELECT id, queue, task, args::text, state::text, priority, attempt, max_attempts,
-       scheduled_at, attempted_at, finalized_at, created_at, producer_id, errors::text, tags,
-       metadata::text, result::text, unique_key
+EXISTING_UNIQUE: Final = (
+    """
+SELECT """
+    + JOB_COLUMNS
+    + """
 FROM pgq_jobs
 WHERE unique_key = ANY($1::text[]) AND pgq_unique_active(state, unique_states)
 """
+)
 
 # --------------------------------------------------------------------------- worker hot path
 
@@ -155,39 +171,54 @@ WITH locked AS (
 )
 UPDATE pgq_jobs j
 SET state = 'running', attempt = j.attempt + 1, attempted_at = now(), producer_id = $4,
+    attempt_token = gen_random_uuid(),
     deadline_at = now() + make_interval(
         secs => ($5::float8[])[array_position($2::text[], j.task)]),
     max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
 FROM locked
 WHERE j.id = locked.id
 RETURNING j.id, j.queue, j.task, j.args::text, j.priority, j.attempt, j.max_attempts,
-          j.scheduled_at, j.attempted_at, j.created_at, j.tags, j.metadata::text
+          LEAST(GREATEST(j.scheduled_at, '0001-01-02Z'), '9999-12-30Z'), j.attempted_at,
+          LEAST(GREATEST(j.created_at, '0001-01-02Z'), '9999-12-30Z'), j.tags, j.metadata::text,
+          j.attempt_token
 """
 
-# Writes a batch of outcomes. Each row is fenced by (id, attempt, producer_id, 'running'):
-# a producer whose job was rescued or re-claimed changes nothing. Jobs made available again
-# (a retry with no delay, a snooze of zero) wake their queue.
+# Writes a batch of outcomes. Each row is fenced by (id, attempt_token, 'running'): an
+# attempt whose job was rescued or re-claimed since changes nothing. A job whose cancellation
+# was requested while it ran never runs again: an outcome that would make it retryable or
+# available (a failure, a snooze, a shutdown hand-back) ends it cancelled instead. Jobs made
+# available again wake their queue; finished ones are announced for client.wait().
 COMPLETE_JOBS: Final = """
 WITH u AS (
-    SELECT * FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[], $5::float8[],
-                         $6::text[], $7::text[], $8::int[])
-         AS u(id, attempt, producer_id, state, delay_s, error, result, attempt_delta)
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                         $6::text[], $7::int[])
+         AS u(id, token, state, delay_s, error, result, attempt_delta)
 ), upd AS (
     UPDATE pgq_jobs j
-    SET state = u.state::pgq_job_state,
+    SET state = (CASE WHEN j.cancel_requested_at IS NOT NULL
+                           AND u.state IN ('retryable', 'available')
+                      THEN 'cancelled' ELSE u.state END)::pgq_job_state,
         finalized_at = CASE WHEN u.state IN ('completed', 'discarded', 'cancelled')
+                                 OR j.cancel_requested_at IS NOT NULL
                             THEN now() END,
         scheduled_at = CASE WHEN u.delay_s IS NULL THEN j.scheduled_at
                             ELSE now() + make_interval(secs => u.delay_s) END,
         attempt = j.attempt + u.attempt_delta,
-        errors = CASE WHEN u.error IS NULL THEN j.errors
-                      ELSE j.errors || jsonb_build_array(
-                               u.error::jsonb || jsonb_build_object('at', now())) END,
+        errors = j.errors
+            || CASE WHEN u.error IS NULL THEN '[]'::jsonb
+                    ELSE jsonb_build_array(u.error::jsonb || jsonb_build_object('at', now()))
+               END
+            || CASE WHEN j.cancel_requested_at IS NOT NULL
+                         AND u.state IN ('retryable', 'available')
+                    THEN jsonb_build_array(jsonb_build_object(
+                             'attempt', j.attempt, 'kind', 'cancel',
+                             'message', 'cancelled by request', 'traceback', NULL,
+                             'at', now()))
+                    ELSE '[]'::jsonb END,
         result = u.result::jsonb,
         deadline_at = NULL
     FROM u
-    WHERE j.id = u.id AND j.attempt = u.attempt AND j.producer_id = u.producer_id
-      AND j.state = 'running'
+    WHERE j.id = u.id AND j.attempt_token = u.token AND j.state = 'running'
     RETURNING j.id, j.queue, j.state
 )
 SELECT id,
@@ -203,19 +234,39 @@ FROM upd
 """
 
 # The common outcome, lean: completed, with an optional result, fenced like the others. The
-# ids of finished jobs are announced for client.wait() ($5: comma-joined chunks built by the
+# ids of finished jobs are announced for client.wait() ($4: comma-joined chunks built by the
 # caller; a spurious id is harmless, waiters re-read the job).
 COMPLETE_SUCCESSES: Final = """
 WITH upd AS (
     UPDATE pgq_jobs j
     SET state = 'completed', finalized_at = now(), result = u.result::jsonb, deadline_at = NULL
-    FROM unnest($1::bigint[], $2::int[], $3::uuid[], $4::text[])
-         AS u(id, attempt, producer_id, result)
-    WHERE j.id = u.id AND j.attempt = u.attempt AND j.producer_id = u.producer_id
-      AND j.state = 'running'
+    FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS u(id, token, result)
+    WHERE j.id = u.id AND j.attempt_token = u.token AND j.state = 'running'
     RETURNING j.id
 )
-SELECT id, (SELECT count(pg_notify('pgq_done', c)) FROM unnest($5::text[]) c) FROM upd
+SELECT id, (SELECT count(pg_notify('pgq_done', c)) FROM unnest($4::text[]) c) FROM upd
+"""
+
+# The last resort for an outcome the database refused in every other form: the attempt
+# failed, with $3 (an error entry) saying why; retried with backoff, or discarded when it was
+# the last attempt, or cancelled when that was requested. Fenced like the others.
+FAIL_ATTEMPT: Final = """
+WITH upd AS (
+    UPDATE pgq_jobs j
+    SET state = (CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN j.attempt >= j.max_attempts THEN 'discarded'
+                      ELSE 'retryable' END)::pgq_job_state,
+        finalized_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                                 OR j.attempt >= j.max_attempts THEN now() END,
+        scheduled_at = now() + make_interval(secs => least(3600, 2 ^ greatest(j.attempt - 1, 0))),
+        errors = j.errors || jsonb_build_array($3::jsonb || jsonb_build_object('at', now())),
+        result = NULL,
+        deadline_at = NULL
+    WHERE j.id = $1 AND j.attempt_token = $2 AND j.state = 'running'
+    RETURNING j.id, j.state
+)
+SELECT id, CASE WHEN state <> 'retryable' THEN pg_notify('pgq_done', id::text)::text END
+FROM upd
 """
 
 # Makes due scheduled and retryable jobs available, in batches, and wakes their queues.
@@ -323,20 +374,23 @@ SELECT pg_notify('pgq_leader', 'resigned') FROM gone
 
 # --------------------------------------------------------------------------- maintenance
 
+DATABASE_NOW: Final = "SELECT now()"
+
 # The rescue, judged in SQL on the database clock so any leader can judge any peer. A running
 # job is rescued when its producer's heartbeat is older than $2 seconds, when its producer's
 # row is gone and the job started more than $2 seconds ago, or when it overran its own
 # deadline by more than $3 seconds (hung under a live producer). The leader's lease is
 # checked in the same statement: a deposed leader rescues nothing. SKIP LOCKED passes over a
 # job whose outcome is being written right now; re-checking the locked row's state keeps a
-# job that just completed out. Attempts run out -> discarded, so a poison job cannot loop.
+# job that just completed out. Attempts run out -> discarded, so a poison job cannot loop. A
+# job whose cancellation was requested ends cancelled here and never runs again.
 RESCUE_JOBS: Final = """
 WITH lease AS (
     SELECT 1 FROM pgq_leader
     WHERE name = 'default' AND leader_id = $1 AND expires_at > now()
 ), candidates AS (
     SELECT j.id, j.attempt, COALESCE(j.max_attempts, 20) AS max_attempts, j.producer_id,
-           p.worker_name,
+           p.worker_name, j.cancel_requested_at IS NOT NULL AS cancel,
            CASE WHEN p.id IS NULL THEN 'producer row missing'
                 WHEN p.heartbeat_at < now() - make_interval(secs => $2) THEN 'producer stale'
                 ELSE 'job overran its timeout' END AS reason,
@@ -353,9 +407,10 @@ WITH lease AS (
     FOR UPDATE OF j SKIP LOCKED
 )
 UPDATE pgq_jobs j
-SET state = (CASE WHEN c.attempt >= c.max_attempts THEN 'discarded'
+SET state = (CASE WHEN c.cancel THEN 'cancelled'
+                  WHEN c.attempt >= c.max_attempts THEN 'discarded'
                   ELSE 'retryable' END)::pgq_job_state,
-    finalized_at = CASE WHEN c.attempt >= c.max_attempts THEN now() END,
+    finalized_at = CASE WHEN c.cancel OR c.attempt >= c.max_attempts THEN now() END,
     -- The first rescue retries at once (the job did not fail, its worker did); repeated
     -- rescues of the same job back off: 0, 1, 3, 7 ... seconds, capped at an hour.
     scheduled_at = now() + make_interval(
@@ -364,9 +419,10 @@ SET state = (CASE WHEN c.attempt >= c.max_attempts THEN 'discarded'
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', c.attempt,
         'kind', 'rescued',
-        'message', format('rescued: %s (producer %s, worker %s, silent for %ss)', c.reason,
+        'message', format('rescued: %s (producer %s, worker %s, silent for %ss)%s', c.reason,
                           c.producer_id, COALESCE(c.worker_name, 'unknown'),
-                          round(c.silent_s::numeric, 1)),
+                          round(c.silent_s::numeric, 1),
+                          CASE WHEN c.cancel THEN '; cancelled, as requested' ELSE '' END),
         'producer_id', c.producer_id,
         'worker_name', c.worker_name,
         'silent_s', round(c.silent_s::numeric, 3),
@@ -376,8 +432,9 @@ SET state = (CASE WHEN c.attempt >= c.max_attempts THEN 'discarded'
                          to_jsonb(COALESCE((j.metadata ->> 'pgq_rescues')::int, 0) + 1))
 FROM candidates c
 WHERE j.id = c.id
-RETURNING j.id, j.state::text, c.reason, c.worker_name, c.silent_s, j.queue, j.task, j.attempt,
-          CASE WHEN j.state = 'discarded' THEN pg_notify('pgq_done', j.id::text)::text END
+RETURNING j.id, j.state::text AS state, c.reason, c.worker_name, c.silent_s, j.queue, j.task,
+          j.attempt,
+          CASE WHEN j.state <> 'retryable' THEN pg_notify('pgq_done', j.id::text)::text END
 """
 
 # Producer rows silent far longer than stale_after, once none of their jobs is running
@@ -391,12 +448,14 @@ RETURNING p.id, p.worker_name, p.queue
 
 # --------------------------------------------------------------------------- reads
 
-GET_JOB: Final = """
-SELECT id, queue, task, args::text, state::text, priority, attempt, max_attempts,
-       scheduled_at, attempted_at, finalized_at, created_at, producer_id, errors::text, tags,
-       metadata::text, result::text
+GET_JOB: Final = (
+    """
+SELECT """
+    + JOB_COLUMNS
+    + """
 FROM pgq_jobs WHERE id = $1
 """
+)
 
 COUNT_BY_STATE: Final = """
 SELECT state::text, count(*)::bigint FROM pgq_jobs
@@ -492,10 +551,11 @@ ORDER BY n.name
 
 # --------------------------------------------------------------------------- operator reads
 
-LIST_JOBS: Final = """
-SELECT id, queue, task, args::text, state::text, priority, attempt, max_attempts,
-       scheduled_at, attempted_at, finalized_at, created_at, producer_id, errors::text, tags,
-       metadata::text, result::text
+LIST_JOBS: Final = (
+    """
+SELECT """
+    + JOB_COLUMNS
+    + """
 FROM pgq_jobs
 WHERE ($1::pgq_job_state IS NULL OR state = $1::pgq_job_state)
   AND ($2::text IS NULL OR queue = $2)
@@ -503,6 +563,7 @@ WHERE ($1::pgq_job_state IS NULL OR state = $1::pgq_job_state)
 ORDER BY id DESC
 LIMIT $4
 """
+)
 
 STATS_BY_QUEUE: Final = """
 SELECT queue, state::text, count(*)::bigint FROM pgq_jobs GROUP BY queue, state

@@ -18,15 +18,24 @@ import anyio.abc
 
 from pgq import health, sql
 from pgq.app import App, check_queue_name
-from pgq.completer import Completer, Outcome
+from pgq.completer import Completer
 from pgq.db import DATABASE_ERRORS, WORKER_SESSION_SETTINGS, Pool, check_schema, create_pool
 from pgq.dsn import resolve_dsn
 from pgq.errors import ConfigError
 from pgq.executor import CANCEL, SHUTDOWN
 from pgq.heartbeat import Heartbeater
 from pgq.leader import Elector
-from pgq.maintenance import Maintenance
+from pgq.maintenance import (
+    LeaderService,
+    LeaderServices,
+    Periodic,
+    Promoter,
+    Reaper,
+    Rescuer,
+    Retention,
+)
 from pgq.notifier import Notifier
+from pgq.outcome import Outcome
 from pgq.producer import Producer
 from pgq.settings import WorkerSettings
 
@@ -75,7 +84,10 @@ class Worker:
         self.producers: list[Producer] = []
         self.started = anyio.Event()
         self.elector: Elector | None = None
-        self.maintenance: Maintenance | None = None
+        self.maintenance: LeaderServices | None = None
+        self._rescuer: Rescuer | None = None
+        self._completer: Completer | None = None
+        self._reaper: Reaper | None = None
         self._health_port = health_port
         #: The port /healthz is served on once started (useful with ``health_port=0``).
         self.health_port: int | None = None
@@ -186,7 +198,7 @@ class Worker:
         self, pool: Pool, burst: bool, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
         s = self.settings
-        completer = Completer(pool, self._report)
+        self._completer = completer = Completer(pool, self._report)
         limiter = anyio.CapacityLimiter(s.max_threads)
         self.producers = [
             Producer(
@@ -211,7 +223,6 @@ class Worker:
         heartbeater = Heartbeater(
             self._dsn,
             self.producers,
-            completer,
             worker_id=self.id,
             worker_name=self.name,
             interval_s=s.heartbeat_interval,
@@ -221,9 +232,7 @@ class Worker:
         self.elector = elector = Elector(
             pool, worker_id=self.id, worker_name=self.name, ttl_s=s.leader_ttl
         )
-        self.maintenance = maintenance = Maintenance(
-            pool, elector, self.producers, s, self.id, self.app
-        )
+        self.maintenance = maintenance = self._leader_services(pool, elector)
         try:
             async with anyio.create_task_group() as tg:
                 if not s.poll_only:
@@ -244,9 +253,7 @@ class Worker:
                 tg.start_soon(heartbeater.run)
                 await elector.attempt()
                 tg.start_soon(elector.run)
-                tg.start_soon(maintenance.run_scheduler)
-                tg.start_soon(maintenance.run_rescuer)
-                tg.start_soon(maintenance.run_retention)
+                tg.start_soon(maintenance.run)
                 tg.start_soon(self._watch_cancels, pool)
                 if self._health_port is not None:
                     self.health_port = await tg.start(
@@ -290,6 +297,32 @@ class Worker:
                 except DATABASE_ERRORS as exc:
                     log.warning("could not delete this worker's producer rows: %s", exc)
             log.info("worker %s stopped", self.name)
+
+    def _leader_services(self, pool: Pool, elector: Elector) -> LeaderServices:
+        s = self.settings
+        services: list[LeaderService] = [Promoter(pool, s.schedule_interval)]
+        if self.app.schedules:
+            services.append(
+                Periodic(
+                    pool,
+                    self.app,
+                    self.id,
+                    interval_s=s.schedule_interval,
+                    term=lambda: elector.terms,
+                )
+            )
+        self._rescuer = Rescuer(
+            pool,
+            s,
+            self.id,
+            sick_queues=lambda: [p.queue for p in self.producers if not p.healthy],
+            after_rescue=lambda: leader.wake(Promoter.name),
+            hooks=self.app.hooks,
+        )
+        self._reaper = Reaper(pool, s)
+        services += [self._rescuer, self._reaper, Retention(pool, s)]
+        leader = LeaderServices(elector, services)
+        return leader
 
     def _on_jobs(self, queue: str) -> None:
         for producer in self.producers:
@@ -379,9 +412,9 @@ class Worker:
                 await anyio.sleep(0.05)
 
     def _report(self, written: list[Outcome], rejected: list[Outcome]) -> None:
-        by_id = {p.id: p for p in self.producers}  # ids change on re-registration
+        by_queue = {p.queue: p for p in self.producers}
         for o in written:
-            producer = by_id.get(o.producer_id)
+            producer = by_queue.get(o.queue)
             if producer is None:
                 continue
             if o.state == "completed":
@@ -389,7 +422,7 @@ class Worker:
             elif o.error is not None and o.attempt_delta == 0 and o.state != "cancelled":
                 producer.failed += 1
         for o in rejected:
-            producer = by_id.get(o.producer_id)
+            producer = by_queue.get(o.queue)
             if producer is not None:
                 producer.rejected_outcomes += 1
             log.warning(
@@ -417,8 +450,13 @@ class Worker:
             "worker_name": self.name,
             "time": time.time(),
             "leader": self.elector is not None and self.elector.is_leader,
-            "rescued": maintenance.rescued if maintenance else 0,
-            "reaped": maintenance.reaped if maintenance else 0,
+            "rescued": self._rescuer.rescued if self._rescuer else 0,
+            "reaped": self._reaper.reaped if self._reaper else 0,
+            "leader_services": (
+                {n: st.snapshot() for n, st in maintenance.status.items()} if maintenance else {}
+            ),
+            "outcomes_pending": self._completer.pending if self._completer else 0,
+            "outcomes_salvaged": self._completer.salvaged if self._completer else 0,
             "producers": [p.stats() for p in self.producers],
         }
 

@@ -8,6 +8,7 @@ import asyncpg
 import pytest
 
 import pgq
+from pgq.revision import SCHEMA_REVISION
 
 pytestmark = pytest.mark.anyio
 
@@ -100,7 +101,7 @@ def test_worker_on_unmigrated_database(python: str, empty_dsn: str, tmp_path: Pa
     (tmp_path / "cli_tasks.py").write_text(APP)
     out = pgq_cmd(python, "worker", "cli_tasks:app", "--dsn", empty_dsn, cwd=tmp_path)
     assert out.returncode == 1
-    assert "this pgq needs 0002: run `pgq migrate`" in out.stderr
+    assert f"this pgq needs {SCHEMA_REVISION}: run `pgq migrate`" in out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -220,3 +221,17 @@ async def test_a_second_sigint_stops_at_once(python: str, dsn: str, tmp_path: Pa
     assert proc.returncode == 0, err
     assert time.monotonic() - started < 30 < 600, "did not wait for the shutdown timeout"
     assert await _state_after(dsn, job_id) == ("retryable", 0, 0)
+
+
+def test_no_shape_of_dsn_shows_its_password_on_the_command_line(
+    python: str, tmp_path: Path
+) -> None:
+    from tests.unit.test_dsn import SECRET_SHAPES
+
+    for dsn, pieces in SECRET_SHAPES:
+        for command in (["stats"], ["enqueue", "t"]):
+            out = pgq_cmd(python, *command, "--dsn", dsn, cwd=tmp_path)
+            assert out.returncode == 1, (dsn, out.stderr)
+            assert out.stderr.startswith("pgq: error: ") and "Traceback" not in out.stderr
+            for piece in pieces:
+                assert piece not in out.stderr + out.stdout, (dsn, out.stderr)

@@ -1,4 +1,7 @@
-from datetime import UTC, datetime, timedelta
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+from typing import TYPE_CHECKING
 
 import anyio
 import asyncpg
@@ -8,7 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 import pgq
 from pgq.dsn import sqlalchemy_url
 from pgq.errors import ConfigError, SerializationError, UnknownTaskError
+from pgq.revision import SCHEMA_REVISION
 from tests.tests_support import job_notes
+
+if TYPE_CHECKING:
+    from tests.tests_support import Conn
 
 pytestmark = pytest.mark.anyio
 
@@ -249,7 +256,7 @@ async def test_connection_of_another_kind_is_refused(client: pgq.Client) -> None
 async def test_unmigrated_database_is_named_with_the_fix(empty_dsn: str) -> None:
     with pytest.raises(
         pgq.SchemaMismatch,
-        match=r"schema at revision none .* this pgq needs 0002: run `pgq migrate`",
+        match=rf"schema at revision none .* this pgq needs {SCHEMA_REVISION}: run `pgq migrate`",
     ):
         async with pgq.Client(empty_dsn):
             pass
@@ -259,7 +266,9 @@ async def test_older_schema_revision_is_named(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     await conn.execute("UPDATE pgq_alembic_version SET version_num = '0000'")
     await conn.close()
-    with pytest.raises(pgq.SchemaMismatch, match="schema at revision 0000, this pgq needs 0002"):
+    with pytest.raises(
+        pgq.SchemaMismatch, match=f"schema at revision 0000, this pgq needs {SCHEMA_REVISION}"
+    ):
         async with pgq.Client(dsn):
             pass
 
@@ -280,9 +289,90 @@ async def test_an_older_pgq_revision_asks_for_a_migration(dsn: str) -> None:
     from pgq import migrate
 
     await anyio.to_thread.run_sync(migrate.downgrade, dsn, "0001")
-    with pytest.raises(pgq.SchemaMismatch, match="schema at revision 0001, this pgq needs 0002"):
+    with pytest.raises(
+        pgq.SchemaMismatch, match=f"schema at revision 0001, this pgq needs {SCHEMA_REVISION}"
+    ):
         async with pgq.Client(dsn):
             pass
     await migrate.upgrade_async(dsn)
     async with pgq.Client(dsn) as client:
         assert (await client.enqueue("t")).id > 0
+
+
+@pytest.mark.parametrize(
+    "delay", [1e12, float("inf"), float("nan"), float("-inf"), timedelta(days=3_000_000)]
+)
+async def test_a_delay_out_of_range_is_refused_before_anything_is_written(
+    client: pgq.Client, delay: float | timedelta
+) -> None:
+    with pytest.raises(ConfigError, match=r"delay=.* for task 'send' .*nothing was enqueued"):
+        await client.enqueue("send", delay=delay)
+    specs = [pgq.JobSpec("t"), pgq.JobSpec("send", delay=delay)]
+    with pytest.raises(ConfigError, match="job 1: delay="):
+        await client.enqueue_many(specs)
+    assert sum((await client.count_by_state()).values()) == 0
+
+
+async def test_a_run_at_out_of_range_is_refused(client: pgq.Client) -> None:
+    # 23:00 on the last day Python knows, five hours west of UTC: the year 10000 in UTC.
+    late = datetime(9999, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-5)))
+    with pytest.raises(ConfigError, match=r"run_at=9999-12-31T23:00:00-05:00 for task 'send'"):
+        await client.enqueue("send", run_at=late)
+    with pytest.raises(ConfigError, match="must be timezone-aware"):
+        await client.enqueue("send", run_at=datetime(2030, 1, 1))
+    assert sum((await client.count_by_state()).values()) == 0
+    far = await client.enqueue("send", run_at=datetime(9000, 1, 1, tzinfo=UTC))
+    assert far.state is pgq.JobState.SCHEDULED
+
+
+async def test_a_negative_delay_means_now(client: pgq.Client) -> None:
+    job = await client.enqueue("send", delay=-30)
+    assert job.state is pgq.JobState.AVAILABLE
+    (bulk,) = await client.enqueue_many([pgq.JobSpec("send", delay=timedelta(seconds=-1))])
+    assert bulk.state is pgq.JobState.AVAILABLE
+
+
+async def test_reads_survive_any_date_postgres_holds(client: pgq.Client, conn: Conn) -> None:
+    # Rows Python cannot represent as they are: past the year 9999, before the year 1.
+    ids = [
+        await conn.fetchval(
+            "INSERT INTO pgq_jobs (task, state, scheduled_at, created_at)"
+            " VALUES ('t', 'scheduled', $1::text::timestamptz, $2::text::timestamptz)"
+            " RETURNING id",
+            scheduled,
+            created,
+        )
+        for scheduled, created in (
+            ("33715-06-01 00:00:00+00", "4000-01-01 00:00:00+00 BC"),
+            ("infinity", "-infinity"),
+        )
+    ]
+    listed = await client.list_jobs()
+    assert {j.id for j in listed} == set(ids)
+    for job_id in ids:
+        job = await client.get_job(job_id)
+        assert job is not None and job.scheduled_at is not None and job.created_at is not None
+        assert job.scheduled_at.year == 9999 and job.created_at.year == 1
+
+
+async def test_args_the_database_refuses_for_size_raise_a_serialization_error(
+    client: pgq.Client, conn: Conn
+) -> None:
+    # What PostgreSQL raises when a jsonb value exceeds its limits (program_limit_exceeded).
+    await conn.execute("""
+        CREATE FUNCTION too_big() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.args ? 'big' THEN
+                RAISE EXCEPTION 'total size of jsonb array elements exceeds the maximum'
+                    USING ERRCODE = 'program_limit_exceeded';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER too_big BEFORE INSERT ON pgq_jobs FOR EACH ROW EXECUTE FUNCTION too_big();
+    """)
+    with pytest.raises(
+        SerializationError, match=r"args of task 'send' are 15 bytes of JSON"
+    ) as info:
+        await client.enqueue("send", {"big": [1, 2, 3]})
+    assert isinstance(info.value.__cause__, asyncpg.ProgramLimitExceededError)
+    assert sum((await client.count_by_state()).values()) == 0

@@ -359,7 +359,7 @@ async def test_retention_deletes_old_finished_jobs_only(
     }
     async with pgq.Worker(app, dsn, **settings) as worker:
         assert worker.maintenance is not None
-        await worker.maintenance.retention_round()
+        await worker.maintenance.services["retention"].run_once()
     left = {r[0] for r in await conn.fetch("SELECT id FROM pgq_jobs")}
     assert ids["completed"] not in left and ids["cancelled"] not in left
     assert ids["discarded"] in left, "None keeps forever"

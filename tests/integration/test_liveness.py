@@ -226,7 +226,7 @@ async def test_a_hung_job_under_a_live_producer_is_rescued(
         async with pgq.Worker(make_app(), dsn, **FAST) as worker:
             await until(lambda: _state_is(client, hung, pgq.JobState.COMPLETED))
             assert worker.maintenance is not None
-            await until(_more_rounds(worker, worker.maintenance.rounds + 3))
+            await until(_more_rounds(worker, worker.maintenance.status["rescuer"].runs + 3))
         peer.cancel_scope.cancel()
     job = await client.get_job(hung)
     assert job is not None and "overran its timeout" in job.errors[0]["message"]
@@ -244,7 +244,7 @@ async def test_a_fresh_peer_is_never_rescued(dsn: str, conn: Conn, client: pgq.C
             assert worker.maintenance is not None
             # Long enough for the peer to be judged stale several times over, were it silent.
             await until(_more_rounds(worker, 25))
-            assert worker.maintenance.rescued == 0
+            assert worker.stats()["rescued"] == 0
         peer.cancel_scope.cancel()
     job = await client.get_job(job_id)
     assert job is not None and job.state is pgq.JobState.RUNNING
@@ -261,13 +261,13 @@ async def test_rescue_passes_over_a_job_being_completed(
         async with conn.transaction():
             # The owner is writing its outcome right now: the row is locked ...
             await conn.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", job_id)
-            assert await worker.maintenance.rescue_round() == 0
+            assert (await worker.maintenance.services["rescuer"].run_once()).rescued == 0
             await conn.execute(
                 "UPDATE pgq_jobs SET state = 'completed', finalized_at = now() WHERE id = $1",
                 job_id,
             )
         # ... and once it committed, the job is no longer running: nothing to rescue.
-        assert await worker.maintenance.rescue_round() == 0
+        assert (await worker.maintenance.services["rescuer"].run_once()).rescued == 0
     job = await client.get_job(job_id)
     assert job is not None and job.state is pgq.JobState.COMPLETED and job.errors == []
 
@@ -359,7 +359,7 @@ async def test_the_reaper_deletes_long_silent_producers_after_rescue(
             )
 
         await until(reaped)
-        assert worker.maintenance is not None and worker.maintenance.reaped >= 2
+        assert worker.stats()["reaped"] >= 2
         assert await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", recent) == 1
     job = await client.get_job(job_id)
     assert job is not None and job.errors[0]["kind"] == "rescued"
@@ -381,12 +381,13 @@ async def test_a_leader_with_unhealthy_producers_skips_the_rescue(
     async with pgq.Worker(make_app(), dsn, **slow) as worker:
         assert worker.maintenance is not None
         worker.producers[0].set_healthy(False)
-        assert await worker.maintenance.rescue_round() == 0
-        assert await worker.maintenance.rescue_round() == 0
+        rescuer = worker.maintenance.services["rescuer"]
+        assert (await rescuer.run_once()).skipped
+        assert (await rescuer.run_once()).skipped
         skips = [r for r in caplog.records if "skips rescue rounds" in r.getMessage()]
         assert len(skips) == 1, "said once"
         worker.producers[0].set_healthy(True)
-        assert await worker.maintenance.rescue_round() == 1
+        assert (await rescuer.run_once()).rescued == 1
     job = await client.get_job(job_id)
     assert job is not None and job.errors[0]["kind"] == "rescued"
 
@@ -439,6 +440,6 @@ async def _state_is(client: pgq.Client, job_id: int, state: pgq.JobState) -> boo
 
 def _more_rounds(worker: pgq.Worker, n: int) -> Any:
     async def check() -> bool:
-        return worker.maintenance is not None and worker.maintenance.rounds >= n
+        return worker.maintenance is not None and worker.maintenance.status["rescuer"].runs >= n
 
     return check

@@ -80,3 +80,23 @@ async def test_operator_commands(dsn: str, client: pgq.Client, conn: Conn) -> No
     assert not {q["name"]: q for q in as_json(dsn, "queues", "list")}["mail"]["paused"]
     bad = pgq_cli(dsn, "queues", "pause", "bad name")
     assert bad.returncode == 1 and "invalid queue name" in bad.stderr
+
+
+async def test_the_cli_refuses_an_out_of_range_delay_and_lists_any_row(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    for delay in ("1e12", "inf", "nan"):
+        out = pgq_cli(dsn, "enqueue", "send", "--delay", delay)
+        assert out.returncode == 1 and "out of range" in out.stderr, delay
+        assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 0
+    # A row dated past what Python can hold (written by an older pgq, or by hand).
+    far = await conn.fetchval(
+        "INSERT INTO pgq_jobs (task, state, scheduled_at) VALUES ('send', 'scheduled',"
+        " '33715-06-01 00:00:00+00') RETURNING id"
+    )
+    listed = pgq_cli(dsn, "jobs", "list")
+    assert listed.returncode == 0 and str(far) in listed.stdout, listed.stderr
+    assert as_json(dsn, "jobs", "list")[0]["scheduled_at"].startswith("9999-12-30")
+    shown = pgq_cli(dsn, "jobs", "show", str(far))
+    assert shown.returncode == 0 and "9999-12-30" in shown.stdout

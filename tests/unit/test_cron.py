@@ -62,3 +62,39 @@ def test_schedule_needs_exactly_one_form() -> None:
         make_schedule("* * * * *", 5, "UTC")
     with pytest.raises(ConfigError, match="unknown time zone"):
         make_schedule("* * * * *", None, "Mars/Olympus")
+
+
+@pytest.mark.parametrize("expr", ["0 0 31 2 *", "0 0 30,31 2 *", "0 0 31 4,6,9,11 *"])
+def test_an_expression_that_never_fires_is_refused(expr: str) -> None:
+    with pytest.raises(ConfigError, match="never matches"):
+        Cron(expr)
+
+
+@pytest.mark.parametrize("expr", ["0 0 29 2 *", "0 0 31 2 mon", "0 0 31 1-2 *"])
+def test_rare_expressions_that_do_fire_are_accepted(expr: str) -> None:
+    # Feb 29 (leap years), Feb 31 *or* a Monday, the 31st of January.
+    assert Cron(expr).latest(at("2026-03-04T00:00:00")) <= at("2026-03-04T00:00:00")
+
+
+def test_registering_a_schedule_that_never_fires_is_refused() -> None:
+    import pgq
+
+    app = pgq.App()
+    with pytest.raises(ConfigError, match="never matches"):
+
+        @app.periodic("0 0 31 2 *")
+        async def never(ctx: pgq.JobContext) -> None: ...
+
+    assert app.schedules == [] and "never" not in app.tasks
+
+
+def test_a_schedule_whose_jobs_could_not_be_enqueued_is_refused_at_registration() -> None:
+    from datetime import datetime
+
+    import pgq
+
+    app = pgq.App()
+    with pytest.raises(pgq.SerializationError, match=r"args\['when'\]"):
+        app.periodic(every=60, args={"when": datetime(2026, 1, 1)})
+    with pytest.raises(ConfigError, match="invalid queue name"):
+        app.periodic(every=60, queue="no spaces")

@@ -44,3 +44,57 @@ def test_resolution_order(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_no_dsn_leaves_it_to_the_libpq_variables() -> None:
     assert resolve_dsn() is None
     assert sqlalchemy_url(None) == "postgresql+asyncpg://"
+
+
+# Malformed (and odd but valid) DSNs, each with the pieces of its password that must never
+# show: a parser that splits the password at '/', '?', '#', '@' or ':' would echo a piece.
+SECRET_SHAPES = [
+    ("postgres//u:S3cretPw@127.0.0.1:9/db", ["S3cretPw"]),  # missing ':' after the scheme
+    ("postgresql:/u:S3cretPw@127.0.0.1:9/db", ["S3cretPw"]),  # one '/'
+    ("postgresql://u:Pa55/w0rd@127.0.0.1:9/db", ["Pa55", "w0rd"]),  # '/' in the password
+    ("postgresql://u:Pa55#w0rd@127.0.0.1:9/db", ["Pa55", "w0rd"]),  # '#'
+    ("postgresql://u:Pa55?w0rd@127.0.0.1:9/db", ["Pa55", "w0rd"]),  # '?'
+    ("postgresql://u:Pa55@w0rd@127.0.0.1:9/db", ["Pa55", "w0rd"]),  # '@'
+    ("postgresql://u:Pa55:w0rd@127.0.0.1:9/db", ["Pa55", "w0rd"]),  # ':'
+    ("postgresql://u:Pa55w0rd/db", ["Pa55w0rd"]),  # the '@host' went missing
+    ("postgresql://u:Pa%2F55w0rd@127.0.0.1:9x/db", ["Pa%2F55w0rd", "55w0rd"]),  # encoded
+    ("postgresql://u:Pa55w0rd@127.0.0.1:99999/db", ["Pa55w0rd"]),  # port out of range
+    ("postgresql://127.0.0.1:9/db?password=Pa55w0rd&sslmode=x", ["Pa55w0rd"]),  # in the query
+    ("mysql://u:Pa55w0rd@127.0.0.1:9/db", ["Pa55w0rd"]),  # another database
+    ("host=127.0.0.1 port=9 password='Pa55 w0rd' dbname=db", ["Pa55", "w0rd"]),  # keywords
+    ("host=127.0.0.1 password=Pa55w0rd", ["Pa55w0rd"]),
+    ("u:Pa55w0rd@127.0.0.1:9/db", ["Pa55w0rd"]),  # no scheme at all
+]
+
+
+@pytest.mark.parametrize(("dsn", "pieces"), SECRET_SHAPES)
+def test_no_shape_of_dsn_shows_its_password(dsn: str, pieces: list[str]) -> None:
+    shown = [mask_dsn(dsn)]
+    try:
+        normalize_dsn(dsn)
+    except ConfigError as exc:
+        shown.append(str(exc))
+    for text in shown:
+        for piece in pieces:
+            assert piece not in text, f"{piece!r} shows in {text!r}"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "why"),
+    [
+        ("postgres//u:S3cretPw@h/db", "expected postgresql://"),
+        ("postgresql://u:Pa55/w0rd@h/db", "percent-encode"),
+        ("postgresql://u:Pa55w0rd@h:54x2/db", "port is not a number"),
+        ("postgresql://u:Pa55w0rd/db", "port is not a number"),
+    ],
+)
+def test_a_malformed_dsn_says_what_is_wrong(dsn: str, why: str) -> None:
+    with pytest.raises(ConfigError, match="malformed DSN") as info:
+        normalize_dsn(dsn)
+    assert why in str(info.value)
+
+
+def test_several_hosts_are_accepted_and_masked() -> None:
+    dsn = "postgresql://u:pw@db1:5432,db2:5433,[::1]:5434/app?target_session_attrs=read-write"
+    assert normalize_dsn(dsn) == dsn
+    assert mask_dsn(dsn) == dsn.replace(":pw@", ":***@")

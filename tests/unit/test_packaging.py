@@ -32,5 +32,6 @@ def test_wheel_contains_the_migrations(tmp_path: Path) -> None:
         "pgq/migrations/env.py",
         "pgq/migrations/versions/0001_schema.py",
         "pgq/migrations/versions/0002_lifecycle.py",
+        "pgq/migrations/versions/0003_attempt_token.py",
     ):
         assert expected in names

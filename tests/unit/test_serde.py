@@ -59,3 +59,28 @@ def test_a_nul_character_is_refused_with_its_path() -> None:
     with pytest.raises(SerializationError, match=r"args\['s'\]\[1\] is a string with a NUL"):
         serde.dumps({"s": ["ok", "a\x00b"]})
     assert serde.dumps({"s": "\\u0000"}) == '{"s":"\\\\u0000"}', "a backslash is not a NUL"
+
+
+def test_a_value_nested_deeper_than_json_goes_is_refused_with_a_reason() -> None:
+    value: list[object] = []
+    for _ in range(100_000):
+        value = [value]
+    with pytest.raises(SerializationError, match="nested too deeply") as info:
+        serde.dumps(value, "result")
+    assert info.value.path == "result"
+
+
+def test_a_lone_surrogate_is_refused_with_its_path() -> None:
+    # Not valid UTF-8: the driver could not even send it.
+    with pytest.raises(SerializationError, match="lone surrogate") as info:
+        serde.dumps({"name": "caf\udce9"}, "args")
+    assert info.value.path == "args['name']"
+
+
+def test_json_beyond_what_jsonb_holds_is_refused_naming_its_size() -> None:
+    with pytest.raises(SerializationError, match=r"268,435,46\d bytes of JSON") as info:
+        serde.dumps({"blob": "x" * serde.MAX_JSON_BYTES}, "args")
+    assert "jsonb" in str(info.value)
+    # Fewer characters than the limit, more bytes: 150 million two-byte characters.
+    with pytest.raises(SerializationError, match=r"300,000,0\d\d bytes of JSON"):
+        serde.dumps({"blob": "\u00e9" * 150_000_000}, "args")

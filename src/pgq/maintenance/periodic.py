@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
 from pgq import sql
@@ -18,6 +19,10 @@ log = logging.getLogger("pgq.periodic")
 ALL_STATES = tuple(JobState)
 
 
+class PeriodicFailed(Exception):
+    """One or more schedules failed this round; the message names each and its error."""
+
+
 class Periodic:
     """Enqueues the due slot of each of the App's schedules.
 
@@ -27,29 +32,54 @@ class Periodic:
     and a leader back after downtime enqueues only the most recent missed slot.
     """
 
-    def __init__(self, pool: Pool, app: App, worker_id: uuid.UUID) -> None:
+    name = "periodic"
+    eager = True
+
+    def __init__(
+        self,
+        pool: Pool,
+        app: App,
+        worker_id: uuid.UUID,
+        *,
+        interval_s: float,
+        term: Callable[[], int],
+    ) -> None:
         self._pool = pool
         self._app = app
         self._worker_id = worker_id
         self._client = Client(pool=pool, app=app, check_schema=False)
         self._last: dict[str, datetime] = {}
         self._term = 0
+        self._current_term = term
+        self.interval_s = interval_s
         self.enqueued = 0
 
-    async def tick(self, term: int) -> None:
-        """One pass over every schedule; ``term`` counts this worker's leadership terms."""
+    async def run_once(self) -> int:
+        """One pass over every schedule; returns how many jobs it enqueued. A schedule that
+        fails does not keep the others from running; the round then raises, naming each."""
         async with self._pool.acquire() as conn:
-            now: datetime = await conn.fetchval("SELECT now()")
+            now: datetime = await conn.fetchval(sql.DATABASE_NOW)
+        term = self._current_term()
         new_term = term != self._term
         self._term = term
+        before = self.enqueued
+        failed: list[str] = []
         for schedule in self._app.schedules:
-            slot = schedule.when.latest(now)
-            if new_term:
-                self._last.pop(schedule.name, None)  # another leader may have moved on
-                if schedule.run_on_start:
-                    await self._enqueue(schedule, f"start:{self._worker_id}:{term}", None)
-            if self._last.get(schedule.name) == slot:
-                continue
+            try:
+                await self._tick(schedule, now, term if new_term else None)
+            except Exception as exc:
+                failed.append(f"{schedule.name}: {type(exc).__name__}: {exc}")
+        if failed:
+            raise PeriodicFailed("; ".join(failed))
+        return self.enqueued - before
+
+    async def _tick(self, schedule: Schedule, now: datetime, new_term: int | None) -> None:
+        slot = schedule.when.latest(now)
+        if new_term is not None:
+            self._last.pop(schedule.name, None)  # another leader may have moved on
+            if schedule.run_on_start:
+                await self._enqueue(schedule, f"start:{self._worker_id}:{new_term}", None)
+        if self._last.get(schedule.name) != slot:
             await self._advance(schedule, slot)
 
     async def _advance(self, schedule: Schedule, slot: datetime) -> None:

@@ -1,0 +1,92 @@
+"""The leader's services run and fail on their own: one broken duty never stops the others."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import pytest
+
+import pgq
+from tests.integration.test_liveness import FAST, fake_producer, running_job
+from tests.tests_support import until
+
+if TYPE_CHECKING:
+    from tests.tests_support import Conn
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_failing_periodic_schedule_stops_neither_promotion_nor_rescue(
+    dsn: str, conn: Conn, client: pgq.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = pgq.App()
+
+    @app.task
+    async def work(ctx: pgq.JobContext, n: int) -> int:
+        return n
+
+    @app.periodic(every=1)
+    async def tick(ctx: pgq.JobContext) -> None: ...
+
+    # Every periodic round now fails in the database, on every leader.
+    await conn.execute("DROP TABLE pgq_periodic")
+    ghost = await fake_producer(conn, silent_s=3600)
+    orphan = await running_job(conn, ghost)
+    caplog.set_level(logging.WARNING, "pgq.maintenance")
+    async with pgq.Worker(app, dsn, **FAST) as worker:
+        delayed = await client.enqueue("work", {"n": 2}, delay=1.0)
+        due = delayed.scheduled_at
+        assert due is not None
+        await until(lambda: _completed(client, delayed.id, orphan), limit_s=15)
+        finished = await client.get_job(delayed.id)
+        assert finished is not None and finished.attempted_at is not None
+        # Promoted on the promoter's own schedule, not by chance.
+        assert (finished.attempted_at - due).total_seconds() < 5
+
+        async def failed_often() -> bool:
+            return bool(worker.stats()["leader_services"]["periodic"]["failures"] >= 3)
+
+        await until(failed_often)
+        services = worker.stats()["leader_services"]
+    assert "pgq_periodic" in services["periodic"]["last_error"]
+    assert services["promoter"]["failures"] == 0 and services["promoter"]["runs"] > 0
+    assert services["rescuer"]["failures"] == 0
+    said = [r for r in caplog.records if "leader service periodic failed" in r.getMessage()]
+    assert len(said) == 1, "one distinct error is logged once"
+    rescued = await client.get_job(orphan)
+    assert rescued is not None and rescued.errors[0]["kind"] == "rescued"
+
+
+async def test_a_service_that_recovers_says_so_and_logs_a_new_error_again(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = pgq.App()
+
+    @app.task
+    async def work(ctx: pgq.JobContext) -> None: ...
+
+    caplog.set_level(logging.INFO, "pgq.maintenance")
+    async with pgq.Worker(app, dsn, **{**FAST, "retention_interval": 3600}) as worker:
+        assert worker.maintenance is not None
+        run = worker.maintenance.run_service
+        await conn.execute("ALTER TABLE pgq_jobs RENAME TO pgq_jobs_away")
+        try:
+            assert await run("retention") is None
+            assert await run("retention") is None
+        finally:
+            await conn.execute("ALTER TABLE pgq_jobs_away RENAME TO pgq_jobs")
+        assert await run("retention") == 0
+        status = worker.stats()["leader_services"]["retention"]
+    assert status["failures"] == 2 and status["consecutive_failures"] == 0
+    messages = [r.getMessage() for r in caplog.records if "retention" in r.getMessage()]
+    assert sum("leader service retention failed" in m for m in messages) == 1
+    assert any("recovered after 2 failed rounds" in m for m in messages)
+
+
+async def _completed(client: pgq.Client, *ids: int) -> bool:
+    for job_id in ids:
+        job = await client.get_job(job_id)
+        if job is None or job.state is not pgq.JobState.COMPLETED:
+            return False
+    return True

@@ -1,0 +1,176 @@
+"""Every outcome reaches the database: results that cannot be stored, errors that carry what
+jsonb refuses, and outcomes the database itself refuses never strand a job in `running`."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import pgq
+from pgq import completer
+from tests.integration.test_liveness import FAST
+from tests.tests_support import until
+
+if TYPE_CHECKING:
+    from tests.tests_support import Conn
+
+pytestmark = pytest.mark.anyio
+
+# Never a rescue in these tests: the worker itself must settle every job.
+SETTINGS: dict[str, Any] = {**FAST, "rescue_interval": 3600}
+
+
+def nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def results_app() -> pgq.App:
+    app = pgq.App()
+
+    @app.task(max_attempts=1)
+    async def produce(ctx: pgq.JobContext, kind: str) -> Any:
+        if kind == "huge":
+            return "x" * 300_000_000  # 300 MB: more than jsonb holds
+        if kind == "deep":
+            return nested(100_000)
+        if kind == "surrogate":
+            return "caf\udce9"
+        if kind == "nul-error":
+            raise ValueError("bad \x00 byte and a lone \udce9 surrogate")
+        if kind == "huge-error":
+            raise ValueError("e" * 5_000_000)
+        return {"kind": kind}
+
+    return app
+
+
+async def settled(client: pgq.Client, ids: list[int]) -> bool:
+    for job_id in ids:
+        job = await client.get_job(job_id)
+        if job is None or not job.state.is_final:
+            return False
+    return True
+
+
+async def test_results_that_cannot_be_stored_complete_their_jobs_with_the_reason(
+    dsn: str, client: pgq.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    kinds = ["ok", "huge", "deep", "surrogate", "nul-error", "huge-error", "ok2"]
+    jobs = await client.enqueue_many([pgq.JobSpec("produce", {"kind": k}) for k in kinds])
+    ids = [j.id for j in jobs]
+    caplog.set_level(logging.ERROR, "asyncio")
+    async with pgq.Worker(results_app(), dsn, **SETTINGS):
+        await until(lambda: settled(client, ids), limit_s=60)
+    got = {k: await client.get_job(i) for k, i in zip(kinds, ids, strict=True)}
+    for kind in ("ok", "ok2"):
+        job = got[kind]
+        assert job is not None and job.state is pgq.JobState.COMPLETED
+        assert job.result == {"kind": kind}
+    for kind, reason in (
+        ("huge", "bytes of JSON, more than PostgreSQL's jsonb can hold"),
+        ("deep", "nested too deeply"),
+        ("surrogate", "lone surrogate"),
+    ):
+        job = got[kind]
+        assert job is not None and job.state is pgq.JobState.COMPLETED, kind
+        assert job.result is None
+        (error,) = job.errors
+        assert error["kind"] == "result" and reason in error["message"], kind
+    for kind in ("nul-error", "huge-error"):
+        job = got[kind]
+        assert job is not None and job.state is pgq.JobState.DISCARDED, kind
+        (error,) = job.errors
+        assert error["kind"] == "exception" and error["message"].startswith("ValueError")
+    nul = got["nul-error"]
+    assert nul is not None and "\ufffd byte" in nul.errors[0]["message"]
+    big = got["huge-error"]
+    assert big is not None and "characters cut" in big.errors[0]["message"]
+    assert len(big.errors[0]["message"]) < 20_000
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+REFUSE = """
+CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.args->>'refuse' = 'result' AND NEW.result IS NOT NULL THEN
+        RAISE EXCEPTION 'results of this job are refused';
+    END IF;
+    IF NEW.args->>'refuse' = 'completion' AND NEW.state = 'completed' THEN
+        RAISE EXCEPTION 'completion of this job is refused';
+    END IF;
+    IF NEW.args->>'refuse' = 'everything' AND OLD.state = 'running' THEN
+        RAISE EXCEPTION 'every outcome of this job is refused';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse BEFORE UPDATE ON pgq_jobs FOR EACH ROW EXECUTE FUNCTION refuse();
+"""
+
+
+def refused_app() -> pgq.App:
+    app = pgq.App()
+
+    @app.task(max_attempts=1)
+    async def echo(ctx: pgq.JobContext, refuse: str, n: int) -> int:
+        return n
+
+    return app
+
+
+async def test_an_outcome_the_database_refuses_never_holds_back_the_others(
+    dsn: str, conn: Conn, client: pgq.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    await conn.execute(REFUSE)
+    # One batch: all are claimed at once and finish together.
+    specs = [pgq.JobSpec("echo", {"refuse": "none", "n": n}) for n in range(8)]
+    specs[3] = pgq.JobSpec("echo", {"refuse": "result", "n": 3})
+    specs[5] = pgq.JobSpec("echo", {"refuse": "completion", "n": 5})
+    ids = [j.id for j in await client.enqueue_many(specs)]
+    caplog.set_level(logging.ERROR, "pgq.completer")
+    async with pgq.Worker(refused_app(), dsn, queues={"default": 20}, **SETTINGS):
+        await until(lambda: settled(client, ids), limit_s=30)
+    jobs = [await client.get_job(i) for i in ids]
+    for n, job in enumerate(jobs):
+        assert job is not None
+        if n in (3, 5):
+            continue
+        assert job.state is pgq.JobState.COMPLETED and job.result == n
+    salvaged = jobs[3]
+    assert salvaged is not None and salvaged.state is pgq.JobState.COMPLETED
+    assert salvaged.result is None
+    assert salvaged.errors[0]["kind"] == "outcome"
+    assert "results of this job are refused" in salvaged.errors[0]["message"]
+    failed = jobs[5]
+    assert failed is not None and failed.state is pgq.JobState.DISCARDED, "its only attempt"
+    assert failed.errors[0]["kind"] == "outcome"
+    assert "completion of this job is refused" in failed.errors[0]["message"]
+    assert any(f"job {ids[3]} attempt 1 was refused" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_outcome_refused_in_every_form_is_held_and_written_later(
+    dsn: str,
+    conn: Conn,
+    client: pgq.Client,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(completer, "HELD_RETRY_S", 0.2)
+    await conn.execute(REFUSE)
+    job = await client.enqueue("echo", {"refuse": "everything", "n": 1})
+    async with pgq.Worker(refused_app(), dsn, **SETTINGS) as worker:
+
+        async def held() -> bool:
+            return bool(worker.stats()["outcomes_pending"] == 1)
+
+        await until(held)
+        stored = await client.get_job(job.id)
+        assert stored is not None and stored.state is pgq.JobState.RUNNING
+        await conn.execute("DROP TRIGGER refuse ON pgq_jobs")
+        await until(lambda: settled(client, [job.id]))
+        assert worker.stats()["outcomes_pending"] == 0
+    done = await client.get_job(job.id)
+    assert done is not None and done.state is pgq.JobState.COMPLETED and done.result == 1

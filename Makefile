@@ -5,10 +5,10 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint typecheck check bench clean
+.PHONY: help demo test test-embedded lint typecheck check bench clean
 
 help: ## list the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ demo: $(STAMP) ## run a worker on a few hundred demo jobs (embedded Postgres unl
 
 test: $(STAMP) lint ## lint, type-check and run the whole suite against real Postgres
 	$(BIN)/python -m pytest
+
+test-embedded: $(STAMP) ## the suite against the embedded server, as on a machine without PostgreSQL
+	PGQ_TEST_EMBEDDED=1 $(BIN)/python -m pytest
 
 lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff check src tests benchmarks docs/examples migrations

@@ -1,7 +1,8 @@
 """Test fixtures: a PostgreSQL server, a migrated template, and a fresh database per test.
 
 The server is ``PGQ_TEST_DSN`` when set, else the one at 127.0.0.1:5432 when it answers,
-else an embedded server (the ``pgserver`` wheel) started for the session.
+else an embedded server (the ``pgserver`` wheel) started for the session; with
+``PGQ_TEST_EMBEDDED=1`` the embedded one whatever answers.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from pgq import migrate
 
 # Settings must come from each test, never from the shell that runs the suite.
 for _var in list(os.environ):
-    if (_var.startswith(("PGQ_", "PG")) and _var != "PGQ_TEST_DSN") or _var == "DATABASE_URL":
+    if (
+        _var.startswith(("PGQ_", "PG")) and _var not in ("PGQ_TEST_DSN", "PGQ_TEST_EMBEDDED")
+    ) or _var == "DATABASE_URL":
         del os.environ[_var]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +60,8 @@ def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if explicit:
         yield explicit
         return
-    if _port_open("127.0.0.1", 5432):
+    # PGQ_TEST_EMBEDDED=1: the path of a machine without a server, even on one that has it.
+    if os.environ.get("PGQ_TEST_EMBEDDED") != "1" and _port_open("127.0.0.1", 5432):
         yield "postgresql://postgres@127.0.0.1:5432/postgres"
         return
     with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset

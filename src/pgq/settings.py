@@ -91,10 +91,17 @@ class WorkerSettings:
                 raise ConfigError(f"{f.name} must be a whole number, got {value!r}")
         self._check_liveness()
 
+    @property
+    def fencing_bound(self) -> float:
+        """Seconds after its last successful heartbeat by which a producer has certainly
+        stopped claiming: its failing heartbeats start at most ``heartbeat_interval`` apart
+        and each ends within ``heartbeat_timeout``."""
+        return self.heartbeat_interval * self.max_heartbeat_failures + self.heartbeat_timeout
+
     def _check_liveness(self) -> None:
         # The invariant of the liveness protocol: a producer whose heartbeats fail fences
         # itself (stops claiming) strictly before any peer may judge it stale.
-        fenced_by = self.heartbeat_interval * self.max_heartbeat_failures + self.heartbeat_timeout
+        fenced_by = self.fencing_bound
         if not fenced_by < self.stale_after:
             raise ConfigError(
                 "unsafe liveness settings: a producer whose heartbeats fail fences itself "

@@ -285,13 +285,23 @@ FROM (SELECT queue, count(*)::int AS n FROM upd GROUP BY queue) g
 """
 
 # Burst mode: is anything left that this producer could claim now (a paused queue's jobs
-# cannot be claimed: a burst worker does not wait for its resumption)?
+# cannot be claimed: a burst worker does not wait for its resumption), and is anything of
+# its queue running under a producer that is gone, or silent past the fencing bound ($3
+# seconds)? Such jobs will be rescued and become claimable: a burst worker waits for them.
 RUNNABLE_LEFT: Final = """
 SELECT EXISTS (
-    SELECT 1 FROM pgq_jobs
-    WHERE queue = $1 AND task = ANY($2::text[])
-      AND (state = 'available' OR (state IN ('scheduled', 'retryable') AND scheduled_at <= now()))
-) AND NOT EXISTS (SELECT 1 FROM pgq_queues WHERE name IN ($1, '*') AND paused_at IS NOT NULL)
+           SELECT 1 FROM pgq_jobs
+           WHERE queue = $1 AND task = ANY($2::text[])
+             AND (state = 'available'
+                  OR (state IN ('scheduled', 'retryable') AND scheduled_at <= now()))
+       ) AND NOT p.paused AS runnable,
+       EXISTS (
+           SELECT 1 FROM pgq_jobs j LEFT JOIN pgq_producers pr ON pr.id = j.producer_id
+           WHERE j.state = 'running' AND j.queue = $1 AND j.task = ANY($2::text[])
+             AND (pr.id IS NULL OR pr.heartbeat_at < now() - make_interval(secs => $3))
+       ) AND NOT p.paused AS orphaned
+FROM (SELECT EXISTS (SELECT 1 FROM pgq_queues
+                     WHERE name IN ($1, '*') AND paused_at IS NOT NULL) AS paused) p
 """
 
 # --------------------------------------------------------------------------- producers

@@ -209,7 +209,7 @@ class Worker:
                 completer=completer,
                 limiter=limiter,
                 poll_interval=s.poll_interval,
-                fence_after_s=s.heartbeat_interval * s.max_heartbeat_failures,
+                fence_after_s=s.fencing_bound,
                 hooks=self.app.hooks,
             )
             for queue, n in self._queues.items()
@@ -380,7 +380,9 @@ class Worker:
 
     async def _watch_burst(self, pool: Pool, completer: Completer) -> None:
         """Stop once nothing runs, nothing is being claimed or written, and the database
-        holds no job these producers could run now."""
+        holds no job these producers could run now, nor a job of their queues running under a
+        producer that is gone or silent past the fencing bound (it will be rescued)."""
+        orphans_said = False
         while not self._stop_requested.is_set():
             # Wait for the jobs to end and their outcomes to be written (events, so the
             # check below runs as soon as the last one is durable), then for any claim in
@@ -395,21 +397,31 @@ class Worker:
                 async with pool.acquire() as conn:
                     await conn.fetch(sql.PROMOTE_DUE, 1000)
                     left = [
-                        await conn.fetchval(sql.RUNNABLE_LEFT, p.queue, list(p._tasks))
+                        await conn.fetchrow(
+                            sql.RUNNABLE_LEFT,
+                            p.queue,
+                            list(p._tasks),
+                            self.settings.fencing_bound,
+                        )
                         for p in self.producers
                     ]
             except DATABASE_ERRORS as exc:
                 log.warning("burst check failed: %s", exc)
                 continue
-            if not any(left):
-                log.info("burst: no runnable job left")
-                self.stop()
-            else:
+            if any(r is not None and r["runnable"] for r in left):
                 # Runnable jobs are left (another worker's to claim, or just promoted):
                 # let the producers claim them, and look again in a while.
                 for producer in self.producers:
                     producer.wake()
                 await anyio.sleep(0.05)
+            elif any(r is not None and r["orphaned"] for r in left):
+                if not orphans_said:
+                    log.info("burst: waiting for the rescue of jobs whose worker is gone or silent")
+                    orphans_said = True
+                await anyio.sleep(min(self.settings.rescue_interval, 1.0))
+            else:
+                log.info("burst: no runnable job left")
+                self.stop()
 
     def _report(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         by_queue = {p.queue: p for p in self.producers}
@@ -443,7 +455,9 @@ class Worker:
         """A snapshot for operators: per producer its queue, health (``healthy``,
         ``consecutive_failures``, ``last_heartbeat_ok_at`` as a Unix time, None before the
         first) and counters (``running``, ``claimed``, ``completed``, ``failed``,
-        ``rejected_outcomes``); the worker's leader flag and the rescues it did."""
+        ``rejected_outcomes``); the worker's leader flag, the rescues and reaps it did, each
+        leader service's ``runs``/``failures``/``last_error``, and the outcomes not yet
+        durable (``outcomes_pending``) or written in a fallback form (``outcomes_salvaged``)."""
         maintenance = self.maintenance
         return {
             "worker_id": str(self.id),
@@ -467,7 +481,7 @@ class Worker:
         the fencing bound; healthy during a start-up grace (``stale_after``) before the first
         heartbeat lands."""
         s = self.settings
-        bound = s.heartbeat_interval * s.max_heartbeat_failures + s.heartbeat_timeout
+        bound = s.fencing_bound
         stats = self.stats()
         body: dict[str, Any] = {
             "worker_name": self.name,

@@ -1,8 +1,10 @@
 """The App the fault tests run in real worker processes.
 
 Its one task sleeps, then records its side effect with a *fenced* insert: the row is written
-only if the job is still running under this producer and attempt, which is how a task makes a
-database side effect exactly-once under pgq's at-least-once delivery.
+only while this attempt is still the job's running attempt (its token), so a zombie's late
+effect is never written. (An attempt whose worker dies after the effect but before its
+outcome is retried, and its retry writes the effect again: the fence is not exactly-once;
+see docs/liveness.md.)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ FENCED_EFFECT = """
 INSERT INTO effects (job_id, attempt, worker)
 SELECT $1, $2, $3
 WHERE EXISTS (SELECT 1 FROM pgq_jobs
-              WHERE id = $1 AND attempt = $2 AND producer_id = $4 AND state = 'running')
+              WHERE id = $1 AND attempt_token = $4 AND state = 'running')
 """
 
 
@@ -46,6 +48,6 @@ async def effect(ctx: pgq.JobContext, seconds: float) -> str:
     await anyio.sleep(seconds)
     async with p.acquire() as conn:
         await conn.execute(
-            FENCED_EFFECT, ctx.id, ctx.attempt, os.environ["FAULT_WORKER"], ctx.job.producer_id
+            FENCED_EFFECT, ctx.id, ctx.attempt, os.environ["FAULT_WORKER"], ctx.token
         )
     return "done"

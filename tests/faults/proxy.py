@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 
@@ -18,7 +19,8 @@ class Mode(enum.Enum):
 
 
 class Proxy:
-    """Listens on 127.0.0.1 (a free port) and forwards to ``target_host:target_port``."""
+    """Listens on 127.0.0.1 (a free port) and forwards to ``target_host:target_port``, or to
+    a Unix socket when ``target_host`` is a socket directory (an embedded server's)."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
@@ -61,7 +63,7 @@ class Proxy:
                 try:
                     await self._flow()
                     async with (
-                        await anyio.connect_tcp(*self.target) as upstream,
+                        await self._connect() as upstream,
                         anyio.create_task_group() as tg,
                     ):
                         tg.start_soon(self._pipe, client, upstream, tg.cancel_scope)
@@ -71,12 +73,21 @@ class Proxy:
                 finally:
                     self._scopes.discard(scope)
 
+    async def _connect(self) -> anyio.abc.ByteStream:
+        host, port = self.target
+        if host.startswith("/"):
+            # asyncio's own streams: anyio's raw-socket UNIX stream can set a result on a
+            # future that a cancellation already settled (InvalidStateError in a callback).
+            reader, writer = await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
+            return _UnixStream(reader, writer)
+        return await anyio.connect_tcp(host, port)
+
     async def _flow(self) -> None:
         while not self._flowing.is_set():
             await self._flowing.wait()
 
     async def _pipe(
-        self, src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream, scope: anyio.CancelScope
+        self, src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream, scope: anyio.CancelScope
     ) -> None:
         try:
             while True:
@@ -87,3 +98,33 @@ class Proxy:
             pass
         finally:
             scope.cancel()
+
+
+class _UnixStream(anyio.abc.ByteStream):
+    """An asyncio stream pair as the byte stream the proxy pipes."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            data = await self._reader.read(max_bytes)
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+        if not data:
+            raise anyio.EndOfStream
+        return data
+
+    async def send(self, item: bytes) -> None:
+        try:
+            self._writer.write(item)
+            await self._writer.drain()
+        except OSError as exc:
+            raise anyio.BrokenResourceError from exc
+
+    async def send_eof(self) -> None:
+        self._writer.write_eof()
+
+    async def aclose(self) -> None:
+        self._writer.close()

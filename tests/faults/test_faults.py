@@ -19,7 +19,14 @@ import pytest
 
 import pgq
 from tests.faults.proxy import Proxy
-from tests.faults.workers import SHORT, WorkerProcess, free_port, via_proxy, wait_registered
+from tests.faults.workers import (
+    SHORT,
+    WorkerProcess,
+    free_port,
+    upstream,
+    via_proxy,
+    wait_registered,
+)
 from tests.tests_support import until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults, pytest.mark.timeout(180)]
@@ -141,8 +148,7 @@ async def test_a_worker_cut_off_from_postgres_fences_itself_and_resumes(
     workers: list[WorkerProcess],
     tmp_path: Path,
 ) -> None:
-    target = urlsplit(dsn)
-    proxy = Proxy(target.hostname or "127.0.0.1", target.port or 5432)
+    proxy = Proxy(*upstream(dsn))
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.run)
         peer = WorkerProcess("peer", dsn, tmp_path, SHORT)
@@ -307,3 +313,32 @@ async def test_workers_survive_a_postgres_restart(
         await assert_exactly_once(conn, after)
     finally:
         await conn.close()
+
+
+async def test_jobs_cancelled_while_their_dead_worker_awaits_rescue_never_run_again(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    victim = WorkerProcess("victim", dsn, tmp_path, SHORT)
+    workers.append(victim)
+    victim.start()
+    await wait_registered(db, "victim")
+    ids = await enqueue(dsn, 3, 60.0)
+
+    async def all_started() -> bool:
+        return bool(await db.fetchval("SELECT count(*) FROM starts") == 3)
+
+    await until(all_started, limit_s=30)
+    victim.kill9()
+    async with pgq.Client(dsn) as client:
+        for job_id in ids:
+            job = await client.cancel(job_id)
+            assert job is not None and job.state is pgq.JobState.RUNNING, "a request, for now"
+        peer = WorkerProcess("peer", dsn, tmp_path, SHORT)
+        workers.append(peer)
+        peer.start()
+        for job_id in ids:
+            done = await client.wait(job_id, timeout=60)
+            assert done.state is pgq.JobState.CANCELLED
+            assert "cancelled, as requested" in done.errors[-1]["message"]
+    starts = await db.fetch("SELECT job_id, worker FROM starts ORDER BY job_id")
+    assert [(r["job_id"], r["worker"]) for r in starts] == [(i, "victim") for i in ids]

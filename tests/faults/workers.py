@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -39,7 +39,8 @@ def free_port() -> int:
 
 
 class WorkerProcess:
-    """One `pgq worker fault_app:app` process."""
+    """One `pgq worker APP` process (by default the fault tests' ``fault_app:app``; the
+    docs' examples are importable too)."""
 
     def __init__(
         self,
@@ -49,6 +50,7 @@ class WorkerProcess:
         settings: dict[str, float],
         concurrency: int = 5,
         health_port: int | None = None,
+        app: str = "fault_app:app",
     ) -> None:
         self.name = name
         self.dsn = dsn
@@ -61,7 +63,7 @@ class WorkerProcess:
             "--log-level",
             "INFO",
             "worker",
-            "fault_app:app",
+            app,
             "--dsn",
             dsn,
             "--name",
@@ -81,7 +83,10 @@ class WorkerProcess:
             **os.environ,
             "FAULT_DSN": self.dsn,
             "FAULT_WORKER": self.name,
-            "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT / "src")]),
+            "PGQ_DSN": self.dsn,
+            "PYTHONPATH": os.pathsep.join(
+                [str(HERE), str(ROOT / "docs" / "examples"), str(ROOT / "src")]
+            ),
         }
         self.log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
@@ -113,12 +118,25 @@ class WorkerProcess:
         return self.log_path.read_text(errors="replace")
 
 
+def upstream(dsn: str) -> tuple[str, int]:
+    """Where ``dsn`` connects: a host and port, or a socket directory and port."""
+    parts = urlsplit(dsn)
+    socket_dir = dict(parse_qsl(parts.query)).get("host")
+    if socket_dir and socket_dir.startswith("/"):
+        return socket_dir, parts.port or 5432
+    return parts.hostname or "127.0.0.1", parts.port or 5432
+
+
 def via_proxy(dsn: str, port: int) -> str:
-    """``dsn`` sent through a local proxy listening on ``port``."""
+    """``dsn`` sent through a local proxy listening on ``port`` (over TCP, whatever ``dsn``
+    connects by)."""
     parts = urlsplit(dsn)
     userinfo, _, _host = parts.netloc.rpartition("@")
     host = f"127.0.0.1:{port}"
-    return str(urlunsplit(parts._replace(netloc=f"{userinfo}@{host}" if userinfo else host)))
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "host"])
+    return str(
+        urlunsplit(parts._replace(netloc=f"{userinfo}@{host}" if userinfo else host, query=query))
+    )
 
 
 async def wait_registered(conn: asyncpg.Connection[asyncpg.Record], *names: str) -> None:

@@ -1,6 +1,7 @@
 import os
 import subprocess
 import textwrap
+import uuid
 from pathlib import Path
 
 import anyio
@@ -72,6 +73,47 @@ async def test_enqueue_then_burst_worker(python: str, dsn: str, tmp_path: Path) 
     finally:
         await conn.close()
     assert [tuple(r) for r in rows] == [("completed", "42")] * 3
+
+
+@pytest.mark.parametrize("producer", ["missing", "stale"])
+async def test_a_burst_worker_runs_the_jobs_of_a_dead_worker_before_it_exits(
+    python: str, dsn: str, tmp_path: Path, producer: str
+) -> None:
+    (tmp_path / "cli_tasks.py").write_text(APP)
+    conn = await asyncpg.connect(dsn)
+    try:
+        dead = uuid.uuid4()
+        if producer == "stale":
+            await conn.execute(
+                "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
+                " heartbeat_at) VALUES ($1, $1, 'dead:1', 'work', 1, now() - interval '1 hour')",
+                dead,
+            )
+        # What a worker killed mid-job leaves: a job running under a producer that is gone.
+        orphan = await conn.fetchval(
+            "INSERT INTO pgq_jobs (queue, task, args, state, attempt, max_attempts, producer_id,"
+            " attempted_at) VALUES ('work', 'touch', '{\"n\": 1}', 'running', 1, 5, $1,"
+            " now() - interval '1 hour') RETURNING id",
+            dead,
+        )
+        run = pgq_cmd(
+            python,
+            "worker",
+            "cli_tasks:app",
+            "--burst",
+            "--rescue-interval",
+            "0.2",
+            "--dsn",
+            dsn,
+            cwd=tmp_path,
+        )
+        assert run.returncode == 0, run.stderr
+        row = await conn.fetchrow(
+            "SELECT state::text, result::text, attempt FROM pgq_jobs WHERE id = $1", orphan
+        )
+    finally:
+        await conn.close()
+    assert row is not None and tuple(row) == ("completed", "2", 2)
 
 
 @pytest.mark.parametrize(

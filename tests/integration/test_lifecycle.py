@@ -263,6 +263,71 @@ async def test_cancel_racing_completion_ends_in_exactly_one_final_state(
     assert all(r[0] in ("completed", "cancelled") and r[1] is not None for r in rows)
 
 
+async def test_a_pending_cancel_request_wins_over_every_outcome_that_would_run_it_again(
+    dsn: str, client: pgq.Client
+) -> None:
+    """The worker never hears of the cancellations (poll only, a poll far away); whatever
+    outcome its attempts then write - a failure, a retry, a snooze, a shutdown hand-back -
+    the jobs end cancelled and never run again."""
+    app = pgq.App()
+    started: dict[str, anyio.Event] = {}
+    release = anyio.Event()
+    starts: list[str] = []
+
+    @app.task(max_attempts=5)
+    async def act(ctx: pgq.JobContext, how: str) -> None:
+        starts.append(how)
+        started[how].set()
+        if how == "hang":
+            await anyio.sleep(3600)
+        await release.wait()
+        if how == "raise":
+            raise ValueError("failed after the cancel request")
+        if how == "retry":
+            raise pgq.Retry(delay=0)
+        if how == "snooze":
+            raise pgq.Snooze(0)
+
+    kinds = ["raise", "retry", "snooze", "hang"]
+    started.update({k: anyio.Event() for k in kinds})
+    jobs = await client.enqueue_many([pgq.JobSpec("act", {"how": k}) for k in kinds])
+    settings = {**QUICK, "poll_only": True, "poll_interval": 60.0, "shutdown_timeout": 0.5}
+    async with pgq.Worker(app, dsn, queues={"default": 4}, **settings) as worker:
+        with anyio.fail_after(10):
+            for event in started.values():
+                await event.wait()
+        states = await client.cancel_many([j.id for j in jobs])
+        assert set(states.values()) == {pgq.JobState.RUNNING}, "requests only"
+        release.set()
+        for job in jobs[:3]:
+            await client.wait(job.id, timeout=10)
+        worker.stop()  # the hanging job is handed back at shutdown
+    for job in jobs:
+        done = await client.get_job(job.id)
+        assert done is not None and done.state is pgq.JobState.CANCELLED, job.args
+        assert done.errors[-1]["message"] == "cancelled by request"
+    assert sorted(starts) == sorted(kinds), "no job ran again"
+
+
+async def test_attempts_are_counted_exactly_before_a_discard(dsn: str, client: pgq.Client) -> None:
+    app = pgq.App()
+    starts: list[int] = []
+
+    @app.task(max_attempts=3, backoff=pgq.Backoff(base_s=0.01, jitter=0))
+    async def flaky(ctx: pgq.JobContext) -> None:
+        starts.append(ctx.attempt)
+        if len(starts) == 1:
+            raise pgq.Snooze(0)  # does not use an attempt
+        raise ValueError("always")
+
+    job = await client.enqueue("flaky")
+    async with pgq.Worker(app, dsn, **QUICK):
+        done = await client.wait(job.id, timeout=20)
+    assert done.state is pgq.JobState.DISCARDED
+    assert starts == [1, 1, 2, 3]
+    assert [e["attempt"] for e in done.errors] == [1, 2, 3]
+
+
 # --------------------------------------------------------------------------- pause
 
 

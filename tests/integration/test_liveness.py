@@ -341,6 +341,51 @@ async def test_a_deleted_producer_row_reregisters_and_loses_nothing(
     assert runs == [job.id]
 
 
+FENCED_EFFECT = """
+INSERT INTO effects (job_id) SELECT $1
+WHERE EXISTS (SELECT 1 FROM pgq_jobs WHERE id = $1 AND attempt_token = $2 AND state = 'running')
+"""
+
+
+async def test_the_fencing_token_stays_valid_across_re_registration(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    """The recipe of docs/liveness.md, after the producer row was deleted mid-job: the task's
+    token still fences its side effect, exactly as long as its outcome would be accepted."""
+    await conn.execute("CREATE TABLE effects (job_id bigint)")
+    app = pgq.App()
+    started, release = anyio.Event(), anyio.Event()
+    tokens: list[uuid.UUID | None] = []
+
+    @app.task
+    async def charge(ctx: pgq.JobContext) -> None:
+        tokens.append(ctx.token)
+        started.set()
+        await release.wait()
+        effect = await asyncpg.connect(dsn)
+        try:
+            await effect.execute(FENCED_EFFECT, ctx.id, ctx.token)
+        finally:
+            await effect.close()
+
+    job = await client.enqueue("charge")
+    async with pgq.Worker(app, dsn, **FAST) as worker:
+        with anyio.fail_after(10):
+            await started.wait()
+        old = worker.producers[0].id
+        await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
+
+        async def adopted() -> bool:
+            owner = await conn.fetchval("SELECT producer_id FROM pgq_jobs WHERE id = $1", job.id)
+            return bool(owner is not None and owner != old)
+
+        await until(adopted)
+        release.set()
+        await until(lambda: _state_is(client, job.id, pgq.JobState.COMPLETED))
+    assert tokens[0] is not None
+    assert await conn.fetchval("SELECT count(*) FROM effects WHERE job_id = $1", job.id) == 1
+
+
 async def test_the_reaper_deletes_long_silent_producers_after_rescue(
     dsn: str, conn: Conn, client: pgq.Client
 ) -> None:
@@ -395,13 +440,26 @@ async def test_a_leader_with_unhealthy_producers_skips_the_rescue(
 async def test_healthz_reports_200_then_503_with_a_reason(dsn: str) -> None:
     import httpx
 
-    # Slow beats: the next heartbeat must not unfence the producer this test fences by hand.
-    slow = {**FAST, "heartbeat_interval": 30.0, "stale_after": 100.0, "reap_after": 200.0}
+    # Slow beats with room to connect: one beat that lands, then none for 30 s.
+    slow = {
+        **FAST,
+        "heartbeat_interval": 30.0,
+        "heartbeat_timeout": 5.0,
+        "stale_after": 100.0,
+        "reap_after": 200.0,
+    }
     async with pgq.Worker(make_app(), dsn, health_port=0, **slow) as worker:
         url = f"http://127.0.0.1:{worker.health_port}/healthz"
         async with httpx.AsyncClient() as http:
             ok = await http.get(url)
             assert ok.status_code == 200 and ok.json()["status"] in ("ok", "starting")
+
+            # The first heartbeat fires at start: once it landed, the next is 30 s away and
+            # cannot unfence the producer fenced below.
+            async def first_beat_landed() -> bool:
+                return worker.producers[0].last_heartbeat_ok_at is not None
+
+            await until(first_beat_landed)
             worker.producers[0].consecutive_failures = 2
             worker.producers[0].set_healthy(False)
             bad = await http.get(url)

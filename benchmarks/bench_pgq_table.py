@@ -22,7 +22,7 @@ import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate, private_server, run, summary_ms
 
 import pgq
-from pgq import sql
+from pgq._store import sql
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,7 +51,7 @@ async def claim_timings(dsns: dict[str, str], rounds: int, warmup: int) -> dict[
         for round_ in range(warmup + rounds):
             for name, conn in conns.items():
                 t = time.perf_counter()
-                await conn.fetch(sql.FETCH_JOBS, "default", ["noop"], 10, producer, [None], [20])
+                await conn.fetch(sql.CLAIM_JOBS, "default", ["noop"], 10, producer, [None], [20])
                 if round_ >= warmup:
                     samples[name].append(time.perf_counter() - t)
     finally:
@@ -163,7 +163,7 @@ async def steady(seconds: float, settings: str) -> None:
             stop.set()
             await asyncio.gather(*tasks)
             elapsed = time.perf_counter() - started
-            completed = sum(p.completed for p in worker.producers)
+            completed = sum(p["completed"] for p in worker.stats()["producers"])
         after = await table_size(conn)
         await conn.close()
     emit(
@@ -198,7 +198,7 @@ async def rss() -> None:
         [
             sys.executable,
             "-m",
-            "pgq.cli",
+            "pgq",
             "--log-level",
             "WARNING",
             "worker",

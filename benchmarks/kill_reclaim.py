@@ -30,7 +30,7 @@ def start(name: str, dsn: str) -> subprocess.Popen[bytes]:
         [
             sys.executable,
             "-m",
-            "pgq.cli",
+            "pgq",
             "--log-level",
             "WARNING",
             "worker",

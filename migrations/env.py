@@ -14,7 +14,7 @@ from alembic import context
 from sqlalchemy import Connection, pool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from pgq.dsn import resolve_dsn, sqlalchemy_url
+from pgq._dsn import resolve_dsn, sqlalchemy_url
 from pgq.schema import VERSION_TABLE, metadata
 
 config = context.config

@@ -3,10 +3,15 @@
 Jobs live in Postgres; workers claim them with ``FOR UPDATE SKIP LOCKED``; producers
 heartbeat on the database clock, and the elected leader rescues the jobs of producers that
 went silent. See ``docs/`` for the guide.
+
+Every public name is here. Modules whose names start with ``_`` are internals that may
+change without notice; ``pgq.migrate`` and ``pgq.schema`` are public too.
 """
 
+from pgq._hooks import JobEvent
+from pgq._worker.worker import Worker
 from pgq.app import App, Backoff, Task
-from pgq.client import Client, JobSpec
+from pgq.client import Client, JobSpec, QueueInfo, QueueStats
 from pgq.errors import (
     ConfigError,
     DatabaseError,
@@ -16,10 +21,8 @@ from pgq.errors import (
     SerializationError,
     UnknownTaskError,
 )
-from pgq.hooks import JobEvent
 from pgq.job import Cancel, Job, JobContext, JobState, Retry, Snooze
 from pgq.settings import WorkerSettings
-from pgq.worker import Worker
 
 __version__ = "0.1.0"
 
@@ -37,6 +40,8 @@ __all__ = (
     "JobSpec",
     "JobState",
     "PgqError",
+    "QueueInfo",
+    "QueueStats",
     "Retry",
     "SchemaMismatch",
     "SerializationError",

@@ -2,6 +2,6 @@
 
 import sys
 
-from pgq.cli import main
+from pgq._cli import main
 
 sys.exit(main())

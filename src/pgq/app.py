@@ -9,17 +9,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
-from pgq import serde
-from pgq.cron import Schedule, make_schedule
+from pgq import _serde
+from pgq._cron import TimeSchedule, make_schedule
+from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
 from pgq.errors import ConfigError, UnknownTaskError
-from pgq.hooks import EVENTS, EventName, Hook, Hooks, Middleware
-from pgq.job import JobContext
+from pgq.job import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, JobContext
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
-
-DEFAULT_QUEUE = "default"
-DEFAULT_MAX_ATTEMPTS = 20
 
 
 def check_queue_name(name: object) -> str:
@@ -110,6 +107,20 @@ class Task:
         return f"<Task {self.name!r} queue={self.queue!r}>"
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """A periodic job: which task, when, with what (None: the task's own option)."""
+
+    name: str
+    task: Task
+    when: TimeSchedule
+    args: dict[str, Any]
+    run_on_start: bool
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+
+
 class App:
     """A registry of tasks. Create one, decorate functions with :meth:`task`, and hand it to
     a :class:`~pgq.Worker` (and optionally a :class:`~pgq.Client`, which then checks names)."""
@@ -171,7 +182,7 @@ class App:
         schedule = make_schedule(cron, every, timezone)
         # Checked now, not by the leader at each slot: a schedule that cannot enqueue must
         # fail where it is declared.
-        serde.dumps(dict(args or {}), "args")
+        _serde.dumps(dict(args or {}), "args")
         if queue is not None:
             check_queue_name(queue)
 

@@ -6,14 +6,26 @@ from __future__ import annotations
 import enum
 import logging
 import uuid
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from pgq.errors import ConfigError
+
+#: The queue of a task that names none.
+DEFAULT_QUEUE = "default"
+#: How many attempts a task's jobs get unless the task or the job says otherwise.
+DEFAULT_MAX_ATTEMPTS = 20
+
 
 class JobState(enum.StrEnum):
-    """Where a job is in its life. ``completed``, ``discarded`` and ``cancelled`` are final."""
+    """Where a job is in its life. ``completed``, ``discarded`` and ``cancelled`` are final.
+
+    The order of the members is the order of the database enum ``pgq_job_state`` and gives
+    each state its bit in a unique-states mask (bit *i* for the *i*-th state): new states are
+    only ever appended, so stored masks keep their meaning.
+    """
 
     SCHEDULED = "scheduled"
     AVAILABLE = "available"
@@ -26,7 +38,33 @@ class JobState(enum.StrEnum):
     @property
     def is_final(self) -> bool:
         """True for the states a job never leaves by itself."""
-        return self in (JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED)
+        return self in FINAL_STATES
+
+    @property
+    def bit(self) -> int:
+        """This state's bit in a unique-states mask."""
+        return _BITS[self]
+
+
+#: The states a job never leaves by itself.
+FINAL_STATES = frozenset({JobState.COMPLETED, JobState.DISCARDED, JobState.CANCELLED})
+_BITS = {state: 1 << i for i, state in enumerate(JobState)}
+
+
+def unique_mask(states: Iterable[JobState | str]) -> int:
+    """The bit mask of ``states``, as the unique index reads it (``pgq_unique_active``)."""
+    mask = 0
+    for state in states:
+        try:
+            mask |= JobState(state).bit
+        except ValueError:
+            raise ConfigError(
+                f"unknown job state {state!r} in unique_states; states are "
+                + ", ".join(s.value for s in JobState)
+            ) from None
+    if not mask:
+        raise ConfigError("unique_states must name at least one state")
+    return mask
 
 
 @dataclass(slots=True)
@@ -175,4 +213,15 @@ class JobContext:
         self._cancel = True
 
 
-__all__ = ("Cancel", "Job", "JobContext", "JobState", "Retry", "Snooze")
+__all__ = (
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_QUEUE",
+    "FINAL_STATES",
+    "Cancel",
+    "Job",
+    "JobContext",
+    "JobState",
+    "Retry",
+    "Snooze",
+    "unique_mask",
+)

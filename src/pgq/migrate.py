@@ -7,8 +7,8 @@ from pathlib import Path
 
 import anyio
 
-from pgq.db import connect
-from pgq.dsn import sqlalchemy_url
+from pgq._dsn import sqlalchemy_url
+from pgq._store.connections import connect
 
 
 def migrations_dir() -> Path:

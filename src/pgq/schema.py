@@ -26,10 +26,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 
-from pgq.revision import SCHEMA_REVISION, VERSION_TABLE
+from pgq._store.revision import SCHEMA_REVISION, VERSION_TABLE
+from pgq.job import FINAL_STATES, JobState
 
-STATES = ("scheduled", "available", "running", "retryable", "completed", "discarded", "cancelled")
-FINAL_STATES = ("completed", "discarded", "cancelled")
+#: The job states in the database enum's order: JobState's, the one definition.
+STATES = tuple(s.value for s in JobState)
+_FINAL_SQL = ", ".join(f"'{s.value}'" for s in JobState if s in FINAL_STATES)
 
 metadata = MetaData(
     naming_convention={
@@ -78,10 +80,7 @@ jobs = Table(
     Column("unique_states", Integer),
     # Set by client.cancel() on a running job; its worker cancels it (NOTIFY, or its poll).
     Column("cancel_requested_at", TSTZ),
-    CheckConstraint(
-        "(finalized_at IS NOT NULL) = (state IN ('completed', 'discarded', 'cancelled'))",
-        name="finalized_at",
-    ),
+    CheckConstraint(f"(finalized_at IS NOT NULL) = (state IN ({_FINAL_SQL}))", name="finalized_at"),
     CheckConstraint("attempt >= 0 AND max_attempts >= 1", name="attempts"),
     CheckConstraint("char_length(queue) BETWEEN 1 AND 128", name="queue_length"),
     CheckConstraint("char_length(task) BETWEEN 1 AND 255", name="task_length"),
@@ -119,16 +118,16 @@ Index(
     postgresql_where=jobs.c.finalized_at.isnot(None),
 )
 
-# Bit i of a unique_states mask stands for STATES[i]. IMMUTABLE, so a partial index can use it.
-UNIQUE_ACTIVE_FUNCTION = """
-CREATE FUNCTION pgq_unique_active(state pgq_job_state, mask integer) RETURNS boolean
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT (mask & (CASE state
-        WHEN 'scheduled' THEN 1 WHEN 'available' THEN 2 WHEN 'running' THEN 4
-        WHEN 'retryable' THEN 8 WHEN 'completed' THEN 16 WHEN 'discarded' THEN 32
-        WHEN 'cancelled' THEN 64 END)) <> 0
-$$
-"""
+# Bit i of a unique_states mask stands for STATES[i] (JobState.bit). IMMUTABLE, so a
+# partial index can use it. Written from JobState; a test checks it agrees with the Python
+# side, and migrations keep frozen copies.
+UNIQUE_ACTIVE_FUNCTION = (
+    "CREATE FUNCTION pgq_unique_active(state pgq_job_state, mask integer) RETURNS boolean\n"
+    "LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$\n"
+    "    SELECT (mask & (CASE state "
+    + " ".join(f"WHEN '{s.value}' THEN {s.bit}" for s in JobState)
+    + " END)) <> 0\n$$\n"
+)
 event.listen(jobs, "before_create", DDL(UNIQUE_ACTIVE_FUNCTION))  # type: ignore[no-untyped-call]
 event.listen(jobs, "after_drop", DDL("DROP FUNCTION IF EXISTS pgq_unique_active"))  # type: ignore[no-untyped-call]
 
@@ -188,7 +187,6 @@ queues = Table(
 )
 
 __all__ = (
-    "FINAL_STATES",
     "SCHEMA_REVISION",
     "STATES",
     "VERSION_TABLE",

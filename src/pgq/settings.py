@@ -7,7 +7,6 @@ keyword or flag > environment variable > default. Durations are seconds.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -125,9 +124,14 @@ class WorkerSettings:
 
     @classmethod
     def resolve(
-        cls, overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+        cls,
+        overrides: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+        *,
+        base: WorkerSettings | None = None,
     ) -> WorkerSettings:
-        """Settings from ``overrides`` (None values ignored), then ``PGQ_*`` variables."""
+        """Settings from ``overrides`` (None values ignored), then ``base`` (every field of
+        it), else ``PGQ_*`` variables and defaults."""
         environ = os.environ if environ is None else environ
         optional = {f.name for f in fields(cls) if f.metadata["optional"]}
         # None means "not given", except for optional settings, where it means "never".
@@ -139,15 +143,24 @@ class WorkerSettings:
         for f in fields(cls):
             if f.name in overrides:
                 values[f.name] = overrides[f.name]
-                continue
-            var = env_name(f.name)
-            if var in environ:
+            elif base is not None:
+                values[f.name] = getattr(base, f.name)
+            elif (var := env_name(f.name)) in environ:
                 values[f.name] = _parse(var, environ[var], f.default, f.metadata["optional"])
         return cls(**values)
 
-    def replace(self, **changes: Any) -> WorkerSettings:
-        """A copy with ``changes`` applied (and checked)."""
-        return dataclasses.replace(self, **changes)
+    @classmethod
+    def from_env(cls, name: str, environ: Mapping[str, str] | None = None) -> Any:
+        """One setting as ``PGQ_<NAME>`` gives it, else its default, without checking the
+        other settings (a bad unrelated variable must not break a command that needs one)."""
+        environ = os.environ if environ is None else environ
+        f = next((f for f in fields(cls) if f.name == name), None)
+        if f is None:
+            raise ConfigError(f"unknown worker setting {name!r}")
+        var = env_name(name)
+        if var in environ:
+            return _parse(var, environ[var], f.default, f.metadata["optional"])
+        return f.default
 
 
 def env_name(setting: str) -> str:

@@ -59,7 +59,7 @@ class WorkerProcess:
         args = [
             sys.executable,
             "-m",
-            "pgq.cli",
+            "pgq",
             "--log-level",
             "INFO",
             "worker",

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 import pgq
-from pgq.revision import SCHEMA_REVISION
+from pgq._store.revision import SCHEMA_REVISION
 
 pytestmark = pytest.mark.anyio
 
@@ -27,7 +27,7 @@ def pgq_cmd(
     python: str, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [python, "-m", "pgq.cli", *args],
+        [python, "-m", "pgq", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -200,7 +200,7 @@ async def _worker_with_a_running_job(
         [
             python,
             "-m",
-            "pgq.cli",
+            "pgq",
             "worker",
             "slow_tasks:app",
             "--dsn",

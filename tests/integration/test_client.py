@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 import pgq
-from pgq.dsn import sqlalchemy_url
+from pgq._dsn import sqlalchemy_url
+from pgq._store.revision import SCHEMA_REVISION
 from pgq.errors import ConfigError, SerializationError, UnknownTaskError
-from pgq.revision import SCHEMA_REVISION
 from tests.tests_support import job_notes
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 import pgq
-from pgq.dsn import sqlalchemy_url
+from pgq._dsn import sqlalchemy_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "examples"))
 

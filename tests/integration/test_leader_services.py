@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING
 
+import asyncpg
 import pytest
 
 import pgq
+from pgq._worker.leader.elector import Elector
+from pgq._worker.leader.retention import Retention
+from pgq._worker.leader.services import LeaderServices
 from tests.integration.test_liveness import FAST, fake_producer, running_job
 from tests.tests_support import until
 
@@ -33,7 +38,7 @@ async def test_a_failing_periodic_schedule_stops_neither_promotion_nor_rescue(
     await conn.execute("DROP TABLE pgq_periodic")
     ghost = await fake_producer(conn, silent_s=3600)
     orphan = await running_job(conn, ghost)
-    caplog.set_level(logging.WARNING, "pgq.maintenance")
+    caplog.set_level(logging.WARNING, "pgq.leader")
     async with pgq.Worker(app, dsn, **FAST) as worker:
         delayed = await client.enqueue("work", {"n": 2}, delay=1.0)
         due = delayed.scheduled_at
@@ -61,23 +66,23 @@ async def test_a_failing_periodic_schedule_stops_neither_promotion_nor_rescue(
 async def test_a_service_that_recovers_says_so_and_logs_a_new_error_again(
     dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
-    app = pgq.App()
-
-    @app.task
-    async def work(ctx: pgq.JobContext) -> None: ...
-
-    caplog.set_level(logging.INFO, "pgq.maintenance")
-    async with pgq.Worker(app, dsn, **{**FAST, "retention_interval": 3600}) as worker:
-        assert worker.maintenance is not None
-        run = worker.maintenance.run_service
+    caplog.set_level(logging.INFO, "pgq.leader")
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    assert pool is not None
+    try:
+        settings = pgq.WorkerSettings.resolve(FAST)
+        elector = Elector(pool, worker_id=uuid.uuid4(), worker_name="test", ttl_s=5)
+        services = LeaderServices(elector, [Retention(pool, settings)])
         await conn.execute("ALTER TABLE pgq_jobs RENAME TO pgq_jobs_away")
         try:
-            assert await run("retention") is None
-            assert await run("retention") is None
+            assert await services.run_service("retention") is None
+            assert await services.run_service("retention") is None
         finally:
             await conn.execute("ALTER TABLE pgq_jobs_away RENAME TO pgq_jobs")
-        assert await run("retention") == 0
-        status = worker.stats()["leader_services"]["retention"]
+        assert await services.run_service("retention") == 0
+        status = services.status["retention"].snapshot()
+    finally:
+        await pool.close()
     assert status["failures"] == 2 and status["consecutive_failures"] == 0
     messages = [r.getMessage() for r in caplog.records if "retention" in r.getMessage()]
     assert sum("leader service retention failed" in m for m in messages) == 1

@@ -7,9 +7,11 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import asyncpg
 import pytest
 
 import pgq
+from pgq._worker.leader.retention import Retention
 from tests.tests_support import blocking_app, until
 
 if TYPE_CHECKING:
@@ -51,7 +53,7 @@ async def test_unique_true_derives_the_key_from_task_queue_and_args(client: pgq.
 
 
 async def test_unique_period_buckets(client: pgq.Client) -> None:
-    from pgq.client import derive_unique_key
+    from pgq._enqueue import derive_unique_key
 
     k1 = derive_unique_key("t", "q", "{}", 60, now=120.0)
     k2 = derive_unique_key("t", "q", "{}", 60, now=179.0)
@@ -351,9 +353,14 @@ async def test_pause_stops_every_worker_and_resume_restarts_them(
         )
         assert len(paused) == 10, "a paused queue still accepts jobs"
         # Several fetches by each worker pass (a poll is 0.1 s) and claim nothing.
-        claimed = w1.producers[0].claimed + w2.producers[0].claimed
-        await anyio.sleep(0.5)
-        assert w1.producers[0].claimed + w2.producers[0].claimed == claimed == 0
+        before = [_producer(w)["fetches"] for w in (w1, w2)]
+
+        async def fetched_thrice() -> bool:
+            now = [_producer(w)["fetches"] for w in (w1, w2)]
+            return all(n >= b + 3 for n, b in zip(now, before, strict=True))
+
+        await until(fetched_thrice)
+        assert [_producer(w)["claimed"] for w in (w1, w2)] == [0, 0]
         assert ran == Counter()
         await client.resume_queue("mail")
         for job in paused:
@@ -411,20 +418,19 @@ async def test_retention_deletes_old_finished_jobs_only(
     recent = await conn.fetchval(
         "INSERT INTO pgq_jobs (task, state, finalized_at) VALUES ('t', 'completed', now()) RETURNING id"
     )
-    app = pgq.App()
-
-    @app.task
-    async def t(ctx: pgq.JobContext) -> None: ...
-
     settings = {
         **QUICK,
         "retention_completed": 3600,
         "retention_cancelled": 3600,
         "retention_discarded": None,
     }
-    async with pgq.Worker(app, dsn, **settings) as worker:
-        assert worker.maintenance is not None
-        await worker.maintenance.services["retention"].run_once()
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+    assert pool is not None
+    try:
+        retention = Retention(pool, pgq.WorkerSettings.resolve(settings))
+        assert await retention.run_once() == 2
+    finally:
+        await pool.close()
     left = {r[0] for r in await conn.fetch("SELECT id FROM pgq_jobs")}
     assert ids["completed"] not in left and ids["cancelled"] not in left
     assert ids["discarded"] in left, "None keeps forever"
@@ -564,3 +570,8 @@ async def test_rescued_event_fires_in_the_leader(dsn: str, client: pgq.Client, c
     async with pgq.Worker(app, dsn, **QUICK):
         await client.wait(job_id, timeout=10)
     assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer row missing")]
+
+
+def _producer(worker: pgq.Worker) -> dict[str, Any]:
+    (producer,) = worker.stats()["producers"]
+    return dict(producer)

@@ -3,9 +3,13 @@ leader, the rescuer's judgement of any peer, the reaper, health."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import re
 import uuid
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -13,7 +17,9 @@ import asyncpg
 import pytest
 
 import pgq
+from pgq._worker.leader.rescuer import Rescuer
 from pgq.errors import ConfigError
+from pgq.settings import WorkerSettings
 from tests.tests_support import until
 
 if TYPE_CHECKING:
@@ -121,14 +127,14 @@ async def test_the_fencing_invariant_is_checked_at_start_up() -> None:
 
 async def test_heartbeats_advance_on_the_database_clock(dsn: str, conn: Conn) -> None:
     async with pgq.Worker(make_app(), dsn, **FAST) as worker:
-        producer = worker.producers[0]
+        producer_id = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
         first = await conn.fetchval(
-            "SELECT heartbeat_at FROM pgq_producers WHERE id = $1", producer.id
+            "SELECT heartbeat_at FROM pgq_producers WHERE id = $1", producer_id
         )
 
         async def moved() -> bool:
             now = await conn.fetchval(
-                "SELECT heartbeat_at FROM pgq_producers WHERE id = $1", producer.id
+                "SELECT heartbeat_at FROM pgq_producers WHERE id = $1", producer_id
             )
             return bool(now > first)
 
@@ -192,9 +198,8 @@ async def test_rescue_of_a_job_whose_producer_row_is_gone(
     gone = uuid.uuid4()
     old = await running_job(conn, gone, started_s_ago=60)
     fresh = await running_job(conn, gone, started_s_ago=0, n=2)
-    async with pgq.Worker(make_app(), dsn, **FAST) as worker:
+    async with pgq.Worker(make_app(), dsn, **FAST):
         await until(lambda: _state_is(client, old, pgq.JobState.COMPLETED))
-        assert worker.maintenance is not None
         # A job claimed moments ago may belong to a producer re-registering right now.
         job = await client.get_job(fresh)
         assert job is not None
@@ -225,8 +230,7 @@ async def test_a_hung_job_under_a_live_producer_is_rescued(
         peer.start_soon(keep_alive, dsn, alive)
         async with pgq.Worker(make_app(), dsn, **FAST) as worker:
             await until(lambda: _state_is(client, hung, pgq.JobState.COMPLETED))
-            assert worker.maintenance is not None
-            await until(_more_rounds(worker, worker.maintenance.status["rescuer"].runs + 3))
+            await until(_more_rounds(worker, _rescue_rounds(worker) + 3))
         peer.cancel_scope.cancel()
     job = await client.get_job(hung)
     assert job is not None and "overran its timeout" in job.errors[0]["message"]
@@ -241,7 +245,6 @@ async def test_a_fresh_peer_is_never_rescued(dsn: str, conn: Conn, client: pgq.C
     async with anyio.create_task_group() as peer:
         peer.start_soon(keep_alive, dsn, alive)
         async with pgq.Worker(make_app(), dsn, **FAST) as worker:
-            assert worker.maintenance is not None
             # Long enough for the peer to be judged stale several times over, were it silent.
             await until(_more_rounds(worker, 25))
             assert worker.stats()["rescued"] == 0
@@ -250,26 +253,56 @@ async def test_a_fresh_peer_is_never_rescued(dsn: str, conn: Conn, client: pgq.C
     assert job is not None and job.state is pgq.JobState.RUNNING
 
 
+async def leader_rescuer(dsn: str, **settings: Any) -> AsyncIterator[Rescuer]:
+    """A rescuer holding the lease, outside any worker: its rounds are driven by hand."""
+    leader_id = uuid.uuid4()
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    assert pool is not None
+    try:
+        await pool.execute(
+            "INSERT INTO pgq_leader (name, leader_id, worker_name, expires_at)"
+            " VALUES ('default', $1, 'test', now() + interval '1 hour')",
+            leader_id,
+        )
+        sick: list[str] = settings.pop("sick", [])
+        yield Rescuer(
+            pool,
+            WorkerSettings.resolve({**FAST, **settings}),
+            leader_id,
+            sick_queues=lambda: sick,
+        )
+    finally:
+        await pool.close()
+
+
 async def test_rescue_passes_over_a_job_being_completed(
     dsn: str, conn: Conn, client: pgq.Client
 ) -> None:
     ghost = await fake_producer(conn, silent_s=3600)
     job_id = await running_job(conn, ghost)
-    # Never leader: a worker that does not lead cannot rescue; drive the round by hand.
-    async with pgq.Worker(make_app(), dsn, **{**FAST, "rescue_interval": 3600}) as worker:
-        assert worker.maintenance is not None
+    async with contextlib.asynccontextmanager(leader_rescuer)(dsn) as rescuer:
         async with conn.transaction():
             # The owner is writing its outcome right now: the row is locked ...
             await conn.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", job_id)
-            assert (await worker.maintenance.services["rescuer"].run_once()).rescued == 0
+            assert (await rescuer.run_once()).rescued == 0
             await conn.execute(
                 "UPDATE pgq_jobs SET state = 'completed', finalized_at = now() WHERE id = $1",
                 job_id,
             )
         # ... and once it committed, the job is no longer running: nothing to rescue.
-        assert (await worker.maintenance.services["rescuer"].run_once()).rescued == 0
+        assert (await rescuer.run_once()).rescued == 0
     job = await client.get_job(job_id)
     assert job is not None and job.state is pgq.JobState.COMPLETED and job.errors == []
+
+
+async def test_a_deposed_leader_rescues_nothing(dsn: str, conn: Conn, client: pgq.Client) -> None:
+    ghost = await fake_producer(conn, silent_s=3600)
+    job_id = await running_job(conn, ghost)
+    async with contextlib.asynccontextmanager(leader_rescuer)(dsn) as rescuer:
+        await conn.execute("UPDATE pgq_leader SET leader_id = $1", uuid.uuid4())
+        assert (await rescuer.run_once()).rescued == 0
+    job = await client.get_job(job_id)
+    assert job is not None and job.state is pgq.JobState.RUNNING
 
 
 async def test_a_late_outcome_is_rejected_counted_and_logged(
@@ -324,18 +357,16 @@ async def test_a_deleted_producer_row_reregisters_and_loses_nothing(
     async with pgq.Worker(app, dsn, **FAST) as worker:
         with anyio.fail_after(10):
             await started.wait()
-        producer = worker.producers[0]
-        old = producer.id
+        old = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
         await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
 
         async def reregistered() -> bool:
-            return producer.id != old
+            return bool(worker.stats()["reregistrations"] == 1)
 
         await until(reregistered)
-        assert (
-            await conn.fetchval("SELECT producer_id FROM pgq_jobs WHERE id = $1", job.id)
-            == producer.id
-        )
+        new = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+        assert new != old
+        assert await conn.fetchval("SELECT producer_id FROM pgq_jobs WHERE id = $1", job.id) == new
         release.set()
         await until(lambda: _state_is(client, job.id, pgq.JobState.COMPLETED))
     assert runs == [job.id]
@@ -372,7 +403,7 @@ async def test_the_fencing_token_stays_valid_across_re_registration(
     async with pgq.Worker(app, dsn, **FAST) as worker:
         with anyio.fail_after(10):
             await started.wait()
-        old = worker.producers[0].id
+        old = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
         await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
 
         async def adopted() -> bool:
@@ -410,64 +441,74 @@ async def test_the_reaper_deletes_long_silent_producers_after_rescue(
     assert job is not None and job.errors[0]["kind"] == "rescued"
 
 
+@contextlib.asynccontextmanager
+async def heartbeats_blocked(dsn: str, worker_name: str) -> AsyncIterator[None]:
+    """Every heartbeat of the worker blocks (its producer rows are locked) until the block
+    ends: a real database fault, as a worker whose heartbeats fail sees it. Nothing else
+    waits on those rows: claims, outcomes and the rescuer's reads go on."""
+    blocker = await asyncpg.connect(dsn)
+    try:
+        async with blocker.transaction():
+            await blocker.execute(
+                "SELECT 1 FROM pgq_producers WHERE worker_name = $1 FOR UPDATE", worker_name
+            )
+            yield
+    finally:
+        await blocker.close()
+
+
 async def test_a_leader_with_unhealthy_producers_skips_the_rescue(
     dsn: str, conn: Conn, client: pgq.Client, caplog: pytest.LogCaptureFixture
 ) -> None:
     ghost = await fake_producer(conn, silent_s=3600)
-    job_id = await running_job(conn, ghost)
-    caplog.set_level(logging.WARNING, "pgq.maintenance")
-    slow = {
-        **FAST,
-        "rescue_interval": 3600,
-        "heartbeat_interval": 30.0,
-        "stale_after": 100.0,
-        "reap_after": 200.0,
-    }
-    async with pgq.Worker(make_app(), dsn, **slow) as worker:
-        assert worker.maintenance is not None
-        worker.producers[0].set_healthy(False)
-        rescuer = worker.maintenance.services["rescuer"]
-        assert (await rescuer.run_once()).skipped
-        assert (await rescuer.run_once()).skipped
-        skips = [r for r in caplog.records if "skips rescue rounds" in r.getMessage()]
-        assert len(skips) == 1, "said once"
-        worker.producers[0].set_healthy(True)
-        assert (await rescuer.run_once()).rescued == 1
-    job = await client.get_job(job_id)
-    assert job is not None and job.errors[0]["kind"] == "rescued"
+    caplog.set_level(logging.INFO, "pgq.rescuer")
+    settings = {**FAST, "rescue_interval": 0.1, "reap_after": 3600.0}
+    async with pgq.Worker(make_app(), dsn, name="fenced", **settings) as worker:
+        await until(lambda: _beats(worker, 1))
+        async with heartbeats_blocked(dsn, "fenced"):
+
+            async def fenced() -> bool:
+                return not worker.stats()["producers"][0]["healthy"]
+
+            await until(fenced)
+            # Only now is there a job to judge: a stale peer's, rescuable at once.
+            job_id = await running_job(conn, ghost)
+            await until(_more_rounds(worker, _rescue_rounds(worker) + 5))
+            job = await client.get_job(job_id)
+            assert job is not None and job.state is pgq.JobState.RUNNING, "not judged"
+            assert worker.stats()["leader"]
+        await until(lambda: _state_is(client, job_id, pgq.JobState.COMPLETED))
+    messages = [r.getMessage() for r in caplog.records]
+    skips = [m for m in messages if "skips rescue rounds" in m]
+    assert skips == ["leader skips rescue rounds: its own producers (default) are unhealthy"]
+    assert "leader resumes rescue rounds" in messages
+    rescued = await client.get_job(job_id)
+    assert rescued is not None and rescued.errors[0]["kind"] == "rescued"
 
 
 async def test_healthz_reports_200_then_503_with_a_reason(dsn: str) -> None:
     import httpx
 
-    # Slow beats with room to connect: one beat that lands, then none for 30 s.
-    slow = {
-        **FAST,
-        "heartbeat_interval": 30.0,
-        "heartbeat_timeout": 5.0,
-        "stale_after": 100.0,
-        "reap_after": 200.0,
-    }
-    async with pgq.Worker(make_app(), dsn, health_port=0, **slow) as worker:
+    settings = {**FAST, "heartbeat_interval": 0.3, "heartbeat_timeout": 0.2}
+    async with pgq.Worker(make_app(), dsn, name="probed", health_port=0, **settings) as worker:
         url = f"http://127.0.0.1:{worker.health_port}/healthz"
         async with httpx.AsyncClient() as http:
             ok = await http.get(url)
             assert ok.status_code == 200 and ok.json()["status"] in ("ok", "starting")
+            async with heartbeats_blocked(dsn, "probed"):
 
-            # The first heartbeat fires at start: once it landed, the next is 30 s away and
-            # cannot unfence the producer fenced below.
-            async def first_beat_landed() -> bool:
-                return worker.producers[0].last_heartbeat_ok_at is not None
+                async def unhealthy() -> bool:
+                    return (await http.get(url)).status_code == 503
 
-            await until(first_beat_landed)
-            worker.producers[0].consecutive_failures = 2
-            worker.producers[0].set_healthy(False)
-            bad = await http.get(url)
-            assert bad.status_code == 503
-            assert (
-                bad.json()["status"] == "unhealthy"
-                and "unhealthy after 2 failed heartbeats" in bad.json()["reason"]
-            )
+                await until(unhealthy)
+                bad = (await http.get(url)).json()
+                assert bad["status"] == "unhealthy"
+                assert re.search(r"is unhealthy after \d+ failed heartbeats", bad["reason"])
+
+            async def healthy_again() -> bool:
+                return (await http.get(url)).status_code == 200
+
+            await until(healthy_again)
             assert (await http.get(url.replace("healthz", "nope"))).status_code == 404
 
 
@@ -475,10 +516,12 @@ async def test_pgq_producers_lists_status_and_leader(dsn: str, conn: Conn, pytho
     await fake_producer(conn, silent_s=3600, name="ghost:9")
     async with pgq.Worker(make_app(), dsn, name="live:1", **{**FAST, "rescue_interval": 3600}):
         table = await anyio.run_process(
-            [python, "-m", "pgq.cli", "producers", "--dsn", dsn, "--stale-after", "1"]
+            [python, "-m", "pgq", "producers", "--dsn", dsn, "--stale-after", "1"]
         )
+        # A bad variable of a setting `pgq producers` does not use cannot break it.
         raw = await anyio.run_process(
-            [python, "-m", "pgq.cli", "producers", "--dsn", dsn, "--json", "--stale-after", "1"]
+            [python, "-m", "pgq", "producers", "--dsn", dsn, "--json", "--stale-after", "1"],
+            env={**os.environ, "PGQ_HEARTBEAT_INTERVAL": "soon"},
         )
     text = table.stdout.decode()
     assert "leader: live:1" in text and "live:1 *" in text
@@ -496,8 +539,16 @@ async def _state_is(client: pgq.Client, job_id: int, state: pgq.JobState) -> boo
     return job is not None and job.state is state
 
 
+def _rescue_rounds(worker: pgq.Worker) -> int:
+    return int(worker.stats()["leader_services"]["rescuer"]["runs"])
+
+
 def _more_rounds(worker: pgq.Worker, n: int) -> Any:
     async def check() -> bool:
-        return worker.maintenance is not None and worker.maintenance.status["rescuer"].runs >= n
+        return _rescue_rounds(worker) >= n
 
     return check
+
+
+async def _beats(worker: pgq.Worker, n: int) -> bool:
+    return bool(worker.stats()["heartbeats"] >= n)

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import textwrap
 from pathlib import Path
@@ -12,8 +13,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import pgq
 from pgq import migrate
-from pgq.db import check_schema
-from pgq.dsn import sqlalchemy_url
+from pgq._dsn import sqlalchemy_url
+from pgq._store.revision import check_schema
 from pgq.schema import SCHEMA_REVISION, metadata
 
 pytestmark = pytest.mark.anyio
@@ -78,6 +79,33 @@ async def test_autogenerate_finds_nothing_to_change(dsn: str) -> None:
     await engine.dispose()
 
 
+async def test_the_database_reads_states_as_job_state_defines_them(dsn: str) -> None:
+    """The enum's order, the unique-states bits and the final states in the migrated
+    database agree with pgq.JobState, their one definition."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        order = await conn.fetchval("SELECT enum_range(NULL::pgq_job_state)::text[]")
+        assert order == [s.value for s in pgq.JobState]
+        for state in pgq.JobState:
+            hits = [
+                other.value
+                for other in pgq.JobState
+                if await conn.fetchval(
+                    "SELECT pgq_unique_active($1::pgq_job_state, $2)", state.value, other.bit
+                )
+            ]
+            assert hits == [state.value], state
+        final = await conn.fetchval(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conname = 'pgq_jobs_finalized_at_check'"
+        )
+        assert sorted(re.findall(r"'(\w+)'", final)) == sorted(
+            s.value for s in pgq.JobState if s.is_final
+        )
+    finally:
+        await conn.close()
+
+
 def test_head_is_the_revision_the_code_needs() -> None:
     assert migrate.head_revision() == SCHEMA_REVISION
 
@@ -102,7 +130,7 @@ async def test_downgrade_to_base_removes_everything(dsn: str) -> None:
 
 def test_pgq_migrate_sql_prints_the_ddl(python: str) -> None:
     out = subprocess.run(
-        [python, "-m", "pgq.cli", "migrate", "--sql"],
+        [python, "-m", "pgq", "migrate", "--sql"],
         capture_output=True,
         text=True,
         check=True,
@@ -120,7 +148,7 @@ def test_alembic_upgrade_head_from_the_repo_root(python: str, empty_dsn: str) ->
         capture_output=True,
     )
     subprocess.run(
-        [python, "-m", "pgq.cli", "migrate", "--dsn", empty_dsn],
+        [python, "-m", "pgq", "migrate", "--dsn", empty_dsn],
         cwd=ROOT,
         check=True,
         capture_output=True,

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.anyio
 
 def pgq_cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pgq.cli", *args, "--dsn", dsn],
+        [sys.executable, "-m", "pgq", *args, "--dsn", dsn],
         capture_output=True,
         text=True,
         timeout=60,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import pgq
-from pgq import completer
+from pgq._worker import completer
 from tests.integration.test_liveness import FAST
 from tests.tests_support import until
 
@@ -164,7 +164,7 @@ async def test_an_outcome_refused_in_every_form_is_held_and_written_later(
     async with pgq.Worker(refused_app(), dsn, **SETTINGS) as worker:
 
         async def held() -> bool:
-            return bool(worker.stats()["outcomes_pending"] == 1)
+            return bool(worker.stats()["outcomes_held"] == 1)
 
         await until(held)
         stored = await client.get_job(job.id)

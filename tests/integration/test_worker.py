@@ -5,10 +5,13 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import asyncpg
 import pytest
 
 import pgq
-from tests.tests_support import blocking_app
+from pgq._worker.outcome import Outcome
+from pgq._worker.producer import Producer
+from tests.tests_support import blocking_app, until
 
 pytestmark = pytest.mark.anyio
 
@@ -375,20 +378,43 @@ async def test_a_producer_says_it_is_empty_after_batches_that_overlapped(
         pass
 
     emptied = anyio.Event()
+    outcomes: list[Outcome] = []
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    assert pool is not None
+    producer = Producer(
+        queue="default",
+        concurrency=10,
+        tasks=app.tasks,
+        pool=pool,
+        outcomes=outcomes.append,
+        limiter=anyio.CapacityLimiter(1),
+        poll_interval=0.05,
+        fence_after_s=3600,
+    )
 
-    async def wait_empty(producer: Any) -> None:
+    async def wait_empty() -> None:
         await producer.wait_empty()
         emptied.set()
 
-    async with pgq.Worker(app, dsn, poll_interval=0.1) as worker, anyio.create_task_group() as tg:
-        await client.enqueue("slow")
-        with anyio.fail_after(10):
-            await slow_started.wait()
-        tg.start_soon(wait_empty, worker.producers[0])  # waits while the first batch runs
-        await anyio.lowlevel.checkpoint()
-        second = await client.enqueue("quick")  # a second batch, claimed meanwhile
-        await client.wait(second.id, timeout=10)
-        assert not emptied.is_set()
-        release.set()
-        with anyio.fail_after(10):
-            await emptied.wait()
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(producer.run)
+            await client.enqueue("slow")
+            with anyio.fail_after(10):
+                await slow_started.wait()
+            tg.start_soon(wait_empty)  # waits while the first batch runs
+            await anyio.lowlevel.checkpoint()
+            await client.enqueue("quick")  # a second batch, claimed meanwhile
+
+            async def quick_done() -> bool:
+                return any(o.state == "completed" for o in outcomes)
+
+            await until(quick_done)
+            assert not emptied.is_set()
+            release.set()
+            with anyio.fail_after(10):
+                await emptied.wait()
+            producer.stop_fetching()
+    finally:
+        await pool.close()
+    assert sorted(o.state for o in outcomes) == ["completed", "completed"]

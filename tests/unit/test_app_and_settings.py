@@ -3,8 +3,8 @@ import random
 import pytest
 
 import pgq
+from pgq._cli.worker import parse_queues
 from pgq.app import Backoff, check_queue_name
-from pgq.cli import parse_queues
 from pgq.errors import ConfigError, UnknownTaskError
 from pgq.settings import WorkerSettings
 
@@ -79,3 +79,30 @@ def test_cli_queue_flags() -> None:
     assert parse_queues([], 4) is None
     with pytest.raises(ConfigError, match="whole number"):
         parse_queues(["emails:x"], None)
+
+
+def test_a_settings_object_is_taken_beside_keywords(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = pgq.App()
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    monkeypatch.setenv("PGQ_POLL_INTERVAL", "9")
+    base = WorkerSettings(stale_after=40.0, concurrency=4)
+    worker = pgq.Worker(app, "postgresql://h/db", settings=base, concurrency=6)
+    assert worker.settings.stale_after == 40.0, "from the object"
+    assert worker.settings.concurrency == 6, "a keyword wins over the object"
+    assert worker.settings.poll_interval == base.poll_interval, "the object wins over PGQ_*"
+
+
+def test_one_setting_is_read_without_checking_the_others() -> None:
+    env = {"PGQ_STALE_AFTER": "45", "PGQ_HEARTBEAT_INTERVAL": "soon"}
+    assert WorkerSettings.from_env("stale_after", env) == 45.0
+    assert WorkerSettings.from_env("concurrency", env) == 10
+    with pytest.raises(ConfigError, match="not a valid float"):
+        WorkerSettings.from_env("heartbeat_interval", env)
+
+
+def test_the_fencing_bound_is_computed_in_one_place() -> None:
+    s = WorkerSettings(heartbeat_interval=2.0, max_heartbeat_failures=4, heartbeat_timeout=1.5)
+    assert s.fencing_bound == 2.0 * 4 + 1.5

@@ -1,6 +1,6 @@
 import pytest
 
-from pgq.dsn import mask_dsn, normalize_dsn, resolve_dsn, sqlalchemy_url
+from pgq._dsn import mask_dsn, normalize_dsn, resolve_dsn, sqlalchemy_url
 from pgq.errors import ConfigError
 
 

@@ -20,6 +20,6 @@ def test_every_public_name_has_a_docstring() -> None:
 def test_importing_pgq_leaves_sqlalchemy_and_alembic_unloaded() -> None:
     """Clients and workers run on asyncpg alone; SQLAlchemy (migrations, connection= with a
     session) loads only when used, keeping their import and their heap small."""
-    code = "import sys, pgq, pgq.cli; print(sorted(m for m in ('sqlalchemy', 'alembic') if m in sys.modules))"
+    code = "import sys, pgq, pgq._cli; print(sorted(m for m in ('sqlalchemy', 'alembic') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -4,7 +4,7 @@ from datetime import datetime
 
 import pytest
 
-from pgq import serde
+from pgq import _serde as serde
 from pgq.errors import SerializationError
 
 

@@ -1,5 +1,6 @@
-"""Connections: opening pools with clear errors, the schema revision check, and adapting a
-caller's connection (asyncpg, or SQLAlchemy's AsyncConnection / AsyncSession)."""
+"""Connections: opening pools and connections with clear errors, telling passing failures
+from refusals, and adapting a caller's connection (asyncpg, or SQLAlchemy's AsyncConnection /
+AsyncSession)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from pgq import sql
-from pgq.dsn import mask_dsn, scrub
-from pgq.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
-from pgq.revision import SCHEMA_REVISION
+from pgq._dsn import mask_dsn, scrub
+from pgq.errors import ConfigError, DatabaseUnavailable
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 log = logging.getLogger("pgq")
-
-#: Revisions any pgq release has shipped, oldest first; used to read a shared version table.
-KNOWN_REVISIONS = ("0001", "0002", "0003")
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -28,9 +24,14 @@ if TYPE_CHECKING:
 
     Connection: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
     Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
+    #: Where a statement runs: a connection (in its transaction), or a pool (one acquire).
+    Db: TypeAlias = Connection | Pool
+    Record: TypeAlias = asyncpg.Record
 else:
     Connection = asyncpg.Connection
     Pool = asyncpg.Pool
+    Db = asyncpg.Connection | asyncpg.Pool
+    Record = asyncpg.Record
 
 # Errors that mean "the database is not there" rather than "the statement was wrong".
 CONNECTION_ERRORS: tuple[type[Exception], ...] = (
@@ -139,27 +140,6 @@ async def create_pool(
         raise _unparsable(dsn, exc) from None
     assert pool is not None
     return pool
-
-
-async def schema_revision(conn: Connection) -> str | None:
-    """The pgq revision the database is at, or None when pgq was never migrated there."""
-    own, shared, has_jobs = await conn.fetchrow(sql.SCHEMA_VERSION_TABLES)  # type: ignore[misc]
-    if own:
-        rows = await conn.fetch(sql.PGQ_VERSION)
-        if rows:
-            return str(rows[0][0])
-    if shared:
-        rows = await conn.fetch(sql.SHARED_VERSION, list(KNOWN_REVISIONS))
-        if rows:
-            return max((str(r[0]) for r in rows), key=KNOWN_REVISIONS.index)
-    return "unknown (tables exist, no version recorded)" if has_jobs else None
-
-
-async def check_schema(conn: Connection) -> None:
-    """Raise :class:`SchemaMismatch` unless the database is at :data:`SCHEMA_REVISION`."""
-    found = await schema_revision(conn)
-    if found != SCHEMA_REVISION:
-        raise SchemaMismatch(found, SCHEMA_REVISION)
 
 
 async def caller_connection(

@@ -1,16 +1,20 @@
-"""One LISTEN connection per worker, reconnecting, that fans notifications out to callbacks."""
+"""LISTEN: a worker's reconnecting connection that fans notifications out to callbacks, the
+client's wait for finished jobs, and the typed payloads of the control channel."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.abc
 import asyncpg
 
-from pgq.db import CONNECTION_ERRORS, connect
+from pgq._store import sql
+from pgq._store.connections import CONNECTION_ERRORS, Pool, connect
 from pgq.errors import DatabaseUnavailable
 
 log = logging.getLogger("pgq.notifier")
@@ -42,6 +46,7 @@ class Notifier:
         self._connect_kwargs = connect_kwargs or {}
         self._reconnect_max_s = reconnect_max_s
         self.connected = anyio.Event()
+        #: Times the connection was lost and made again.
         self.reconnects = 0
 
     async def run(
@@ -108,3 +113,96 @@ async def _close_quietly(conn: asyncpg.Connection[asyncpg.Record]) -> None:
         await conn.close(timeout=1)
     except Exception:
         conn.terminate()
+
+
+# --------------------------------------------------------------------------- control payloads
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """``client.cancel()`` asked that running job ``job_id`` stop."""
+
+    job_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePaused:
+    """Queue ``queue`` was paused (``*``: every queue)."""
+
+    queue: str
+
+
+ControlEvent = CancelRequested | QueuePaused
+
+
+def parse_control(payload: str) -> ControlEvent | None:
+    """The control message in a ``pgq_control`` payload (see ``sql.CANCEL_JOBS`` and
+    ``sql.PAUSE_QUEUE``), or None for one this pgq does not know (a newer release's)."""
+    try:
+        message = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(message, dict):
+        return None
+    kind = message.get("kind")
+    job_id = message.get("job_id")
+    queue = message.get("queue")
+    if kind == "cancel" and isinstance(job_id, int) and not isinstance(job_id, bool):
+        return CancelRequested(job_id)
+    if kind == "pause" and isinstance(queue, str):
+        return QueuePaused(queue)
+    return None
+
+
+# --------------------------------------------------------------------------- waiting for jobs
+
+
+class DoneWaiters:
+    """One LISTEN connection (from ``pool``) on ``pgq_done`` shared by every waiter of a
+    client: each waits for an event, set when its job's id is announced."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._conn: Any = None
+        self._events: dict[int, list[anyio.Event]] = {}
+        self._lock = anyio.Lock()
+
+    async def event_for(self, job_id: int) -> anyio.Event:
+        """A new event, set when ``job_id`` is next announced as finished (or when the
+        connection was made again: a waiter must then re-read its job)."""
+        await self._listening()
+        event = anyio.Event()
+        self._events.setdefault(job_id, []).append(event)
+        return event
+
+    def forget(self, job_id: int, event: anyio.Event) -> None:
+        """Stop waiting with ``event``."""
+        left = [e for e in self._events.get(job_id, []) if e is not event]
+        if left:
+            self._events[job_id] = left
+        else:
+            self._events.pop(job_id, None)
+
+    def _on_done(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        for part in str(payload).split(","):
+            for event in self._events.pop(int(part), ()) if part.isdigit() else ():
+                event.set()
+
+    async def _listening(self) -> None:
+        async with self._lock:
+            if self._conn is None or self._conn.is_closed():
+                if self._conn is not None:
+                    await self._pool.release(self._conn)
+                self._conn = await self._pool.acquire()
+                await self._conn.add_listener(sql.CHANNEL_DONE, self._on_done)
+                # A reconnect may have missed notifications: let every waiter re-read.
+                for events in self._events.values():
+                    for e in events:
+                        e.set()
+
+    async def close(self) -> None:
+        """Give the connection back to the pool."""
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            await conn.remove_listener(sql.CHANNEL_DONE, self._on_done)
+            await self._pool.release(conn)

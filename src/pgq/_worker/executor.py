@@ -11,11 +11,11 @@ from typing import Any
 
 import anyio
 
-from pgq import serde
+from pgq import _serde
+from pgq._hooks import Hooks, JobEvent, Middleware
+from pgq._worker.outcome import Outcome, error_entry
 from pgq.app import Task
-from pgq.hooks import Hooks, JobEvent
 from pgq.job import Cancel, Job, JobContext, JobState, Retry, Snooze
-from pgq.outcome import Outcome, error_entry
 
 log = logging.getLogger("pgq.executor")
 
@@ -88,7 +88,7 @@ async def _run_with_events(
     started = anyio.current_time()
     outcome = await _run(task, execution, limiter, hooks)
     state = JobState(outcome.state)
-    error = serde.loads(outcome.error) if outcome.error else None
+    error = _serde.loads(outcome.error) if outcome.error else None
     duration = anyio.current_time() - started
     await hooks.emit(JobEvent("job_finished", job, state, error, duration))
     if state is JobState.RETRYABLE:
@@ -104,41 +104,14 @@ async def _run(
 ) -> Outcome:
     ctx = execution.ctx
     job = ctx.job
-
-    call: Callable[[], Awaitable[Any]]
-    middleware_chain = hooks.middleware if hooks is not None else []
-    if task.is_async and not middleware_chain:
-        # The common case, once per job: call the task itself, no wrapper in between.
-        call = functools.partial(task.fn, ctx, **job.args)
-    else:
-
-        async def call_task() -> Any:
-            if task.is_async:
-                return await task.fn(ctx, **job.args)
-            run = functools.partial(task.fn, ctx, **job.args)
-            return await anyio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
-
-        call = call_task
-        for middleware in reversed(middleware_chain):
-            call = functools.partial(middleware, ctx, call)
-
+    call = _make_call(task, ctx, limiter, hooks.middleware if hooks is not None else [])
     result: Any = None
     try:
         try:
-            if task.timeout is None:
+            if task.timeout is None:  # no coroutine in between for the common case
                 result = await call()
             else:
-                deadline = asyncio.timeout(task.timeout)
-                try:
-                    async with deadline:
-                        result = await call()
-                except TimeoutError:
-                    if not deadline.expired():
-                        raise  # the task's own TimeoutError: an ordinary failure
-                    ctx._request_cancel()
-                    message = f"timed out after {task.timeout:g}s"
-                    log.warning("job %d (%s) attempt %d %s", job.id, job.task, job.attempt, message)
-                    return _failure(job, task, error_entry(job.attempt, "timeout", message))
+                result = await _within_timeout(task.timeout, ctx, call)
         except asyncio.CancelledError:
             if execution.reason is None:
                 raise  # not ours to stop (the worker itself is being torn down)
@@ -153,27 +126,73 @@ async def _run(
             )
         if execution.reason is not None:
             return interrupted(job, execution.reason)
-    except Retry as exc:
-        return _failure(job, task, error_entry(job.attempt, "retry", exc.reason), exc.delay_s)
-    except Snooze as exc:
-        return Outcome.of(
-            job,
-            "retryable" if exc.delay_s else "available",
-            delay_s=exc.delay_s,
-            attempt_delta=-1,
-        )
-    except Cancel as exc:
-        return Outcome.of(job, "cancelled", error=error_entry(job.attempt, "cancel", exc.reason))
     except Exception as exc:
-        message = f"{type(exc).__name__}: {exc}"
-        log.debug("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt, message)
-        return _failure(
-            job, task, error_entry(job.attempt, "exception", message, traceback.format_exc())
-        )
+        return _raised(job, task, exc)
+    return _completed(job, result)
+
+
+def _make_call(
+    task: Task, ctx: JobContext, limiter: anyio.CapacityLimiter, middleware: list[Middleware]
+) -> Callable[[], Awaitable[Any]]:
+    """The task call, in threads for plain ``def`` tasks, inside the App's middleware."""
+    job = ctx.job
+    if task.is_async and not middleware:
+        # The common case, once per job: call the task itself, no wrapper in between.
+        return functools.partial(task.fn, ctx, **job.args)
+
+    async def call_task() -> Any:
+        if task.is_async:
+            return await task.fn(ctx, **job.args)
+        run = functools.partial(task.fn, ctx, **job.args)
+        return await anyio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
+
+    call: Callable[[], Awaitable[Any]] = call_task
+    for mw in reversed(middleware):
+        call = functools.partial(mw, ctx, call)
+    return call
+
+
+class _TimedOut(Exception):
+    """The attempt overran its task's timeout."""
+
+
+async def _within_timeout(
+    limit_s: float, ctx: JobContext, call: Callable[[], Awaitable[Any]]
+) -> Any:
+    deadline = asyncio.timeout(limit_s)
+    try:
+        async with deadline:
+            return await call()
+    except TimeoutError:
+        if not deadline.expired():
+            raise  # the task's own TimeoutError: an ordinary failure
+        ctx._request_cancel()
+        raise _TimedOut(f"timed out after {limit_s:g}s") from None
+
+
+def _raised(job: Job, task: Task, exc: Exception) -> Outcome:
+    """The outcome of an attempt that raised ``exc``."""
+    if isinstance(exc, Retry):
+        return _failure(job, task, error_entry(job.attempt, "retry", exc.reason), exc.delay_s)
+    if isinstance(exc, Snooze):
+        state = "retryable" if exc.delay_s else "available"
+        return Outcome.of(job, state, delay_s=exc.delay_s, attempt_delta=-1)
+    if isinstance(exc, Cancel):
+        return Outcome.of(job, "cancelled", error=error_entry(job.attempt, "cancel", exc.reason))
+    if isinstance(exc, _TimedOut):
+        log.warning("job %d (%s) attempt %d %s", job.id, job.task, job.attempt, exc)
+        return _failure(job, task, error_entry(job.attempt, "timeout", str(exc)))
+    message = f"{type(exc).__name__}: {exc}"
+    log.debug("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt, message)
+    tb = "".join(traceback.format_exception(exc))
+    return _failure(job, task, error_entry(job.attempt, "exception", message, tb))
+
+
+def _completed(job: Job, result: Any) -> Outcome:
     if result is None:
         return Outcome.of(job, "completed")
     try:
-        return Outcome.of(job, "completed", result=serde.dumps(result, "result"))
+        return Outcome.of(job, "completed", result=_serde.dumps(result, "result"))
     except Exception as exc:  # SerializationError, and whatever a strange object raises
         # The work is done; running it again to get a storable result could repeat side
         # effects. Complete it without a result and keep the reason.

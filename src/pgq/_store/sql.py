@@ -1,32 +1,32 @@
 """Every SQL statement pgq runs, named, in one place.
 
-Runtime code refers to ``sql.FETCH_JOBS`` and never builds SQL from strings. Values travel as
-parameters; JSON travels as ``text`` and is cast in SQL, so a caller's connection works whatever
-type codecs it has registered.
+Statements are constants: nothing here or elsewhere builds SQL at run time, and no statement
+is derived by editing another. A few facts that live in Python are joined into the text at
+import, as named fragments: the notification channels, the final states (from
+:class:`~pgq.JobState`), the default ``max_attempts`` and the column list of a whole job.
+Values always travel as parameters; JSON travels as ``text`` and is cast in SQL, so a
+caller's connection works whatever type codecs it has registered.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-#: Notification channels. Payloads: a queue name; a leader id; a control message.
-CHANNEL_JOBS: Final = "pgq_jobs"
-CHANNEL_LEADER: Final = "pgq_leader"
-CHANNEL_CONTROL: Final = "pgq_control"
-CHANNEL_DONE: Final = "pgq_done"
+from pgq.job import DEFAULT_MAX_ATTEMPTS, FINAL_STATES, JobState
 
-# --------------------------------------------------------------------------- schema check
+#: Notification channels.
+CHANNEL_JOBS: Final = "pgq_jobs"  # payload: a queue with new jobs ('*': every queue)
+CHANNEL_LEADER: Final = "pgq_leader"  # payload: 'resigned'
+CHANNEL_CONTROL: Final = "pgq_control"  # payload: a JSON control message (see _worker.control)
+CHANNEL_DONE: Final = "pgq_done"  # payload: comma-separated ids of jobs that became final
 
-SCHEMA_VERSION_TABLES: Final = """
-SELECT to_regclass('pgq_alembic_version') IS NOT NULL,
-       to_regclass('alembic_version') IS NOT NULL,
-       to_regclass('pgq_jobs') IS NOT NULL
-"""
-PGQ_VERSION: Final = "SELECT version_num FROM pgq_alembic_version"
-# When the user runs pgq's migrations inside their own alembic environment (branch "pgq").
-SHARED_VERSION: Final = (
-    "SELECT version_num FROM alembic_version WHERE version_num = ANY($1::text[])"
-)
+# Fragments of statement text, each derived from its one source.
+_JOBS = f"'{CHANNEL_JOBS}'"
+_LEADER = f"'{CHANNEL_LEADER}'"
+_CONTROL = f"'{CHANNEL_CONTROL}'"
+_DONE = f"'{CHANNEL_DONE}'"
+_FINAL = "(" + ", ".join(f"'{s.value}'" for s in JobState if s in FINAL_STATES) + ")"
+_DEFAULT_MAX_ATTEMPTS = str(int(DEFAULT_MAX_ATTEMPTS))
 
 # A whole job, as every read returns it. Timestamps are read within the years Python can
 # hold (1 to 9999): PostgreSQL keeps dates far beyond them, and one such row (written by hand,
@@ -42,17 +42,24 @@ JOB_COLUMNS: Final = """
        result::text AS result, unique_key, attempt_token
 """
 
+# --------------------------------------------------------------------------- schema check
+
+SCHEMA_VERSION_TABLES: Final = """
+SELECT to_regclass('pgq_alembic_version') IS NOT NULL AS own,
+       to_regclass('alembic_version') IS NOT NULL AS shared,
+       to_regclass('pgq_jobs') IS NOT NULL AS has_jobs
+"""
+PGQ_VERSION: Final = "SELECT version_num FROM pgq_alembic_version"
+# When the user runs pgq's migrations inside their own alembic environment (branch "pgq").
+SHARED_VERSION: Final = (
+    "SELECT version_num FROM alembic_version WHERE version_num = ANY($1::text[])"
+)
+
 # --------------------------------------------------------------------------- enqueue
 
 # One statement for one job or thousands: rows arrive as parallel arrays. Jobs due now are
 # 'available' and wake the workers of their queue with a NOTIFY, delivered on commit only.
-# A job whose unique key is taken (in the states its mask names) is skipped by the unique
-# index, race-free; the caller then reads the job that holds the key (EXISTING_UNIQUE).
-_UNIQUE_ARBITER: Final = """    ON CONFLICT (unique_key)
-        WHERE unique_key IS NOT NULL AND pgq_unique_active(state, unique_states)
-        DO NOTHING
-"""
-ENQUEUE: Final = """
+_ENQUEUE_ROWS = """
 WITH ins AS (
     INSERT INTO pgq_jobs (queue, task, args, state, priority, max_attempts, scheduled_at,
                           tags, metadata, unique_key, unique_states)
@@ -73,22 +80,58 @@ WITH ins AS (
                   unique_key, unique_states, ord)
         ORDER BY u.ord
     ) r
+"""
+# A job whose unique key is taken (in the states its mask names) is skipped by the unique
+# index, race-free; the caller then reads the job that holds the key (EXISTING_UNIQUE).
+_UNIQUE_ARBITER = """
     ON CONFLICT (unique_key)
         WHERE unique_key IS NOT NULL AND pgq_unique_active(state, unique_states)
         DO NOTHING
+"""
+_ENQUEUE_RETURNING = (
+    """
     RETURNING id, queue, state, scheduled_at, created_at, unique_key
 )
-SELECT id, state::text, scheduled_at, created_at, unique_key,
-       (SELECT count(pg_notify('pgq_jobs', q.queue))
+SELECT id, state::text AS state, scheduled_at, created_at, unique_key,
+       (SELECT count(pg_notify("""
+    + _JOBS
+    + """, q.queue))
         FROM (SELECT DISTINCT queue FROM ins WHERE state = 'available') q) AS notified
 FROM ins
 ORDER BY id
 """
+)
+ENQUEUE_KEYED: Final = _ENQUEUE_ROWS + _UNIQUE_ARBITER + _ENQUEUE_RETURNING
+# Without the arbiter, for batches that carry no key: ON CONFLICT makes every row a
+# speculative insertion, which costs WAL and time.
+ENQUEUE_PLAIN: Final = _ENQUEUE_ROWS + _ENQUEUE_RETURNING
 
-# The same without the unique-key arbiter, for batches that carry no key: ON CONFLICT makes
-# every row a speculative insertion, which costs WAL and time.
-ENQUEUE_PLAIN: Final = ENQUEUE.replace(_UNIQUE_ARBITER, "")
-assert ENQUEUE_PLAIN != ENQUEUE
+# The same for a single job, with scalar parameters: cheaper to plan and to run.
+ENQUEUE_ONE: Final = (
+    """
+WITH ins AS (
+    INSERT INTO pgq_jobs (queue, task, args, state, priority, max_attempts, scheduled_at,
+                          tags, metadata, unique_key, unique_states)
+    SELECT $1, $2, $3::jsonb,
+           CASE WHEN s.sched > now() THEN 'scheduled' ELSE 'available' END::pgq_job_state,
+           $4, $5, s.sched,
+           CASE WHEN $8 = '[]' THEN '{}'::text[]
+                ELSE ARRAY(SELECT jsonb_array_elements_text($8::jsonb)) END,
+           $9::jsonb, $10, $11
+    FROM (SELECT COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($7::float8, 0)))
+                 AS sched) s
+"""
+    + _UNIQUE_ARBITER
+    + """
+    RETURNING id, queue, state, scheduled_at, created_at, unique_key
+)
+SELECT id, state::text AS state, scheduled_at, created_at, unique_key,
+       CASE WHEN state = 'available' THEN pg_notify("""
+    + _JOBS
+    + """, queue)::text END AS notified
+FROM ins
+"""
+)
 
 # Bulk enqueue on pgq's own connections: COPY writes the rows (far cheaper per row than an
 # INSERT), so this statement first takes their ids in order from the table's sequence, reads
@@ -96,13 +139,17 @@ assert ENQUEUE_PLAIN != ENQUEUE
 # queues a NOTIFY for each queue that gets a job due now ($2, $3: a queue and its earliest
 # run_at, NULL for "now"). All three belong to the caller's transaction: the NOTIFY is
 # delivered with the COPY's commit, or not at all.
-ALLOCATE_JOBS: Final = """
+ALLOCATE_JOBS: Final = (
+    """
 SELECT ARRAY(SELECT nextval('pgq_jobs_id_seq') FROM generate_series(1, $1::int)) AS ids,
        now() AS now,
-       (SELECT count(pg_notify('pgq_jobs', d.queue))
+       (SELECT count(pg_notify("""
+    + _JOBS
+    + """, d.queue))
         FROM unnest($2::text[], $3::timestamptz[]) AS d(queue, due)
         WHERE d.due IS NULL OR d.due <= now()) AS notified
 """
+)
 COPY_JOBS_TABLE: Final = "pgq_jobs"
 # The columns COPY writes; a batch of jobs all due now, without tags or metadata, writes
 # the first six only and leaves state, scheduled_at, tags and metadata to their defaults.
@@ -120,29 +167,6 @@ COPY_JOBS_COLUMNS: Final = (
     "metadata",
 )
 
-# The same for a single job, with scalar parameters: cheaper to plan and to run.
-ENQUEUE_ONE: Final = """
-WITH ins AS (
-    INSERT INTO pgq_jobs (queue, task, args, state, priority, max_attempts, scheduled_at,
-                          tags, metadata, unique_key, unique_states)
-    SELECT $1, $2, $3::jsonb,
-           CASE WHEN s.sched > now() THEN 'scheduled' ELSE 'available' END::pgq_job_state,
-           $4, $5, s.sched,
-           CASE WHEN $8 = '[]' THEN '{}'::text[]
-                ELSE ARRAY(SELECT jsonb_array_elements_text($8::jsonb)) END,
-           $9::jsonb, $10, $11
-    FROM (SELECT COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($7::float8, 0)))
-                 AS sched) s
-    ON CONFLICT (unique_key)
-        WHERE unique_key IS NOT NULL AND pgq_unique_active(state, unique_states)
-        DO NOTHING
-    RETURNING id, queue, state, scheduled_at, created_at, unique_key
-)
-SELECT id, state::text, scheduled_at, created_at, unique_key,
-       CASE WHEN state = 'available' THEN pg_notify('pgq_jobs', queue)::text END AS notified
-FROM ins
-"""
-
 EXISTING_UNIQUE: Final = (
     """
 SELECT """
@@ -157,11 +181,13 @@ WHERE unique_key = ANY($1::text[]) AND pgq_unique_active(state, unique_states)
 
 # Claims up to $3 available jobs of queue $1 whose task the producer registered ($2), in
 # priority then schedule order, unless the queue (or '*') is paused. SKIP LOCKED lets many
-# producers claim side by side. The deadline comes from the task's timeout ($5, parallel to
-# $2) for the rescuer of hung jobs; a job enqueued without max_attempts takes the task's ($6).
-FETCH_JOBS: Final = """
+# producers claim side by side. Each claim draws the attempt's fencing token. The deadline
+# comes from the task's timeout ($5, parallel to $2) for the rescuer of hung jobs; a job
+# enqueued without max_attempts takes the task's ($6).
+CLAIM_JOBS: Final = (
+    """
 WITH locked AS (
-    SELECT id FROM pgq_jobs
+    SELECT id AS locked_id FROM pgq_jobs
     WHERE state = 'available' AND queue = $1 AND task = ANY($2::text[])
       AND NOT EXISTS (SELECT 1 FROM pgq_queues
                       WHERE name IN ($1, '*') AND paused_at IS NOT NULL)
@@ -176,19 +202,20 @@ SET state = 'running', attempt = j.attempt + 1, attempted_at = now(), producer_i
         secs => ($5::float8[])[array_position($2::text[], j.task)]),
     max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
 FROM locked
-WHERE j.id = locked.id
-RETURNING j.id, j.queue, j.task, j.args::text, j.priority, j.attempt, j.max_attempts,
-          LEAST(GREATEST(j.scheduled_at, '0001-01-02Z'), '9999-12-30Z'), j.attempted_at,
-          LEAST(GREATEST(j.created_at, '0001-01-02Z'), '9999-12-30Z'), j.tags, j.metadata::text,
-          j.attempt_token
+WHERE j.id = locked.locked_id
+RETURNING """
+    + JOB_COLUMNS
+    + """
 """
+)
 
 # Writes a batch of outcomes. Each row is fenced by (id, attempt_token, 'running'): an
 # attempt whose job was rescued or re-claimed since changes nothing. A job whose cancellation
 # was requested while it ran never runs again: an outcome that would make it retryable or
 # available (a failure, a snooze, a shutdown hand-back) ends it cancelled instead. Jobs made
 # available again wake their queue; finished ones are announced for client.wait().
-COMPLETE_JOBS: Final = """
+COMPLETE_JOBS: Final = (
+    """
 WITH u AS (
     SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
                          $6::text[], $7::int[])
@@ -198,8 +225,9 @@ WITH u AS (
     SET state = (CASE WHEN j.cancel_requested_at IS NOT NULL
                            AND u.state IN ('retryable', 'available')
                       THEN 'cancelled' ELSE u.state END)::pgq_job_state,
-        finalized_at = CASE WHEN u.state IN ('completed', 'discarded', 'cancelled')
-                                 OR j.cancel_requested_at IS NOT NULL
+        finalized_at = CASE WHEN u.state IN """
+    + _FINAL
+    + """ OR j.cancel_requested_at IS NOT NULL
                             THEN now() END,
         scheduled_at = CASE WHEN u.delay_s IS NULL THEN j.scheduled_at
                             ELSE now() + make_interval(secs => u.delay_s) END,
@@ -222,21 +250,29 @@ WITH u AS (
     RETURNING j.id, j.queue, j.state
 )
 SELECT id,
-       (SELECT count(pg_notify('pgq_jobs', q.queue))
+       (SELECT count(pg_notify("""
+    + _JOBS
+    + """, q.queue))
         FROM (SELECT DISTINCT queue FROM upd WHERE state = 'available') q) AS notified,
        -- Finished jobs, announced for client.wait(), at most 500 ids per notification.
-       (SELECT count(pg_notify('pgq_done', c.ids))
+       (SELECT count(pg_notify("""
+    + _DONE
+    + """, c.ids))
         FROM (SELECT string_agg(id::text, ',') AS ids
               FROM (SELECT id, (row_number() OVER ()) / 500 AS chunk FROM upd
-                    WHERE state IN ('completed', 'discarded', 'cancelled')) f
+                    WHERE state IN """
+    + _FINAL
+    + """) f
               GROUP BY chunk) c) AS done
 FROM upd
 """
+)
 
 # The common outcome, lean: completed, with an optional result, fenced like the others. The
 # ids of finished jobs are announced for client.wait() ($4: comma-joined chunks built by the
 # caller; a spurious id is harmless, waiters re-read the job).
-COMPLETE_SUCCESSES: Final = """
+COMPLETE_SUCCESSES: Final = (
+    """
 WITH upd AS (
     UPDATE pgq_jobs j
     SET state = 'completed', finalized_at = now(), result = u.result::jsonb, deadline_at = NULL
@@ -244,13 +280,18 @@ WITH upd AS (
     WHERE j.id = u.id AND j.attempt_token = u.token AND j.state = 'running'
     RETURNING j.id
 )
-SELECT id, (SELECT count(pg_notify('pgq_done', c)) FROM unnest($4::text[]) c) FROM upd
+SELECT id, (SELECT count(pg_notify("""
+    + _DONE
+    + """, c)) FROM unnest($4::text[]) c) AS done
+FROM upd
 """
+)
 
 # The last resort for an outcome the database refused in every other form: the attempt
 # failed, with $3 (an error entry) saying why; retried with backoff, or discarded when it was
 # the last attempt, or cancelled when that was requested. Fenced like the others.
-FAIL_ATTEMPT: Final = """
+FAIL_ATTEMPT: Final = (
+    """
 WITH upd AS (
     UPDATE pgq_jobs j
     SET state = (CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
@@ -265,24 +306,12 @@ WITH upd AS (
     WHERE j.id = $1 AND j.attempt_token = $2 AND j.state = 'running'
     RETURNING j.id, j.state
 )
-SELECT id, CASE WHEN state <> 'retryable' THEN pg_notify('pgq_done', id::text)::text END
+SELECT id, CASE WHEN state <> 'retryable' THEN pg_notify("""
+    + _DONE
+    + """, id::text)::text END AS done
 FROM upd
 """
-
-# Makes due scheduled and retryable jobs available, in batches, and wakes their queues.
-PROMOTE_DUE: Final = """
-WITH due AS (
-    SELECT id FROM pgq_jobs
-    WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= now()
-    ORDER BY scheduled_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-), upd AS (
-    UPDATE pgq_jobs j SET state = 'available' FROM due WHERE j.id = due.id RETURNING j.queue
 )
-SELECT g.queue, g.n, pg_notify('pgq_jobs', g.queue)::text
-FROM (SELECT queue, count(*)::int AS n FROM upd GROUP BY queue) g
-"""
 
 # Burst mode: is anything left that this producer could claim now (a paused queue's jobs
 # cannot be claimed: a burst worker does not wait for its resumption), and is anything of
@@ -304,11 +333,18 @@ FROM (SELECT EXISTS (SELECT 1 FROM pgq_queues
                      WHERE name IN ($1, '*') AND paused_at IS NOT NULL) AS paused) p
 """
 
+# Running jobs (of this worker) whose cancellation was requested: the poll fallback.
+CANCEL_REQUESTED: Final = """
+SELECT id FROM pgq_jobs
+WHERE id = ANY($1::bigint[]) AND state = 'running' AND cancel_requested_at IS NOT NULL
+"""
+
 # --------------------------------------------------------------------------- producers
 
-REGISTER_PRODUCER: Final = """
+REGISTER_PRODUCERS: Final = """
 INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency)
-VALUES ($1, $2, $3, $4, $5)
+SELECT u.id, $2, $3, u.queue, u.concurrency
+FROM unnest($1::uuid[], $4::text[], $5::int[]) AS u(id, queue, concurrency)
 """
 
 # One heartbeat for every producer of a worker, on the database clock. Rows that come back
@@ -325,7 +361,8 @@ RETURNING p.id
 
 # A producer whose row vanished comes back under a new id and adopts those of its jobs
 # that are still running under the old one (a row deleted by hand); jobs that peers
-# already rescued are not 'running' under the old id any more and stay theirs.
+# already rescued are not 'running' under the old id any more and stay theirs. Adoption
+# changes the producer (liveness), never the attempt's token (fencing).
 REREGISTER_PRODUCER: Final = """
 WITH ins AS (
     INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, claimed,
@@ -375,16 +412,39 @@ WHERE l.leader_id = EXCLUDED.leader_id OR l.expires_at < now()
 RETURNING leader_id
 """
 
-RESIGN_LEADERSHIP: Final = """
+RESIGN_LEADERSHIP: Final = (
+    """
 WITH gone AS (
     DELETE FROM pgq_leader WHERE name = 'default' AND leader_id = $1 RETURNING leader_id
 )
-SELECT pg_notify('pgq_leader', 'resigned') FROM gone
+SELECT pg_notify("""
+    + _LEADER
+    + """, 'resigned') FROM gone
 """
+)
 
 # --------------------------------------------------------------------------- maintenance
 
 DATABASE_NOW: Final = "SELECT now()"
+
+# Makes due scheduled and retryable jobs available, in batches, and wakes their queues.
+PROMOTE_DUE: Final = (
+    """
+WITH due AS (
+    SELECT id FROM pgq_jobs
+    WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= now()
+    ORDER BY scheduled_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), upd AS (
+    UPDATE pgq_jobs j SET state = 'available' FROM due WHERE j.id = due.id RETURNING j.queue
+)
+SELECT g.queue, g.n, pg_notify("""
+    + _JOBS
+    + """, g.queue)::text AS notified
+FROM (SELECT queue, count(*)::int AS n FROM upd GROUP BY queue) g
+"""
+)
 
 # The rescue, judged in SQL on the database clock so any leader can judge any peer. A running
 # job is rescued when its producer's heartbeat is older than $2 seconds, when its producer's
@@ -394,13 +454,16 @@ DATABASE_NOW: Final = "SELECT now()"
 # job whose outcome is being written right now; re-checking the locked row's state keeps a
 # job that just completed out. Attempts run out -> discarded, so a poison job cannot loop. A
 # job whose cancellation was requested ends cancelled here and never runs again.
-RESCUE_JOBS: Final = """
+RESCUE_JOBS: Final = (
+    """
 WITH lease AS (
     SELECT 1 FROM pgq_leader
     WHERE name = 'default' AND leader_id = $1 AND expires_at > now()
 ), candidates AS (
-    SELECT j.id, j.attempt, COALESCE(j.max_attempts, 20) AS max_attempts, j.producer_id,
-           p.worker_name, j.cancel_requested_at IS NOT NULL AS cancel,
+    SELECT j.id, j.attempt, COALESCE(j.max_attempts, """
+    + _DEFAULT_MAX_ATTEMPTS
+    + """) AS max_attempts,
+           j.producer_id, p.worker_name, j.cancel_requested_at IS NOT NULL AS cancel,
            CASE WHEN p.id IS NULL THEN 'producer row missing'
                 WHEN p.heartbeat_at < now() - make_interval(secs => $2) THEN 'producer stale'
                 ELSE 'job overran its timeout' END AS reason,
@@ -444,8 +507,11 @@ FROM candidates c
 WHERE j.id = c.id
 RETURNING j.id, j.state::text AS state, c.reason, c.worker_name, c.silent_s, j.queue, j.task,
           j.attempt,
-          CASE WHEN j.state <> 'retryable' THEN pg_notify('pgq_done', j.id::text)::text END
+          CASE WHEN j.state <> 'retryable' THEN pg_notify("""
+    + _DONE
+    + """, j.id::text)::text END AS done
 """
+)
 
 # Producer rows silent far longer than stale_after, once none of their jobs is running
 # (the rescuer got to them first), are deleted.
@@ -454,6 +520,25 @@ DELETE FROM pgq_producers p
 WHERE p.heartbeat_at < now() - make_interval(secs => $1)
   AND NOT EXISTS (SELECT 1 FROM pgq_jobs j WHERE j.producer_id = p.id AND j.state = 'running')
 RETURNING p.id, p.worker_name, p.queue
+"""
+
+# Deletes finished jobs of one state older than $2 seconds, $3 at a time: short
+# transactions that never hold many locks. SKIP LOCKED keeps out of anyone's way.
+DELETE_FINISHED: Final = """
+WITH old AS (
+    SELECT id FROM pgq_jobs
+    WHERE state = $1::pgq_job_state AND finalized_at < now() - make_interval(secs => $2)
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM pgq_jobs j USING old WHERE j.id = old.id
+"""
+
+PERIODIC_LOCK: Final = "SELECT last_slot FROM pgq_periodic WHERE name = $1 FOR UPDATE"
+
+PERIODIC_UPSERT: Final = """
+INSERT INTO pgq_periodic (name, last_slot) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET last_slot = EXCLUDED.last_slot, updated_at = now()
 """
 
 # --------------------------------------------------------------------------- reads
@@ -466,100 +551,6 @@ SELECT """
 FROM pgq_jobs WHERE id = $1
 """
 )
-
-COUNT_BY_STATE: Final = """
-SELECT state::text, count(*)::bigint FROM pgq_jobs
-WHERE $1::text IS NULL OR queue = $1
-GROUP BY state
-"""
-
-# --------------------------------------------------------------------------- operator actions
-
-# A job not yet running is cancelled at once; a running one gets a cancel request that its
-# worker obeys (NOTIFY now, or its next poll). Final jobs are left alone.
-CANCEL_JOBS: Final = """
-WITH target AS (
-    SELECT id FROM pgq_jobs
-    WHERE id = ANY($1::bigint[]) AND state NOT IN ('completed', 'discarded', 'cancelled')
-    ORDER BY id
-    FOR UPDATE
-), upd AS (
-    UPDATE pgq_jobs j
-    SET state = CASE WHEN j.state = 'running' THEN j.state ELSE 'cancelled' END,
-        finalized_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
-        cancel_requested_at = now(),
-        errors = CASE WHEN j.state = 'running' THEN j.errors
-                      ELSE j.errors || jsonb_build_array(jsonb_build_object(
-                          'attempt', j.attempt, 'kind', 'cancel',
-                          'message', 'cancelled by request', 'traceback', NULL,
-                          'at', now())) END
-    FROM target WHERE j.id = target.id
-    RETURNING j.id, j.state::text
-)
-SELECT id, state,
-       CASE WHEN state = 'running' THEN pg_notify('pgq_control', 'cancel:' || id)::text
-            ELSE pg_notify('pgq_done', id::text)::text END AS notified
-FROM upd
-"""
-
-# Running jobs (of this worker) whose cancellation was requested: the poll fallback.
-CANCEL_REQUESTED: Final = """
-SELECT id FROM pgq_jobs
-WHERE id = ANY($1::bigint[]) AND state = 'running' AND cancel_requested_at IS NOT NULL
-"""
-
-# Run again: a final or retryable job becomes available now, with one more attempt allowed
-# if it had used them all.
-RETRY_JOBS: Final = """
-WITH upd AS (
-    UPDATE pgq_jobs
-    SET state = 'available', scheduled_at = now(), finalized_at = NULL,
-        cancel_requested_at = NULL, producer_id = NULL,
-        max_attempts = CASE WHEN max_attempts IS NOT NULL AND attempt >= max_attempts
-                            THEN attempt + 1 ELSE max_attempts END
-    WHERE id = ANY($1::bigint[])
-      AND state IN ('completed', 'discarded', 'cancelled', 'retryable', 'scheduled')
-    RETURNING id, queue
-)
-SELECT id, pg_notify('pgq_jobs', queue)::text FROM upd
-"""
-
-PAUSE_QUEUE: Final = """
-WITH up AS (
-    INSERT INTO pgq_queues (name, paused_at) VALUES ($1, now())
-    ON CONFLICT (name) DO UPDATE SET paused_at = COALESCE(pgq_queues.paused_at, now())
-    RETURNING name
-)
-SELECT name, pg_notify('pgq_control', 'pause:' || name)::text FROM up
-"""
-
-# Resuming wakes the queue's workers on the jobs channel ('*' wakes all of them).
-RESUME_QUEUE: Final = """
-WITH up AS (
-    INSERT INTO pgq_queues (name, paused_at) VALUES ($1, NULL)
-    ON CONFLICT (name) DO UPDATE SET paused_at = NULL
-    RETURNING name
-)
-SELECT name, pg_notify('pgq_jobs', name)::text FROM up
-"""
-
-LIST_QUEUES: Final = """
-WITH names AS (
-    SELECT name FROM pgq_queues
-    UNION SELECT DISTINCT queue FROM pgq_jobs WHERE state NOT IN ('completed', 'discarded', 'cancelled')
-    UNION SELECT DISTINCT queue FROM pgq_producers
-)
-SELECT n.name, q.paused_at,
-       (SELECT count(*) FROM pgq_jobs j WHERE j.queue = n.name AND j.state = 'available')
-           AS available,
-       (SELECT count(*) FROM pgq_jobs j WHERE j.queue = n.name AND j.state = 'running')
-           AS running,
-       (SELECT count(*) FROM pgq_producers p WHERE p.queue = n.name) AS producers
-FROM names n LEFT JOIN pgq_queues q ON q.name = n.name
-ORDER BY n.name
-"""
-
-# --------------------------------------------------------------------------- operator reads
 
 LIST_JOBS: Final = (
     """
@@ -575,44 +566,140 @@ LIMIT $4
 """
 )
 
-STATS_BY_QUEUE: Final = """
-SELECT queue, state::text, count(*)::bigint FROM pgq_jobs GROUP BY queue, state
+COUNT_BY_STATE: Final = """
+SELECT state::text AS state, count(*)::bigint AS n FROM pgq_jobs
+WHERE $1::text IS NULL OR queue = $1
+GROUP BY state
 """
 
-STATS_EXTRA: Final = """
+STATS_BY_QUEUE: Final = """
+SELECT queue, state::text AS state, count(*)::bigint AS n FROM pgq_jobs GROUP BY queue, state
+"""
+
+STATS_EXTRA: Final = (
+    """
 SELECT queue,
        extract(epoch FROM now() - (min(scheduled_at) FILTER (WHERE state = 'available')))::float8
            AS oldest_available_s,
        (count(*) FILTER (WHERE state = 'completed'
                          AND finalized_at > now() - interval '1 minute'))::bigint
            AS completed_last_minute,
-       (count(*) FILTER (WHERE state IN ('completed', 'discarded', 'cancelled')
+       (count(*) FILTER (WHERE state IN """
+    + _FINAL
+    + """
                          AND finalized_at > now() - interval '1 minute'))::bigint
            AS finished_last_minute
 FROM pgq_jobs
 WHERE state = 'available' OR finalized_at > now() - interval '1 minute'
 GROUP BY queue
 """
-
-# --------------------------------------------------------------------------- retention
-
-# Deletes finished jobs of one state older than $2 seconds, $3 at a time: short
-# transactions that never hold many locks. SKIP LOCKED keeps out of anyone's way.
-DELETE_FINISHED: Final = """
-WITH old AS (
-    SELECT id FROM pgq_jobs
-    WHERE state = $1::pgq_job_state AND finalized_at < now() - make_interval(secs => $2)
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
 )
-DELETE FROM pgq_jobs j USING old WHERE j.id = old.id
+
+LIST_QUEUES: Final = (
+    """
+WITH names AS (
+    SELECT name FROM pgq_queues
+    UNION SELECT DISTINCT queue FROM pgq_jobs WHERE state NOT IN """
+    + _FINAL
+    + """
+    UNION SELECT DISTINCT queue FROM pgq_producers
+)
+SELECT n.name, q.paused_at,
+       (SELECT count(*) FROM pgq_jobs j WHERE j.queue = n.name AND j.state = 'available')
+           AS available,
+       (SELECT count(*) FROM pgq_jobs j WHERE j.queue = n.name AND j.state = 'running')
+           AS running,
+       (SELECT count(*) FROM pgq_producers p WHERE p.queue = n.name) AS producers
+FROM names n LEFT JOIN pgq_queues q ON q.name = n.name
+ORDER BY n.name
 """
+)
 
-# --------------------------------------------------------------------------- periodic
+# --------------------------------------------------------------------------- operator actions
 
-PERIODIC_LOCK: Final = "SELECT last_slot FROM pgq_periodic WHERE name = $1 FOR UPDATE"
-
-PERIODIC_UPSERT: Final = """
-INSERT INTO pgq_periodic (name, last_slot) VALUES ($1, $2)
-ON CONFLICT (name) DO UPDATE SET last_slot = EXCLUDED.last_slot, updated_at = now()
+# A job not yet running is cancelled at once; a running one gets a cancel request that its
+# worker obeys (a control NOTIFY now, or its next poll). Final jobs are left alone.
+CANCEL_JOBS: Final = (
+    """
+WITH target AS (
+    SELECT id FROM pgq_jobs
+    WHERE id = ANY($1::bigint[]) AND state NOT IN """
+    + _FINAL
+    + """
+    ORDER BY id
+    FOR UPDATE
+), upd AS (
+    UPDATE pgq_jobs j
+    SET state = CASE WHEN j.state = 'running' THEN j.state ELSE 'cancelled' END,
+        finalized_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
+        cancel_requested_at = now(),
+        errors = CASE WHEN j.state = 'running' THEN j.errors
+                      ELSE j.errors || jsonb_build_array(jsonb_build_object(
+                          'attempt', j.attempt, 'kind', 'cancel',
+                          'message', 'cancelled by request', 'traceback', NULL,
+                          'at', now())) END
+    FROM target WHERE j.id = target.id
+    RETURNING j.id, j.state::text AS state
+)
+SELECT id, state,
+       CASE WHEN state = 'running'
+            THEN pg_notify("""
+    + _CONTROL
+    + """, json_build_object('kind', 'cancel', 'job_id', id)::text)::text
+            ELSE pg_notify("""
+    + _DONE
+    + """, id::text)::text END AS notified
+FROM upd
 """
+)
+
+# Run again: a final or retryable job becomes available now, with one more attempt allowed
+# if it had used them all.
+RETRY_JOBS: Final = (
+    """
+WITH upd AS (
+    UPDATE pgq_jobs
+    SET state = 'available', scheduled_at = now(), finalized_at = NULL,
+        cancel_requested_at = NULL, producer_id = NULL,
+        max_attempts = CASE WHEN max_attempts IS NOT NULL AND attempt >= max_attempts
+                            THEN attempt + 1 ELSE max_attempts END
+    WHERE id = ANY($1::bigint[])
+      AND (state IN """
+    + _FINAL
+    + """ OR state IN ('retryable', 'scheduled'))
+    RETURNING id, queue
+)
+SELECT id, pg_notify("""
+    + _JOBS
+    + """, queue)::text AS notified FROM upd
+"""
+)
+
+PAUSE_QUEUE: Final = (
+    """
+WITH up AS (
+    INSERT INTO pgq_queues (name, paused_at) VALUES ($1, now())
+    ON CONFLICT (name) DO UPDATE SET paused_at = COALESCE(pgq_queues.paused_at, now())
+    RETURNING name
+)
+SELECT name,
+       pg_notify("""
+    + _CONTROL
+    + """, json_build_object('kind', 'pause', 'queue', name)::text)::text AS notified
+FROM up
+"""
+)
+
+# Resuming wakes the queue's workers on the jobs channel ('*' wakes all of them).
+RESUME_QUEUE: Final = (
+    """
+WITH up AS (
+    INSERT INTO pgq_queues (name, paused_at) VALUES ($1, NULL)
+    ON CONFLICT (name) DO UPDATE SET paused_at = NULL
+    RETURNING name
+)
+SELECT name, pg_notify("""
+    + _JOBS
+    + """, name)::text AS notified FROM up
+"""
+)

@@ -6,7 +6,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from pgq import serde
+from pgq import _serde
 from pgq.job import Job
 
 #: Longest message and traceback kept in an error entry, in characters: a failure must never
@@ -62,7 +62,7 @@ class Outcome:
 def error_entry(attempt: int, kind: str, message: str, traceback: str | None = None) -> str:
     """One entry of a job's ``errors``, as JSON text. Whatever the message holds (a NUL, a
     lone surrogate, megabytes of text), the entry can be stored."""
-    return serde.dumps(
+    return _serde.dumps(
         {
             "attempt": attempt,
             "kind": kind,

@@ -7,11 +7,10 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime
 
-from pgq import sql
-from pgq.app import App
+from pgq._store import maintenance
+from pgq._store.connections import Connection, Pool
+from pgq.app import App, Schedule
 from pgq.client import Client, JobSpec
-from pgq.cron import Schedule
-from pgq.db import Pool
 from pgq.job import JobState
 
 log = logging.getLogger("pgq.periodic")
@@ -57,8 +56,7 @@ class Periodic:
     async def run_once(self) -> int:
         """One pass over every schedule; returns how many jobs it enqueued. A schedule that
         fails does not keep the others from running; the round then raises, naming each."""
-        async with self._pool.acquire() as conn:
-            now: datetime = await conn.fetchval(sql.DATABASE_NOW)
+        now = await maintenance.database_now(self._pool)
         term = self._current_term()
         new_term = term != self._term
         self._term = term
@@ -84,14 +82,14 @@ class Periodic:
 
     async def _advance(self, schedule: Schedule, slot: datetime) -> None:
         async with self._pool.acquire() as conn, conn.transaction():
-            last = await conn.fetchval(sql.PERIODIC_LOCK, schedule.name)
+            last = await maintenance.lock_periodic(conn, schedule.name)
             if last is not None and slot > last:
                 await self._enqueue(schedule, slot.isoformat(), conn)
             if last is None or slot > last:
-                await conn.execute(sql.PERIODIC_UPSERT, schedule.name, slot)
+                await maintenance.record_periodic(conn, schedule.name, slot)
         self._last[schedule.name] = slot
 
-    async def _enqueue(self, schedule: Schedule, slot_id: str, conn: object | None) -> None:
+    async def _enqueue(self, schedule: Schedule, slot_id: str, conn: Connection | None) -> None:
         spec = JobSpec(
             schedule.task,
             schedule.args,
@@ -102,7 +100,7 @@ class Periodic:
             unique_key=f"pgq:periodic:{schedule.name}:{slot_id}",
             unique_states=ALL_STATES,
         )
-        (job,) = await self._client.enqueue_many([spec], connection=conn)  # type: ignore[arg-type]
+        (job,) = await self._client.enqueue_many([spec], connection=conn)
         if job.duplicate:
             log.debug("periodic %s slot %s was already enqueued", schedule.name, slot_id)
         else:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pgq.errors import ConfigError
-
-if TYPE_CHECKING:
-    from pgq.app import Task
 
 _ALIASES = {
     "@yearly": "0 0 1 1 *",
@@ -194,17 +191,3 @@ def make_schedule(cron: str | None, every: float | None, timezone: str) -> TimeS
         return Cron(cron, timezone)
     assert every is not None
     return Every(every)
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """A periodic job: which task, when, with what."""
-
-    name: str
-    task: Task
-    when: TimeSchedule
-    args: dict[str, Any]
-    run_on_start: bool
-    queue: str | None
-    priority: int | None
-    max_attempts: int | None

@@ -123,6 +123,8 @@ def loads(text: str | None) -> Any:
         return None
     if text == "{}":  # most metadata: skip the decoder
         return {}
+    if text == "[]":  # most errors lists
+        return []
     return _decode(text)
 
 

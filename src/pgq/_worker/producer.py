@@ -1,25 +1,31 @@
-"""A producer: claims jobs of one queue into free slots and runs them; tracks its health."""
+"""A producer: claims jobs of one queue into its free slots and runs them."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
 import anyio.abc
 
-from pgq import serde, sql
+from pgq._hooks import Hooks
+from pgq._store import claims
+from pgq._store.claims import ClaimPlan
+from pgq._store.connections import DATABASE_ERRORS, Pool
+from pgq._store.producers import Beat
+from pgq._worker.executor import SHUTDOWN, Execution, execute, internal_failure, interrupted
+from pgq._worker.liveness import ProducerHealth
+from pgq._worker.outcome import Outcome
 from pgq.app import Task
-from pgq.completer import Completer
-from pgq.db import DATABASE_ERRORS, Pool
-from pgq.executor import SHUTDOWN, Execution, execute, internal_failure, interrupted
-from pgq.hooks import Hooks
-from pgq.job import Job, JobState
+from pgq.job import Job
 
 log = logging.getLogger("pgq.producer")
+
+#: Receives each attempt's outcome (the worker's completer).
+OutcomeSink = Callable[[Outcome], None]
 
 
 class Producer:
@@ -37,92 +43,47 @@ class Producer:
         concurrency: int,
         tasks: Mapping[str, Task],
         pool: Pool,
-        completer: Completer,
+        outcomes: OutcomeSink,
         limiter: anyio.CapacityLimiter,
         poll_interval: float,
-        fence_after_s: float = float("inf"),
+        fence_after_s: float,
         hooks: Hooks | None = None,
     ) -> None:
+        #: The producer's row id. Liveness alone changes it (re-registration).
         self.id = uuid.uuid4()
         self.queue = queue
         self.concurrency = concurrency
+        self.health = ProducerHealth(queue, fence_after_s)
+        self.health.on_healthy = self.wake
         self._batch_max = max(1, (concurrency + 1) // 2)
         self._tasks = dict(tasks)
-        self._task_names = list(self._tasks)
-        self._timeouts = [t.timeout for t in self._tasks.values()]
-        self._max_attempts = [t.max_attempts for t in self._tasks.values()]
+        self.plan = ClaimPlan(
+            queue,
+            tuple(self._tasks),
+            tuple(t.timeout for t in self._tasks.values()),
+            tuple(t.max_attempts for t in self._tasks.values()),
+        )
         self._pool = pool
-        self._completer = completer
+        self._outcomes = outcomes
         self._limiter = limiter
         self._poll_interval = poll_interval
         self._hooks = hooks if hooks else None
         self.running: dict[int, Execution] = {}
         self._wake = anyio.Event()
         self._slot = anyio.Event()
-        self._healthy = anyio.Event()
-        self._healthy.set()
         self._empty = anyio.Event()
         self._empty.set()
         self._stopping = False
+        #: True while a claim is in flight.
         self.fetching = False
-        # Health, as the heartbeat sees it.
-        self.consecutive_failures = 0
-        self.last_heartbeat_ok_at: float | None = None  # time.time() of the last success
-        # Claiming stops once this long has passed since the last proof of life (the
-        # registration, then each heartbeat), even if the heartbeat loop itself is held up.
-        self._fence_after_s = fence_after_s
-        self._alive_at = anyio.current_time()
-        # Counters.
+        # Counters, reported in each heartbeat and in Worker.stats().
+        self.fetches = 0
         self.claimed = 0
         self.completed = 0
         self.failed = 0
         self.rejected_outcomes = 0
 
     # ------------------------------------------------------------------ control
-
-    @property
-    def healthy(self) -> bool:
-        """False while the producer has fenced itself (claims nothing)."""
-        return self._healthy.is_set()
-
-    def set_healthy(self, healthy: bool) -> None:
-        """Fence (False) or unfence (True); unfencing fetches at once."""
-        if healthy and not self._healthy.is_set():
-            self._healthy.set()
-            self.wake()
-        elif not healthy and self._healthy.is_set():
-            self._healthy = anyio.Event()
-
-    def heartbeat_ok(self, now: float) -> None:
-        """A heartbeat landed: reset the failure count and unfence."""
-        self._alive_at = anyio.current_time()
-        self.last_heartbeat_ok_at = now
-        if self.consecutive_failures or not self.healthy:
-            log.info("queue %s: heartbeat ok again; claiming resumes", self.queue)
-        self.consecutive_failures = 0
-        self.set_healthy(True)
-
-    def heartbeat_failed(self, exc: BaseException, max_failures: int) -> None:
-        """A heartbeat failed; the ``max_failures``-th in a row fences the producer."""
-        self.consecutive_failures += 1
-        reason = str(exc) or type(exc).__name__
-        if self.consecutive_failures >= max_failures and self.healthy:
-            log.warning(
-                "queue %s: %d heartbeats failed in a row (last: %s); claiming nothing until "
-                "one succeeds (%d jobs keep running)",
-                self.queue,
-                self.consecutive_failures,
-                reason,
-                len(self.running),
-            )
-            self.set_healthy(False)
-        else:
-            log.warning(
-                "queue %s: heartbeat failed (%d in a row): %s",
-                self.queue,
-                self.consecutive_failures,
-                reason,
-            )
 
     def wake(self) -> None:
         """Fetch now (new jobs were announced, or the producer became healthy)."""
@@ -133,7 +94,14 @@ class Producer:
         self._stopping = True
         self._wake.set()
         self._slot.set()
-        self._healthy.set()
+        self.health.release()
+
+    def cancel(self, job_ids: set[int], reason: str) -> list[int]:
+        """Stop those of ``job_ids`` this producer runs; returns their ids."""
+        hit = [i for i in job_ids if i in self.running]
+        for job_id in hit:
+            self.running[job_id].cancel(reason)
+        return hit
 
     def cancel_running(self, reason: str) -> None:
         """Cancel every running job; each records its interruption as its outcome."""
@@ -143,6 +111,37 @@ class Producer:
     async def wait_empty(self) -> None:
         """Return when no job runs."""
         await self._empty.wait()
+
+    def counted(self, outcome: Outcome, accepted: bool) -> None:
+        """Count an outcome of this producer's as the database took it."""
+        if not accepted:
+            self.rejected_outcomes += 1
+        elif outcome.state == "completed":
+            self.completed += 1
+        elif (
+            outcome.error is not None
+            and outcome.attempt_delta == 0
+            and outcome.state != "cancelled"
+        ):
+            self.failed += 1
+
+    # ------------------------------------------------------------------ liveness
+
+    def beat(self) -> Beat:
+        """This producer's heartbeat row as of now."""
+        return Beat(
+            self.id,
+            len(self.running),
+            self.health.healthy,
+            self.claimed,
+            self.completed,
+            self.failed,
+            self.rejected_outcomes,
+        )
+
+    def running_ids(self) -> list[int]:
+        """The ids of the jobs running now."""
+        return list(self.running)
 
     # ------------------------------------------------------------------ loop
 
@@ -158,8 +157,8 @@ class Producer:
         more = True  # fetch at once on start
         failures = 0
         while not self._stopping:
-            if not self._healthy.is_set():
-                await self._healthy.wait()
+            if not self.health.healthy:
+                await self.health.wait_healthy()
                 more = True
                 continue
             if len(self.running) >= self.concurrency:
@@ -170,15 +169,9 @@ class Producer:
             if not more:
                 with anyio.move_on_after(self._poll_interval):
                     await self._wake.wait()
-                if self._stopping or not self._healthy.is_set():
+                if self._stopping:
                     continue
-            if anyio.current_time() - self._alive_at > self._fence_after_s:
-                log.warning(
-                    "queue %s: no heartbeat for %.1fs; claiming nothing until one lands",
-                    self.queue,
-                    anyio.current_time() - self._alive_at,
-                )
-                self.set_healthy(False)
+            if not self.health.may_claim():
                 continue
             # A notification that arrives during the fetch sets the new event: not lost.
             self._wake = anyio.Event()
@@ -201,17 +194,10 @@ class Producer:
                 # Claimed while the worker began to stop: hand them straight back
                 # (retryable at once, the attempt not counted) rather than start them.
                 for job in jobs:
-                    self._completer.add(interrupted(job, SHUTDOWN))
+                    self._outcomes(interrupted(job, SHUTDOWN))
                 break
             if jobs:
-                executions = [Execution(job) for job in jobs]
-                for execution in executions:
-                    self.running[execution.ctx.job.id] = execution
-                if self._empty.is_set():
-                    # A new event only when the last was set: one that is waited on must
-                    # be the one set when the last job ends.
-                    self._empty = anyio.Event()
-                tg.start_soon(self._run_batch, executions, name=f"pgq batch of {len(jobs)}")
+                self._start(tg, jobs)
 
     async def _fetch(self, limit: int) -> list[Job]:
         self.fetching = True
@@ -219,39 +205,22 @@ class Producer:
             # Shielded: a claim cut off between the server's commit and our reading of the
             # rows would leave jobs running that nobody runs (until rescued).
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
-                async with self._pool.acquire() as conn:
-                    rows = await conn.fetch(
-                        sql.FETCH_JOBS,
-                        self.queue,
-                        self._task_names,
-                        limit,
-                        self.id,
-                        self._timeouts,
-                        self._max_attempts,
-                    )
+                jobs = await claims.claim(self._pool, self.plan, self.id, limit)
         finally:
             self.fetching = False
-        self.claimed += len(rows)
-        return [
-            Job(
-                id=r[0],
-                queue=r[1],
-                task=r[2],
-                args=serde.loads(r[3]),
-                state=JobState.RUNNING,
-                priority=r[4],
-                attempt=r[5],
-                max_attempts=r[6],
-                scheduled_at=r[7],
-                attempted_at=r[8],
-                created_at=r[9],
-                producer_id=self.id,
-                tags=list(r[10]),
-                metadata=serde.loads(r[11]),
-                attempt_token=r[12],
-            )
-            for r in rows
-        ]
+        self.fetches += 1
+        self.claimed += len(jobs)
+        return jobs
+
+    def _start(self, tg: anyio.abc.TaskGroup, jobs: list[Job]) -> None:
+        executions = [Execution(job) for job in jobs]
+        for execution in executions:
+            self.running[execution.ctx.job.id] = execution
+        if self._empty.is_set():
+            # A new event only when the last was set: one that is waited on must be the one
+            # set when the last job ends.
+            self._empty = anyio.Event()
+        tg.start_soon(self._run_batch, executions, name=f"pgq batch of {len(jobs)}")
 
     async def _run_batch(self, executions: list[Execution]) -> None:
         """Run one claimed batch, each job in an asyncio task of its own (cheaper than an
@@ -284,7 +253,7 @@ class Producer:
                 outcome = await execute(task, execution, self._limiter, self._hooks)
             except Exception as exc:  # never an attempt without an outcome
                 outcome = internal_failure(job, task, exc)
-            self._completer.add(outcome)
+            self._outcomes(outcome)
         finally:
             del self.running[job.id]
             self._slot.set()
@@ -298,11 +267,12 @@ class Producer:
         return {
             "producer_id": str(self.id),
             "queue": self.queue,
-            "healthy": self.healthy,
-            "consecutive_failures": self.consecutive_failures,
-            "last_heartbeat_ok_at": self.last_heartbeat_ok_at,
+            "healthy": self.health.healthy,
+            "consecutive_failures": self.health.consecutive_failures,
+            "last_heartbeat_ok_at": self.health.last_ok_at,
             "concurrency": self.concurrency,
             "running": len(self.running),
+            "fetches": self.fetches,
             "claimed": self.claimed,
             "completed": self.completed,
             "failed": self.failed,

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 import anyio
 
-from pgq.db import DATABASE_ERRORS
-from pgq.leader import Elector
+from pgq._store.connections import DATABASE_ERRORS
+from pgq._worker.leader.elector import Elector
 
-log = logging.getLogger("pgq.maintenance")
+log = logging.getLogger("pgq.leader")
 
 
 class LeaderService(Protocol):

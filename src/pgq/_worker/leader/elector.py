@@ -7,8 +7,8 @@ import uuid
 
 import anyio
 
-from pgq import sql
-from pgq.db import DATABASE_ERRORS, Pool
+from pgq._store import leader as store
+from pgq._store.connections import DATABASE_ERRORS, Pool
 
 log = logging.getLogger("pgq.leader")
 
@@ -30,6 +30,7 @@ class Elector:
         self._valid_until = 0.0
         self._held = False
         self._wake = anyio.Event()
+        #: Times this worker became leader.
         self.terms = 0
 
     @property
@@ -59,15 +60,14 @@ class Elector:
         sent = anyio.current_time()
         try:
             with anyio.fail_after(self.renew_interval_s):
-                async with self._pool.acquire() as conn:
-                    won = await conn.fetchval(
-                        sql.ACQUIRE_LEADERSHIP, self._worker_id, self._worker_name, self._ttl_s
-                    )
+                won = await store.acquire(
+                    self._pool, self._worker_id, self._worker_name, self._ttl_s
+                )
         except DATABASE_ERRORS as exc:
             if self._held:
                 log.warning("could not renew the leader lease (%s); leading until it lapses", exc)
             return self.is_leader
-        if won is not None:
+        if won:
             self._valid_until = sent + self._ttl_s
             if not self._held:
                 self.terms += 1
@@ -85,8 +85,7 @@ class Elector:
         self._held = False
         try:
             with anyio.fail_after(2):
-                async with self._pool.acquire() as conn:
-                    await conn.execute(sql.RESIGN_LEADERSHIP, self._worker_id)
+                await store.resign(self._pool, self._worker_id)
             log.info("worker %s resigned leadership", self._worker_name)
         except DATABASE_ERRORS as exc:
             log.warning("could not resign leadership (%s); the lease will lapse", exc)

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import anyio
 
-from pgq import sql
-from pgq.db import Pool, is_transient
-from pgq.outcome import Outcome, error_entry
+from pgq._store import claims
+from pgq._store.connections import Pool, is_transient
+from pgq._worker.outcome import Outcome, error_entry
 
 log = logging.getLogger("pgq.completer")
 
@@ -72,6 +72,11 @@ class Completer:
     def pending(self) -> int:
         """Outcomes not yet durable."""
         return len(self._buffer) + len(self._held)
+
+    @property
+    def held(self) -> int:
+        """Outcomes the database refused in every form, waiting to be tried again."""
+        return len(self._held)
 
     def add(self, outcome: Outcome) -> None:
         """Queue one outcome; never blocks."""
@@ -207,49 +212,43 @@ class Completer:
 
     async def _fail_attempt(self, outcome: Outcome, exc: Exception) -> None:
         message = f"the outcome ({outcome.state}) could not be written: {brief(exc, 2000)}"
+        entry = error_entry(outcome.attempt, "outcome", message)
         with anyio.fail_after(30):
-            async with self._pool.acquire() as conn:
-                row = await conn.fetchrow(
-                    sql.FAIL_ATTEMPT,
-                    outcome.job_id,
-                    outcome.token,
-                    error_entry(outcome.attempt, "outcome", message),
-                )
-        self._report([outcome], []) if row is not None else self._report([], [outcome])
+            accepted = await claims.fail_attempt(self._pool, outcome.job_id, outcome.token, entry)
+        self._reported([outcome] if accepted else [], [] if accepted else [outcome])
 
     async def _write(self, batch: list[Outcome]) -> None:
         """One statement for outcomes of one kind (plain successes, or the rest)."""
         batch.sort(key=lambda o: o.job_id)  # a stable lock order across concurrent writers
         with anyio.fail_after(30):
-            async with self._pool.acquire() as conn:
-                if batch[0].state == "completed" and batch[0].error is None:
-                    rows = await conn.fetch(
-                        sql.COMPLETE_SUCCESSES,
-                        [o.job_id for o in batch],
-                        [o.token for o in batch],
-                        [o.result for o in batch],
-                        _done_payload(batch),
-                    )
-                else:
-                    rows = await conn.fetch(
-                        sql.COMPLETE_JOBS,
-                        [o.job_id for o in batch],
-                        [o.token for o in batch],
-                        [o.state for o in batch],
-                        [o.delay_s for o in batch],
-                        [o.error for o in batch],
-                        [o.result for o in batch],
-                        [o.attempt_delta for o in batch],
-                    )
-        if len(rows) == len(batch):
-            self._report(batch, [])
+            if batch[0].state == "completed" and batch[0].error is None:
+                written = await claims.complete_successes(
+                    self._pool,
+                    [o.job_id for o in batch],
+                    [o.token for o in batch],
+                    [o.result for o in batch],
+                )
+            else:
+                written = await claims.write_outcomes(self._pool, batch)
+        if len(written) == len(batch):
+            self._reported(batch, [])
             return
-        written = {r[0] for r in rows}
         ok: list[Outcome] = []
         rejected: list[Outcome] = []
         for o in batch:
             (ok if o.job_id in written else rejected).append(o)
-        self._report(ok, rejected)
+        self._reported(ok, rejected)
+
+    def _reported(self, written: list[Outcome], rejected: list[Outcome]) -> None:
+        for o in rejected:
+            log.warning(
+                "outcome %s of job %d attempt %d rejected: the job is no longer running this "
+                "attempt (rescued or re-claimed elsewhere)",
+                o.state,
+                o.job_id,
+                o.attempt,
+            )
+        self._report(written, rejected)
 
 
 def _salvaged(outcome: Outcome, exc: Exception | None) -> Outcome:
@@ -261,9 +260,3 @@ def _salvaged(outcome: Outcome, exc: Exception | None) -> Outcome:
     return dataclasses.replace(
         outcome, result=None, error=error_entry(outcome.attempt, "outcome", message)
     )
-
-
-def _done_payload(outcomes: list[Outcome], per_notification: int = 500) -> list[str]:
-    # NOTIFY payloads stop at 8000 bytes: 500 ids a notification stays well under.
-    ids = [str(o.job_id) for o in outcomes]
-    return [",".join(ids[i : i + per_notification]) for i in range(0, len(ids), per_notification)]

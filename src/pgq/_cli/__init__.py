@@ -1,0 +1,52 @@
+"""The ``pgq`` command line: ``parser`` builds the arguments, ``worker`` runs a worker,
+``admin`` holds the commands that look and act, ``render`` shows what they found."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from pgq._cli import admin, worker
+from pgq._cli.parser import build_parser
+from pgq.errors import PgqError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``pgq`` console script (and of ``python -m pgq``)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+    )
+    # alembic narrates its plugin set-up at INFO; pgq prints its own one-line summary.
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        if args.command == "migrate":
+            return admin.migrate(args)
+        if args.command == "worker":
+            return worker.run(args)
+        if args.command == "enqueue":
+            return anyio.run(admin.enqueue, args)
+        if args.command == "producers":
+            return anyio.run(admin.producers, args)
+        return anyio.run(admin.operate, args)
+    except PgqError as exc:
+        print(f"pgq: error: {exc}", file=sys.stderr)
+        return 1
+    except BaseExceptionGroup as group:
+        matched, rest = group.split(PgqError)
+        if matched is None or rest is not None:
+            raise
+        print(f"pgq: error: {_first_leaf(matched)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first

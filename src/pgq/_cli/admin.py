@@ -1,0 +1,248 @@
+"""The commands that look and act: `pgq migrate`, `enqueue`, `producers`, `stats`,
+`jobs ...`, `queues ...`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from pgq._cli.render import emit, ids, job_dict, render_table, show_job, when
+from pgq._dsn import resolve_dsn
+from pgq._store import leader as store_leader
+from pgq._store import producers as store_producers
+from pgq._store.connections import connect
+from pgq._store.revision import check_schema
+from pgq.client import Client, JobSpec
+from pgq.errors import ConfigError
+from pgq.job import JobState
+from pgq.settings import WorkerSettings
+
+
+def migrate(args: argparse.Namespace) -> int:
+    """`pgq migrate [--sql]`."""
+    from pgq import migrate as migrations
+
+    if args.sql:
+        sys.stdout.write(migrations.sql_script())
+        return 0
+    migrations.upgrade(resolve_dsn(args.dsn))
+    print(f"pgq schema at revision {migrations.head_revision()}")
+    return 0
+
+
+async def enqueue(args: argparse.Namespace) -> int:
+    """`pgq enqueue TASK ...`."""
+    try:
+        job_args = json.loads(args.args)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--args is not valid JSON: {exc}") from None
+    if not isinstance(job_args, dict):
+        raise ConfigError("--args must be a JSON object of keyword arguments, e.g. '{\"n\": 1}'")
+    if args.count < 1:
+        raise ConfigError("--count must be at least 1")
+    spec = JobSpec(
+        args.task,
+        job_args,
+        queue=args.queue,
+        priority=args.priority,
+        delay=args.delay,
+        max_attempts=args.max_attempts,
+    )
+    async with Client(args.dsn) as client:
+        jobs = await client.enqueue_many([spec] * args.count)
+    for job in jobs:
+        print(f"{job.id}\t{job.state}\t{job.queue}\t{job.task}")
+    return 0
+
+
+async def producers(args: argparse.Namespace) -> int:
+    """`pgq producers`: every producer, its heartbeat age and status, and the leader."""
+    stale_after = args.stale_after or WorkerSettings.from_env("stale_after")
+    conn = await connect(resolve_dsn(args.dsn))
+    try:
+        await check_schema(conn)
+        rows = await store_producers.list_producers(conn)
+        leader = await store_leader.current(conn)
+    finally:
+        await conn.close()
+    items: list[dict[str, Any]] = [
+        {
+            "producer_id": str(r.id),
+            "worker_name": r.worker_name,
+            "queue": r.queue,
+            "status": "stale"
+            if r.heartbeat_age_s > stale_after
+            else ("alive" if r.healthy else "unhealthy"),
+            "heartbeat_age_s": round(r.heartbeat_age_s, 1),
+            "leader": r.is_leader,
+            "running": r.running,
+            "concurrency": r.concurrency,
+            "claimed": r.claimed,
+            "completed": r.completed,
+            "failed": r.failed,
+            "rejected_outcomes": r.rejected_outcomes,
+            "started_at": r.started_at.isoformat(),
+        }
+        for r in rows
+    ]
+    leader_info = None
+    if leader is not None:
+        leader_info = {
+            "worker_id": str(leader.worker_id),
+            "worker_name": leader.worker_name,
+            "elected_at": leader.elected_at.isoformat(),
+            "expires_in_s": round(leader.expires_in_s, 1),
+        }
+    return emit(
+        args, {"leader": leader_info, "producers": items}, lambda: _producers(leader_info, items)
+    )
+
+
+def _producers(leader: dict[str, Any] | None, items: list[dict[str, Any]]) -> str:
+    lines = [
+        f"leader: {leader['worker_name']} (lease expires in {leader['expires_in_s']}s)"
+        if leader
+        else "leader: none"
+    ]
+    if not items:
+        return "\n".join([*lines, "no producers registered"])
+    counters = ("running", "concurrency", "claimed", "completed", "failed", "rejected_outcomes")
+    headers = ["WORKER", "QUEUE", "STATUS", "HEARTBEAT", "RUNNING", "SLOTS", "CLAIMED"]
+    headers += ["COMPLETED", "FAILED", "REJECTED"]
+    table = [
+        [
+            f"{it['worker_name']}{' *' if it['leader'] else ''}",
+            str(it["queue"]),
+            str(it["status"]),
+            f"{it['heartbeat_age_s']}s ago",
+            *(str(it[c]) for c in counters),
+        ]
+        for it in items
+    ]
+    return "\n".join([*lines, render_table(headers, table), "(* leader)"])
+
+
+async def operate(args: argparse.Namespace) -> int:
+    """`pgq stats`, `pgq jobs ...`, `pgq queues ...`."""
+    async with Client(args.dsn) as client:
+        if args.command == "stats":
+            return await _stats(client, args)
+        if args.command == "jobs":
+            return await _jobs(client, args)
+        return await _queues(client, args)
+
+
+async def _stats(client: Client, args: argparse.Namespace) -> int:
+    stats = await client.stats()
+    data = [
+        {
+            "queue": s.queue,
+            "counts": {k.value: v for k, v in s.counts.items()},
+            "oldest_available_s": s.oldest_available_s,
+            "completed_last_minute": s.completed_last_minute,
+            "finished_last_minute": s.finished_last_minute,
+        }
+        for s in stats
+    ]
+
+    def table() -> str:
+        if not stats:
+            return "no jobs"
+        headers = ["QUEUE", *(st.value.upper() for st in JobState), "OLDEST AVAILABLE"]
+        rows = [
+            [
+                s.queue,
+                *(str(s.counts[st]) for st in JobState),
+                "-" if s.oldest_available_s is None else f"{s.oldest_available_s:.1f}s",
+                str(s.completed_last_minute),
+            ]
+            for s in stats
+        ]
+        return render_table([*headers, "DONE/MIN"], rows)
+
+    return emit(args, data, table)
+
+
+async def _jobs(client: Client, args: argparse.Namespace) -> int:
+    action = args.jobs_command
+    if action == "list":
+        jobs = await client.list_jobs(
+            state=args.state, queue=args.queue, task=args.task, limit=args.limit
+        )
+        headers = ["ID", "QUEUE", "TASK", "STATE", "ATTEMPT", "SCHEDULED", "FINALIZED"]
+        rows = [
+            [
+                str(j.id), j.queue, j.task, j.state.value, f"{j.attempt}/{j.max_attempts or '-'}",
+                when(j.scheduled_at), when(j.finalized_at),
+            ]
+            for j in jobs
+        ]  # fmt: skip
+        return emit(
+            args,
+            [job_dict(j) for j in jobs],
+            lambda: render_table(headers, rows) if jobs else "no jobs",
+        )
+    if action == "show":
+        job = await client.get_job(args.id)
+        if job is None:
+            raise ConfigError(f"no job {args.id}")
+        return emit(args, job_dict(job), lambda: show_job(job))
+    if action == "retry":
+        done = await client.retry(args.ids)
+        skipped = sorted(set(args.ids) - set(done))
+        return emit(
+            args,
+            {"retried": done, "skipped": skipped},
+            lambda: f"retried: {ids(done)}\nskipped (not found or running): {ids(skipped)}",
+        )
+    states = await client.cancel_many(args.ids)
+    data = {
+        "cancelled": sorted(i for i, s in states.items() if s is JobState.CANCELLED),
+        "cancelling": sorted(i for i, s in states.items() if s is JobState.RUNNING),
+        "skipped": sorted(set(args.ids) - set(states)),
+    }
+    return emit(
+        args,
+        data,
+        lambda: (
+            f"cancelled: {ids(data['cancelled'])}\n"
+            f"cancel requested (running): {ids(data['cancelling'])}\n"
+            f"skipped (not found or already final): {ids(data['skipped'])}"
+        ),
+    )
+
+
+async def _queues(client: Client, args: argparse.Namespace) -> int:
+    action = args.queues_command
+    if action == "pause":
+        await client.pause_queue(args.name)
+        return emit(args, {"paused": args.name}, lambda: f"paused {args.name}")
+    if action == "resume":
+        await client.resume_queue(args.name)
+        return emit(args, {"resumed": args.name}, lambda: f"resumed {args.name}")
+    queues = await client.list_queues()
+    data = [
+        {
+            "name": q.name,
+            "paused": q.paused,
+            "paused_at": q.paused_at,
+            "available": q.available,
+            "running": q.running,
+            "producers": q.producers,
+        }
+        for q in queues
+    ]
+    rows = [
+        [
+            q.name,
+            "paused" if q.paused else "active",
+            str(q.available),
+            str(q.running),
+            str(q.producers),
+        ]
+        for q in queues
+    ]
+    headers = ["QUEUE", "STATUS", "AVAILABLE", "RUNNING", "PRODUCERS"]
+    return emit(args, data, lambda: render_table(headers, rows) if queues else "no queues")

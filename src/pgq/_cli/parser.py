@@ -1,0 +1,218 @@
+"""The `pgq` argument parser, one function per command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from pgq.errors import ConfigError
+from pgq.job import JobState
+from pgq.settings import env_name, optional_setting, parse_optional_seconds, setting_help
+
+_DSN_HELP = (
+    "PostgreSQL URL; default: PGQ_DSN, then DATABASE_URL, then the libpq variables "
+    "(PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD)"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every command."""
+    parser = argparse.ArgumentParser(
+        prog="pgq",
+        description="pgq: a PostgreSQL job queue for asyncio services.",
+        epilog="Run `pgq COMMAND --help` for a command's options.",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("PGQ_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="log verbosity (default: INFO, or PGQ_LOG_LEVEL)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _migrate(sub)
+    _worker(sub)
+    _producers(sub)
+    _stats_jobs_queues(sub)
+    _enqueue(sub)
+    return parser
+
+
+def _command(parent: Any, name: str, help: str, *, json: bool = False) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
+    p.add_argument("--dsn", help=_DSN_HELP)
+    if json:
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+def _migrate(sub: Any) -> None:
+    p = _command(sub, "migrate", "create or upgrade pgq's tables (alembic upgrade head)")
+    p.add_argument(
+        "--sql",
+        action="store_true",
+        help="print the DDL instead of applying it (for a DBA to review and run)",
+    )
+
+
+def _worker(sub: Any) -> None:
+    p = _command(sub, "worker", "run a worker for an App")
+    p.description = (
+        "Run the jobs of an App until SIGTERM or SIGINT (graceful: running jobs get "
+        "--shutdown-timeout seconds; a second signal stops at once)."
+    )
+    p.add_argument("app", metavar="MODULE:APP", help="where the App is, e.g. myproject.tasks:app")
+    p.add_argument(
+        "--queue",
+        action="append",
+        default=[],
+        metavar="NAME[:N]",
+        help="a queue to work, with its concurrency; repeatable (default: every queue the "
+        "App's tasks use)",
+    )
+    p.add_argument(
+        "--burst", action="store_true", help="exit (status 0) once no runnable job is left"
+    )
+    p.add_argument(
+        "--name",
+        help="worker name shown in `pgq producers` (default: host:pid, or PGQ_WORKER_NAME)",
+    )
+    p.add_argument(
+        "--health-port",
+        type=int,
+        metavar="P",
+        default=_env_int("PGQ_HEALTH_PORT"),
+        help="serve GET /healthz on this port (200, or 503 with a JSON reason); env "
+        "PGQ_HEALTH_PORT",
+    )
+    p.add_argument(
+        "--health-host",
+        default=os.environ.get("PGQ_HEALTH_HOST", "127.0.0.1"),
+        help="address the health endpoint binds (default 127.0.0.1)",
+    )
+    for name, (default, text) in setting_help().items():
+        _setting_flag(p, name, default, text)
+
+
+def _setting_flag(p: argparse.ArgumentParser, name: str, default: Any, text: str) -> None:
+    """The flag of one worker setting: same name, same help, its variable named."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(default, bool):
+        p.add_argument(
+            flag,
+            action="store_const",
+            const=True,
+            default=None,
+            help=f"{text} (env {env_name(name)})",
+        )
+    elif optional_setting(name):
+        p.add_argument(
+            flag,
+            type=parse_optional_seconds,
+            default=None,
+            metavar="S|none",
+            help=f"{text} (default {default:g}, env {env_name(name)})",
+        )
+    else:
+        p.add_argument(
+            flag,
+            type=type(default),
+            default=None,
+            metavar="N",
+            help=f"{text} (default {default:g}, env {env_name(name)})",
+        )
+
+
+def _producers(sub: Any) -> None:
+    p = _command(sub, "producers", "list producers, their heartbeats and the leader", json=True)
+    p.description = (
+        "List every producer registered in the database with its heartbeat age and status "
+        "(alive, unhealthy, stale), and which worker leads."
+    )
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds after which a silent producer shows as stale (default: PGQ_STALE_AFTER or 30)",
+    )
+
+
+def _stats_jobs_queues(sub: Any) -> None:
+    _command(
+        sub,
+        "stats",
+        "jobs by queue and state, oldest available job, last minute's throughput",
+        json=True,
+    )
+    jobs = sub.add_parser(
+        "jobs",
+        help="list, show, retry or cancel jobs",
+        description="List, show, retry or cancel jobs.",
+    )
+    actions = jobs.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
+    p = _command(actions, "list", "the newest jobs, filtered", json=True)
+    p.add_argument("--state", choices=[s.value for s in JobState])
+    p.add_argument("--queue")
+    p.add_argument("--task")
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p = _command(
+        actions, "show", "one job: args, attempts, errors with tracebacks, producer", json=True
+    )
+    p.add_argument("id", type=int)
+    p = _command(actions, "retry", "run finished, retryable or scheduled jobs again now", json=True)
+    p.add_argument("ids", type=int, nargs="+", metavar="ID")
+    p = _command(
+        actions, "cancel", "cancel jobs (running ones are stopped by their worker)", json=True
+    )
+    p.add_argument("ids", type=int, nargs="+", metavar="ID")
+
+    queues = sub.add_parser(
+        "queues", help="list, pause or resume queues", description="List, pause or resume queues."
+    )
+    actions = queues.add_subparsers(dest="queues_command", metavar="ACTION", required=True)
+    _command(actions, "list", "every queue with its backlog, producers and pause state", json=True)
+    for action in ("pause", "resume"):
+        p = _command(
+            actions, action, f"{action} claiming from a queue ('*': every queue)", json=True
+        )
+        p.add_argument("name", metavar="QUEUE")
+
+
+def _enqueue(sub: Any) -> None:
+    p = _command(sub, "enqueue", "enqueue jobs from the shell")
+    p.description = "Enqueue jobs of a task by name."
+    p.add_argument("task", metavar="TASK", help="task name")
+    p.add_argument(
+        "--args",
+        default="{}",
+        metavar="JSON",
+        help='keyword arguments as a JSON object, e.g. \'{"to": "a@b.c"}\'',
+    )
+    p.add_argument("--queue", default="default", help="queue (default: default)")
+    p.add_argument(
+        "--delay",
+        type=float,
+        default=None,
+        metavar="S",
+        help="run no sooner than S seconds from now",
+    )
+    p.add_argument("--priority", type=int, default=None, help="higher runs first (default 0)")
+    p.add_argument("--max-attempts", type=int, default=None, metavar="N")
+    p.add_argument(
+        "--count",
+        type=int,
+        default=1,
+        metavar="N",
+        help="enqueue N identical jobs in one round trip",
+    )
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a whole number") from None

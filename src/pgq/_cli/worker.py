@@ -1,0 +1,99 @@
+"""`pgq worker MODULE:APP`: load the App, run a worker, stop it on SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+import anyio
+
+from pgq._worker.worker import Worker
+from pgq.app import App
+from pgq.errors import ConfigError
+from pgq.settings import FOREVER, WorkerSettings, setting_help
+
+log = logging.getLogger("pgq.cli")
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE:ATTR`` (the current directory is importable) and return the App."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"expected MODULE:APP, e.g. myproject.tasks:app, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attr, None)
+    if not isinstance(app, App):
+        raise ConfigError(f"{spec!r} is not a pgq.App (found {type(app).__name__})")
+    return app
+
+
+def parse_queues(values: Sequence[str], default: int | None) -> dict[str, int] | None:
+    """``["emails:20", "reports"]`` -> ``{"emails": 20, "reports": default}``."""
+    if not values:
+        return None
+    queues: dict[str, int] = {}
+    for value in values:
+        name, sep, count = value.partition(":")
+        if sep:
+            if not count.isdigit() or int(count) < 1:
+                raise ConfigError(
+                    f"--queue {value!r}: the concurrency after ':' must be a whole number >= 1"
+                )
+            queues[name] = int(count)
+        else:
+            queues[name] = default or WorkerSettings.from_env("concurrency")
+    return queues
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the worker until a signal (or, with --burst, until nothing is left)."""
+    app = load_app(args.app)
+    overrides = {
+        name: None if value == FOREVER else value
+        for name in setting_help()
+        if (value := getattr(args, name)) is not None
+    }
+    worker = Worker(
+        app,
+        args.dsn,
+        queues=parse_queues(args.queue, args.concurrency),
+        name=args.name,
+        health_port=args.health_port,
+        health_host=args.health_host,
+        **overrides,
+    )
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_handle_signals, worker)
+            await worker.run(burst=args.burst)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    return 0
+
+
+async def _handle_signals(worker: Worker) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        seen = 0
+        async for signum in signals:
+            seen += 1
+            if seen == 1:
+                log.info(
+                    "%s: stopping gracefully (send again to stop at once)",
+                    signal.Signals(signum).name,
+                )
+                worker.stop()
+            else:
+                log.warning("%s again: stopping now", signal.Signals(signum).name)
+                worker.stop(now=True)

@@ -1,0 +1,197 @@
+"""From :class:`JobSpec` to a checked, serialized row: every check an enqueue makes before
+anything is written."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pgq import _serde
+from pgq._store.jobs import NewJob
+from pgq.app import App, Task, check_queue_name, check_task_name
+from pgq.errors import ConfigError, SerializationError
+from pgq.job import DEFAULT_QUEUE, JobState, unique_mask
+
+
+@dataclass(slots=True)
+class JobSpec:
+    """One job for :meth:`Client.enqueue_many`. Options left as None take the task's
+    defaults (when the client knows the task) or pgq's. ``delay`` is in seconds (or a
+    timedelta), ``unique_period`` in seconds."""
+
+    task: str | Task
+    args: Mapping[str, Any] = field(default_factory=dict)
+    queue: str | None = None
+    priority: int | None = None
+    delay: float | timedelta | None = None
+    run_at: datetime | None = None
+    max_attempts: int | None = None
+    tags: Sequence[str] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: Jobs sharing a unique key never coexist in ``unique_states``.
+    unique_key: str | None = None
+    #: Derive ``unique_key`` from the task, queue and args (within ``unique_period`` seconds).
+    unique: bool = False
+    unique_period: float | None = None
+    #: States the key is unique across; default: all but completed, discarded, cancelled.
+    unique_states: Sequence[JobState | str] | None = None
+
+
+#: States a unique key is taken in unless a spec says otherwise: until the job is final.
+DEFAULT_UNIQUE_STATES = tuple(s for s in JobState if not s.is_final)
+
+_INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1  # the range of the integer columns
+# The latest time both Python and PostgreSQL can hold (PostgreSQL goes on to 294276 AD; a
+# row past Python's year 9999 could be written but not read back). A day is kept in hand
+# for the distance between this machine's clock and the database's.
+_LATEST = datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
+
+
+def prepare(index: int, spec: JobSpec, app: App | None) -> NewJob:
+    """Check and serialize ``spec`` (the ``index``-th of a batch, for error messages).
+
+    Runs once per job of a batch: the common case (a registered task, no options) takes the
+    fewest steps; every check still runs."""
+    task = spec.task
+    if type(task) is Task:
+        defaults: Task | None = task
+        name = task.name
+    else:
+        name = check_task_name(task)
+        defaults = app.get(name) if app is not None else None
+    if spec.queue is not None:
+        queue = check_queue_name(spec.queue)
+    else:
+        queue = defaults.queue if defaults else DEFAULT_QUEUE
+    priority = spec.priority
+    if priority is None:
+        priority = defaults.priority if defaults else 0
+    else:
+        _check_int(index, "priority", priority, _INT4_MIN)
+    max_attempts = spec.max_attempts
+    if max_attempts is None and defaults:
+        max_attempts = defaults.max_attempts
+    if max_attempts is not None:
+        _check_int(index, "max_attempts", max_attempts, 1)
+    args = _args(index, spec.args)
+    delay_s: float | None = None
+    if spec.delay is not None:
+        if spec.run_at is not None:
+            raise ConfigError(f"{_where(index)}give delay or run_at, not both")
+        delay_s = _delay_seconds(spec.delay, name, index)
+    elif spec.run_at is not None:
+        _check_run_at(spec.run_at, name, index)
+    tags: list[str] = []
+    if spec.tags:
+        if isinstance(spec.tags, str) or not all(isinstance(t, str) for t in spec.tags):
+            raise ConfigError(f"{_where(index)}tags must be a list of strings")
+        tags = list(spec.tags)
+    metadata: dict[str, Any] = {}
+    metadata_json = "{}"
+    if spec.metadata:
+        metadata = dict(spec.metadata)
+        metadata_json = _serde.dumps(metadata, "metadata")
+    key, states = _unique(index, spec, name, queue, args)
+    return NewJob(
+        queue, name, args, _serde.dumps(args, "args"), priority, max_attempts, spec.run_at,
+        delay_s, tags, metadata, metadata_json, key, states,
+    )  # fmt: skip
+
+
+def _check_int(index: int, option: str, value: object, low: int) -> None:
+    if type(value) is not int or not low <= value <= _INT4_MAX:
+        raise ConfigError(
+            f"{_where(index)}{option} must be an integer from {low} to {_INT4_MAX}, got {value!r}"
+        )
+
+
+def _args(index: int, args: Mapping[str, Any]) -> dict[str, Any]:
+    if type(args) is not dict:
+        if not isinstance(args, Mapping):
+            raise SerializationError(
+                f"{_where(index)}args must be a mapping of keyword arguments, not "
+                f"{type(args).__name__}",
+                "args",
+            )
+        args = dict(args)
+    for key in args:
+        if type(key) is not str and not isinstance(key, str):
+            raise SerializationError(f"{_where(index)}args keys must be strings", "args")
+    return args
+
+
+def _unique(
+    index: int, spec: JobSpec, name: str, queue: str, args: dict[str, Any]
+) -> tuple[str | None, int | None]:
+    key = spec.unique_key
+    if key is None and spec.unique:
+        canonical = json.dumps(args, sort_keys=True, separators=(",", ":"))
+        key = derive_unique_key(name, queue, canonical, spec.unique_period)
+    elif key is not None and not isinstance(key, str):
+        raise ConfigError(f"{_where(index)}unique_key must be a string")
+    if key is None:
+        return None, None
+    return key, unique_mask(spec.unique_states or DEFAULT_UNIQUE_STATES)
+
+
+def derive_unique_key(
+    task: str, queue: str, args_json: str, period_s: float | None, now: float | None = None
+) -> str:
+    """A key from what makes two jobs the same: task, queue and args (and the time bucket
+    of ``period_s`` seconds, on this machine's clock, when given)."""
+    digest = hashlib.sha256(f"{task}\0{queue}\0{args_json}".encode()).hexdigest()[:40]
+    if period_s is None:
+        return f"pgq:{task}:{digest}"
+    if period_s <= 0:
+        raise ConfigError("unique_period must be a positive number of seconds")
+    bucket = int((time.time() if now is None else now) // period_s)
+    return f"pgq:{task}:{digest}:{period_s:g}:{bucket}"
+
+
+def _delay_seconds(delay: float | timedelta, task: str, index: int) -> float:
+    """``delay`` as seconds from now, checked: a negative delay means now."""
+    try:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{_where(index)}delay for task {task!r} must be a number of seconds or a "
+            f"timedelta, got {delay!r}"
+        ) from None
+    if not math.isfinite(seconds) or seconds > (_LATEST - datetime.now(UTC)).total_seconds():
+        raise ConfigError(
+            f"{_where(index)}delay={delay!r} for task {task!r} is out of range: the job "
+            f"must be due before {_LATEST:%Y-%m-%d}; nothing was enqueued"
+        )
+    return max(seconds, 0.0)
+
+
+def _check_run_at(run_at: datetime, task: str, index: int) -> None:
+    if not isinstance(run_at, datetime):
+        raise ConfigError(
+            f"{_where(index)}run_at for task {task!r} must be a datetime, got {run_at!r}"
+        )
+    if run_at.tzinfo is None:
+        raise ConfigError(
+            f"{_where(index)}run_at for task {task!r} must be timezone-aware "
+            "(e.g. datetime.now(UTC))"
+        )
+    try:
+        in_range = run_at.astimezone(UTC) <= _LATEST
+    except OverflowError:
+        in_range = False
+    if not in_range:
+        raise ConfigError(
+            f"{_where(index)}run_at={run_at.isoformat()} for task {task!r} is out of range: "
+            f"the job must be due before {_LATEST:%Y-%m-%d}; nothing was enqueued"
+        )
+
+
+def _where(index: int) -> str:
+    """How an error names the spec at ``index`` of a batch (the first needs no name)."""
+    return f"job {index}: " if index else ""

@@ -1,0 +1,8 @@
+"""The only code that talks to Postgres.
+
+``sql`` holds every statement; ``connections`` opens pools and connections and classifies
+errors; ``rows`` maps job rows to :class:`~pgq.Job`; ``revision`` checks the schema; the
+other modules hold one function per operation (``jobs.insert``, ``claims.claim``,
+``producers.heartbeat``, ``maintenance.rescue``, ...). Every function takes the connection
+or pool to run on first, so a caller chooses the transaction.
+"""

@@ -1,0 +1,204 @@
+"""Jobs as clients see them: enqueue (one, many, COPY), read, cancel, retry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from pgq import _serde
+from pgq._store import sql
+from pgq._store.connections import Connection, Db
+from pgq._store.rows import job_from_row
+from pgq.job import Job, JobState
+
+
+@dataclass(slots=True)
+class NewJob:
+    """One job to enqueue, checked and serialized: what every enqueue path writes."""
+
+    queue: str
+    task: str
+    args: dict[str, Any]
+    args_json: str
+    priority: int
+    max_attempts: int | None
+    run_at: datetime | None
+    delay_s: float | None
+    tags: list[str]
+    metadata: dict[str, Any]
+    metadata_json: str
+    unique_key: str | None
+    unique_states: int | None
+
+    def values(self) -> tuple[Any, ...]:
+        """The parameters of one row of the enqueue statements (tags as JSON text: SQL
+        arrays of arrays cannot be ragged)."""
+        return (
+            self.queue,
+            self.task,
+            self.args_json,
+            self.priority,
+            self.max_attempts,
+            self.run_at,
+            self.delay_s,
+            _serde.dumps(self.tags, "tags") if self.tags else "[]",
+            self.metadata_json,
+            self.unique_key,
+            self.unique_states,
+        )
+
+    def job(
+        self, job_id: int, state: JobState, scheduled_at: datetime, created_at: datetime
+    ) -> Job:
+        """The job this became, as stored under ``job_id``."""
+        # Positional, in Job's field order: half the cost of keywords, per job.
+        return Job(
+            job_id,
+            self.queue,
+            self.task,
+            self.args,
+            state,
+            self.priority,
+            0,  # attempt
+            self.max_attempts,
+            scheduled_at,
+            None,  # attempted_at
+            None,  # finalized_at
+            created_at,
+            None,  # producer_id
+            [],  # errors
+            self.tags,
+            self.metadata,
+            None,  # result
+            self.unique_key,
+        )
+
+
+async def insert(conn: Connection, rows: list[NewJob]) -> list[Job]:
+    """Enqueue ``rows`` with one INSERT; a row whose unique key is taken comes back as the
+    job holding it, marked ``duplicate``. Works on any connection, in its transaction."""
+    if len(rows) == 1:
+        result = await conn.fetch(sql.ENQUEUE_ONE, *rows[0].values())
+    else:
+        columns = [list(col) for col in zip(*(r.values() for r in rows), strict=True)]
+        keyed = any(r.unique_key is not None for r in rows)
+        result = await conn.fetch(sql.ENQUEUE_KEYED if keyed else sql.ENQUEUE_PLAIN, *columns)
+    inserted = iter(result)
+    inserted_keys = {r["unique_key"] for r in result if r["unique_key"] is not None}
+    claimed: set[str] = set()
+    jobs: list[Job | None] = []
+    duplicates: list[tuple[int, str]] = []
+    for i, row in enumerate(rows):
+        key = row.unique_key
+        # Inserted rows come back in input order (ids follow it); a key's first holder in
+        # this batch is the one inserted, the rest are duplicates.
+        if key is not None and (key in claimed or key not in inserted_keys):
+            duplicates.append((i, key))
+            jobs.append(None)
+            continue
+        if key is not None:
+            claimed.add(key)
+        rec = next(inserted)
+        jobs.append(
+            row.job(rec["id"], JobState(rec["state"]), rec["scheduled_at"], rec["created_at"])
+        )
+    if duplicates:
+        existing = {
+            r["unique_key"]: r
+            for r in await conn.fetch(sql.EXISTING_UNIQUE, [k for _, k in duplicates])
+        }
+        for i, key in duplicates:
+            held = existing.get(key)
+            if held is not None:
+                job = job_from_row(held)
+            else:
+                # The holder finished (and left the unique states) between our insert and
+                # this read: report the key as skipped with what we know.
+                job = Job(
+                    0, rows[i].queue, rows[i].task, rows[i].args, JobState.COMPLETED,
+                    metadata=rows[i].metadata, unique_key=key,
+                )  # fmt: skip
+            job.duplicate = True
+            jobs[i] = job
+    return [j for j in jobs if j is not None]
+
+
+async def copy(conn: Connection, rows: list[NewJob]) -> list[Job]:
+    """Enqueue keyless ``rows`` with COPY, in a transaction of its own. Only on pgq's own
+    connections: COPY's binary format relies on the connection's jsonb codec, and a
+    caller's connection may have registered another."""
+    due: dict[str, datetime | None] = {}  # per queue, its earliest job; None: due now
+    plain = True  # every job due now, without tags or metadata: columns keep defaults
+    for r in rows:
+        if r.run_at is None and not r.delay_s:
+            due[r.queue] = None
+            plain = plain and not r.tags and not r.metadata
+            continue
+        plain = False
+        if r.run_at is not None:
+            earliest = due.get(r.queue, r.run_at)
+            if earliest is not None:
+                due[r.queue] = min(earliest, r.run_at)
+    async with conn.transaction():
+        allocated = await conn.fetchrow(sql.ALLOCATE_JOBS, len(rows), list(due), list(due.values()))
+        assert allocated is not None
+        now: datetime = allocated["now"]
+        jobs: list[Job] = []
+        records: list[tuple[Any, ...]] = []
+        for job_id, r in zip(allocated["ids"], rows, strict=True):
+            if r.run_at is not None:
+                scheduled_at = r.run_at
+            elif r.delay_s:
+                scheduled_at = now + timedelta(seconds=r.delay_s)
+            else:
+                scheduled_at = now
+            state = JobState.SCHEDULED if scheduled_at > now else JobState.AVAILABLE
+            if plain:
+                records.append((job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts))
+            else:
+                records.append(
+                    (
+                        job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts,
+                        state.value, scheduled_at, r.tags, r.metadata_json,
+                    )
+                )  # fmt: skip
+            jobs.append(r.job(job_id, state, scheduled_at, now))
+        await conn.copy_records_to_table(
+            sql.COPY_JOBS_TABLE,
+            records=records,
+            columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
+        )
+    return jobs
+
+
+async def get(db: Db, job_id: int) -> Job | None:
+    """The job with ``job_id``, or None."""
+    row = await db.fetchrow(sql.GET_JOB, job_id)
+    return job_from_row(row) if row is not None else None
+
+
+async def list_jobs(
+    db: Db, *, state: JobState | None, queue: str | None, task: str | None, limit: int
+) -> list[Job]:
+    """The newest jobs matching the filters."""
+    rows = await db.fetch(sql.LIST_JOBS, state.value if state else None, queue, task, limit)
+    return [job_from_row(r) for r in rows]
+
+
+async def count_by_state(db: Db, queue: str | None) -> dict[JobState, int]:
+    """How many jobs are in each state (all queues, or one)."""
+    counts = dict.fromkeys(JobState, 0)
+    counts.update({JobState(r["state"]): r["n"] for r in await db.fetch(sql.COUNT_BY_STATE, queue)})
+    return counts
+
+
+async def cancel(db: Db, job_ids: list[int]) -> dict[int, JobState]:
+    """Cancel jobs not yet running, request it of running ones; returns each acted-on job's
+    state now."""
+    return {r["id"]: JobState(r["state"]) for r in await db.fetch(sql.CANCEL_JOBS, job_ids)}
+
+
+async def retry(db: Db, job_ids: list[int]) -> list[int]:
+    """Make finished, retryable or scheduled jobs available now; returns the ids changed."""
+    return sorted(r["id"] for r in await db.fetch(sql.RETRY_JOBS, job_ids))

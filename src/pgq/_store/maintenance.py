@@ -1,0 +1,92 @@
+"""What the leader's services run: promotion, rescue, reaping, retention, periodic slots."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from pgq._store import sql
+from pgq._store.connections import Connection, Db
+from pgq.job import JobState
+
+
+async def database_now(db: Db) -> datetime:
+    """The database's clock."""
+    now: datetime = await db.fetchval(sql.DATABASE_NOW)
+    return now
+
+
+async def promote_due(db: Db, limit: int) -> int:
+    """Make up to ``limit`` due scheduled and retryable jobs available; returns how many."""
+    return sum(int(r["n"]) for r in await db.fetch(sql.PROMOTE_DUE, limit))
+
+
+@dataclass(frozen=True, slots=True)
+class Rescued:
+    """One rescued job: what it became and why."""
+
+    id: int
+    state: JobState
+    reason: str
+    worker_name: str | None
+    silent_s: float
+    queue: str
+    task: str
+    attempt: int
+
+
+async def rescue(
+    db: Db, leader_id: uuid.UUID, *, stale_after: float, grace: float, limit: int
+) -> list[Rescued]:
+    """Rescue up to ``limit`` running jobs whose producer is stale or gone, or that overran
+    their deadline by ``grace``; nothing unless ``leader_id`` holds the lease."""
+    rows = await db.fetch(sql.RESCUE_JOBS, leader_id, stale_after, grace, limit)
+    return [
+        Rescued(
+            r["id"],
+            JobState(r["state"]),
+            r["reason"],
+            r["worker_name"],
+            float(r["silent_s"]),
+            r["queue"],
+            r["task"],
+            r["attempt"],
+        )
+        for r in rows
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    """A deleted producer row."""
+
+    id: uuid.UUID
+    worker_name: str
+    queue: str
+
+
+async def reap(db: Db, after_s: float) -> list[Reaped]:
+    """Delete producer rows silent for ``after_s`` whose jobs are all rescued."""
+    return [
+        Reaped(r["id"], r["worker_name"], r["queue"])
+        for r in await db.fetch(sql.REAP_PRODUCERS, after_s)
+    ]
+
+
+async def delete_finished(db: Db, state: JobState, older_than_s: float, limit: int) -> int:
+    """Delete up to ``limit`` jobs in final ``state`` finalized over ``older_than_s`` ago."""
+    status = await db.execute(sql.DELETE_FINISHED, state.value, older_than_s, limit)
+    return int(status.split()[-1])
+
+
+async def lock_periodic(conn: Connection, name: str) -> datetime | None:
+    """The last slot enqueued for schedule ``name``, its row locked until the transaction
+    ends (None when the schedule is new)."""
+    last: datetime | None = await conn.fetchval(sql.PERIODIC_LOCK, name)
+    return last
+
+
+async def record_periodic(conn: Connection, name: str, slot: datetime) -> None:
+    """Remember ``slot`` as the last one enqueued for schedule ``name``."""
+    await conn.execute(sql.PERIODIC_UPSERT, name, slot)

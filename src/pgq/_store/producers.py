@@ -1,0 +1,142 @@
+"""Producers in the database: registration, heartbeats, re-registration, the operator's list."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from pgq._store import sql
+from pgq._store.connections import Db
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerRow:
+    """What a worker writes of one of its producers."""
+
+    id: uuid.UUID
+    queue: str
+    concurrency: int
+
+
+async def register(
+    db: Db, worker_id: uuid.UUID, worker_name: str, producers: Sequence[ProducerRow]
+) -> None:
+    """Register a worker's producers, all in one statement."""
+    await db.execute(
+        sql.REGISTER_PRODUCERS,
+        [p.id for p in producers],
+        worker_id,
+        worker_name,
+        [p.queue for p in producers],
+        [p.concurrency for p in producers],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """One producer's heartbeat: its id and the counters it reports."""
+
+    id: uuid.UUID
+    running: int
+    healthy: bool
+    claimed: int
+    completed: int
+    failed: int
+    rejected_outcomes: int
+
+
+async def heartbeat(db: Db, beats: Sequence[Beat]) -> set[uuid.UUID]:
+    """Write every beat on the database clock; returns the ids whose row still exists."""
+    rows = await db.fetch(
+        sql.HEARTBEAT,
+        [b.id for b in beats],
+        [b.running for b in beats],
+        [b.healthy for b in beats],
+        [b.claimed for b in beats],
+        [b.completed for b in beats],
+        [b.failed for b in beats],
+        [b.rejected_outcomes for b in beats],
+    )
+    return {r["id"] for r in rows}
+
+
+async def reregister(
+    db: Db,
+    old_id: uuid.UUID,
+    beat: Beat,
+    *,
+    worker_id: uuid.UUID,
+    worker_name: str,
+    queue: str,
+    concurrency: int,
+    running: list[int],
+) -> list[int]:
+    """Register ``beat.id`` in place of ``old_id`` (whose row is gone) and adopt those of
+    ``running`` still running under the old id; returns the adopted job ids."""
+    rows = await db.fetch(
+        sql.REREGISTER_PRODUCER,
+        old_id,
+        beat.id,
+        worker_id,
+        worker_name,
+        queue,
+        concurrency,
+        beat.claimed,
+        beat.completed,
+        beat.failed,
+        beat.rejected_outcomes,
+        running,
+    )
+    return [r["id"] for r in rows]
+
+
+async def delete(db: Db, ids: Sequence[uuid.UUID]) -> None:
+    """Delete producer rows (a worker stopping cleanly)."""
+    await db.execute(sql.DELETE_PRODUCERS, list(ids))
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerInfo:
+    """A producer as `pgq producers` and the dashboard show it."""
+
+    id: uuid.UUID
+    worker_id: uuid.UUID
+    worker_name: str
+    queue: str
+    started_at: datetime
+    heartbeat_at: datetime
+    heartbeat_age_s: float
+    concurrency: int
+    running: int
+    healthy: bool
+    claimed: int
+    completed: int
+    failed: int
+    rejected_outcomes: int
+    is_leader: bool
+
+
+async def list_producers(db: Db) -> list[ProducerInfo]:
+    """Every registered producer, with its heartbeat age on the database clock."""
+    return [
+        ProducerInfo(
+            id=r["id"],
+            worker_id=r["worker_id"],
+            worker_name=r["worker_name"],
+            queue=r["queue"],
+            started_at=r["started_at"],
+            heartbeat_at=r["heartbeat_at"],
+            heartbeat_age_s=float(r["heartbeat_age_s"]),
+            concurrency=r["concurrency"],
+            running=r["running"],
+            healthy=r["healthy"],
+            claimed=r["claimed"],
+            completed=r["completed"],
+            failed=r["failed"],
+            rejected_outcomes=r["rejected_outcomes"],
+            is_leader=r["is_leader"],
+        )
+        for r in await db.fetch(sql.LIST_PRODUCERS)
+    ]

@@ -1,0 +1,74 @@
+"""Queues: pause and resume, and the operator's views (lists, stats)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pgq._store import sql
+from pgq._store.connections import Db
+from pgq.job import JobState
+
+
+async def pause(db: Db, name: str) -> None:
+    """Pause queue ``name`` (``*``: every queue) and tell its workers."""
+    await db.execute(sql.PAUSE_QUEUE, name)
+
+
+async def resume(db: Db, name: str) -> None:
+    """Resume queue ``name`` and wake its workers."""
+    await db.execute(sql.RESUME_QUEUE, name)
+
+
+@dataclass(slots=True)
+class QueueInfo:
+    """A queue as ``pgq queues list`` shows it."""
+
+    name: str
+    paused: bool
+    paused_at: datetime | None
+    available: int
+    running: int
+    producers: int
+
+
+async def list_queues(db: Db) -> list[QueueInfo]:
+    """Every queue known from jobs, producers or pause settings."""
+    return [
+        QueueInfo(
+            r["name"],
+            r["paused_at"] is not None,
+            r["paused_at"],
+            r["available"],
+            r["running"],
+            r["producers"],
+        )
+        for r in await db.fetch(sql.LIST_QUEUES)
+    ]
+
+
+@dataclass(slots=True)
+class QueueStats:
+    """Counts of one queue by state, the age of its oldest available job and its
+    throughput over the last minute."""
+
+    queue: str
+    counts: dict[JobState, int] = field(default_factory=lambda: dict.fromkeys(JobState, 0))
+    oldest_available_s: float | None = None
+    completed_last_minute: int = 0
+    finished_last_minute: int = 0
+
+
+async def stats(db: Db) -> list[QueueStats]:
+    """Per queue: counts by state, oldest available job's age, last minute's throughput."""
+    by_queue: dict[str, QueueStats] = {}
+    for r in await db.fetch(sql.STATS_BY_QUEUE):
+        by_queue.setdefault(r["queue"], QueueStats(r["queue"])).counts[JobState(r["state"])] = r[
+            "n"
+        ]
+    for r in await db.fetch(sql.STATS_EXTRA):
+        st = by_queue.setdefault(r["queue"], QueueStats(r["queue"]))
+        st.oldest_available_s = r["oldest_available_s"]
+        st.completed_last_minute = r["completed_last_minute"]
+        st.finished_last_minute = r["finished_last_minute"]
+    return [by_queue[q] for q in sorted(by_queue)]

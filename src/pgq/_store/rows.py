@@ -1,0 +1,35 @@
+"""Rows into jobs: the one mapper from a job row (read by column name) to :class:`~pgq.Job`.
+
+Every statement that returns whole jobs (reads, claims, unique-key lookups) returns
+``sql.JOB_COLUMNS``, so one mapper serves them all."""
+
+from __future__ import annotations
+
+from pgq import _serde
+from pgq._store.connections import Record
+from pgq.job import Job, JobState
+
+
+def job_from_row(row: Record) -> Job:
+    """A :class:`~pgq.Job` from a row of ``sql.JOB_COLUMNS``."""
+    return Job(
+        id=row["id"],
+        queue=row["queue"],
+        task=row["task"],
+        args=_serde.loads(row["args"]),
+        state=JobState(row["state"]),
+        priority=row["priority"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        scheduled_at=row["scheduled_at"],
+        attempted_at=row["attempted_at"],
+        finalized_at=row["finalized_at"],
+        created_at=row["created_at"],
+        producer_id=row["producer_id"],
+        errors=_serde.loads(row["errors"]),
+        tags=list(row["tags"]),
+        metadata=_serde.loads(row["metadata"]),
+        result=_serde.loads(row["result"]),
+        unique_key=row["unique_key"],
+        attempt_token=row["attempt_token"],
+    )

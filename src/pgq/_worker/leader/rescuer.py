@@ -1,0 +1,119 @@
+"""The rescuer: running jobs whose producer went silent or vanished, or that overran their
+timeout under a live one, are taken back, judged in SQL on the database clock."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pgq._hooks import Hooks, JobEvent
+from pgq._store import maintenance
+from pgq._store.connections import Pool
+from pgq._store.maintenance import Rescued
+from pgq.job import Job, JobState
+from pgq.settings import WorkerSettings
+
+log = logging.getLogger("pgq.rescuer")
+
+#: Jobs one statement rescues at most.
+BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RescueResult:
+    """One rescue round: jobs made retryable, discarded (out of attempts) or cancelled (a
+    cancel request was pending); ``skipped`` when this leader's own producers are unhealthy."""
+
+    retried: int = 0
+    discarded: int = 0
+    cancelled: int = 0
+    skipped: bool = False
+
+    @property
+    def rescued(self) -> int:
+        """Every job the round took from its producer."""
+        return self.retried + self.discarded + self.cancelled
+
+
+class Rescuer:
+    """Rescues every ``rescue_interval`` while its worker leads."""
+
+    name = "rescuer"
+    eager = False
+
+    def __init__(
+        self,
+        pool: Pool,
+        settings: WorkerSettings,
+        leader_id: uuid.UUID,
+        *,
+        sick_queues: Callable[[], list[str]],
+        after_rescue: Callable[[], None] = lambda: None,
+        hooks: Hooks | None = None,
+    ) -> None:
+        self._pool = pool
+        self._stale_after = settings.stale_after
+        self._grace = settings.rescue_grace
+        self._leader_id = leader_id
+        self._sick_queues = sick_queues
+        self._after_rescue = after_rescue
+        self._hooks = hooks
+        self._skipping = False
+        self.interval_s = settings.rescue_interval
+        #: Jobs rescued since the worker started.
+        self.rescued = 0
+
+    async def run_once(self) -> RescueResult:
+        """One round. A leader whose own producers are unhealthy skips it: its view of the
+        database is suspect, and so is its judgement of others; the lease lapses to a
+        healthier worker if this lasts."""
+        sick = self._sick_queues()
+        if sick:
+            if not self._skipping:
+                log.warning(
+                    "leader skips rescue rounds: its own producers (%s) are unhealthy",
+                    ", ".join(sick),
+                )
+                self._skipping = True
+            return RescueResult(skipped=True)
+        if self._skipping:
+            log.info("leader resumes rescue rounds")
+            self._skipping = False
+        counts = dict.fromkeys(JobState, 0)
+        async with self._pool.acquire() as conn:
+            while True:
+                rows = await maintenance.rescue(
+                    conn,
+                    self._leader_id,
+                    stale_after=self._stale_after,
+                    grace=self._grace,
+                    limit=BATCH,
+                )
+                for r in rows:
+                    counts[r.state] += 1
+                    log.warning(
+                        "rescued job %d -> %s: %s (worker %s, silent %.1fs)",
+                        r.id,
+                        r.state,
+                        r.reason,
+                        r.worker_name or "unknown",
+                        r.silent_s,
+                    )
+                    await self._emit(r)
+                if len(rows) < BATCH:
+                    break
+        result = RescueResult(
+            counts[JobState.RETRYABLE], counts[JobState.DISCARDED], counts[JobState.CANCELLED]
+        )
+        self.rescued += result.rescued
+        if result.retried:
+            self._after_rescue()  # first rescues are due at once: promote them now
+        return result
+
+    async def _emit(self, r: Rescued) -> None:
+        if self._hooks is None or not self._hooks.wants("job_rescued"):
+            return
+        job = Job(id=r.id, queue=r.queue, task=r.task, args={}, state=r.state, attempt=r.attempt)
+        await self._hooks.emit(JobEvent("job_rescued", job, r.state, reason=r.reason))

@@ -1,0 +1,399 @@
+"""The :class:`Worker`: builds a worker's parts, runs them, stops them. Nothing else: each
+part owns its concern (see ``pgq._worker``)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import anyio.abc
+
+from pgq._dsn import resolve_dsn
+from pgq._store import producers as store_producers
+from pgq._store.connections import DATABASE_ERRORS, WORKER_SESSION_SETTINGS, Pool, create_pool
+from pgq._store.producers import ProducerRow
+from pgq._store.revision import check_schema
+from pgq._worker import health_server
+from pgq._worker.completer import Completer
+from pgq._worker.control import Control
+from pgq._worker.executor import SHUTDOWN
+from pgq._worker.leader.elector import Elector
+from pgq._worker.leader.periodic import Periodic
+from pgq._worker.leader.promoter import Promoter
+from pgq._worker.leader.reaper import Reaper
+from pgq._worker.leader.rescuer import Rescuer
+from pgq._worker.leader.retention import Retention
+from pgq._worker.leader.services import LeaderService, LeaderServices
+from pgq._worker.liveness import Heartbeater, health_verdict
+from pgq._worker.outcome import Outcome
+from pgq._worker.producer import Producer
+from pgq.app import App, check_queue_name
+from pgq.errors import ConfigError
+from pgq.settings import WorkerSettings
+
+log = logging.getLogger("pgq.worker")
+
+
+def default_worker_name() -> str:
+    """``host:pid``; override with ``name=`` (e.g. the Kubernetes pod name)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def resolve_queues(
+    app: App, queues: Mapping[str, int] | Sequence[str] | None, concurrency: int
+) -> dict[str, int]:
+    """Queue name -> concurrency, checked: by default every queue the App's tasks use."""
+    if isinstance(queues, str):
+        queues = [queues]
+    if queues is None:
+        names = app.queues()
+        if not names:
+            raise ConfigError("the App registers no task: decorate functions with @app.task")
+        resolved = dict.fromkeys(names, concurrency)
+    elif isinstance(queues, Mapping):
+        resolved = dict(queues)
+    else:
+        resolved = dict.fromkeys(queues, concurrency)
+    if not resolved:
+        raise ConfigError("a worker needs at least one queue")
+    for queue, n in resolved.items():
+        check_queue_name(queue)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(
+                f"queue {queue!r}: concurrency must be a whole number >= 1, got {n!r}"
+            )
+        if not any(t.queue == queue for t in app):
+            raise ConfigError(
+                f"queue {queue!r} has no task in this App (its queues: "
+                f"{', '.join(app.queues()) or 'none'}); a worker only runs tasks it registers"
+            )
+    return resolved
+
+
+@dataclass
+class _Parts:
+    """A running worker's parts."""
+
+    producers: list[Producer]
+    completer: Completer
+    heartbeater: Heartbeater
+    elector: Elector
+    leader: LeaderServices
+    rescuer: Rescuer
+    reaper: Reaper
+    retention: Retention
+    periodic: Periodic | None
+    control: Control
+
+
+class Worker:
+    """Runs the jobs of an :class:`~pgq.App`.
+
+    ``queues`` maps queue names to their concurrency, or lists names (each gets
+    ``concurrency``); by default every queue the App's tasks use. ``settings`` is a
+    :class:`~pgq.WorkerSettings`; every other keyword is one of its fields and overrides it,
+    and a setting given neither way falls back to its ``PGQ_*`` variable, then its default.
+
+    ``health_port`` serves ``GET /healthz`` on ``health_host`` (loopback by default) for
+    liveness probes; ``name`` defaults to ``PGQ_WORKER_NAME``, else ``host:pid``.
+
+    Embedded: ``async with pgq.Worker(app, dsn) as worker:`` runs it in the background
+    until the block ends (then stops gracefully). Standalone: ``await worker.run()``.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        dsn: str | None = None,
+        *,
+        settings: WorkerSettings | None = None,
+        queues: Mapping[str, int] | Sequence[str] | None = None,
+        name: str | None = None,
+        health_port: int | None = None,
+        health_host: str = "127.0.0.1",
+        **overrides: Any,
+    ) -> None:
+        self.app = app
+        self.settings = WorkerSettings.resolve(overrides, base=settings)
+        self.name = name or os.environ.get("PGQ_WORKER_NAME") or default_worker_name()
+        self.id = uuid.uuid4()
+        self._dsn = resolve_dsn(dsn)
+        self._queues = resolve_queues(app, queues, self.settings.concurrency)
+        self._health_port = health_port
+        self._health_host = health_host
+        self._stop_requested = anyio.Event()
+        self._stop_now = False
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._parts: _Parts | None = None
+        self._by_queue: dict[str, Producer] = {}
+        self._started_at = 0.0
+        #: Set once the worker runs (its producers registered, claiming).
+        self.started = anyio.Event()
+        #: The port /healthz is served on once started (useful with ``health_port=0``).
+        self.health_port: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def stop(self, *, now: bool = False) -> None:
+        """Ask the worker to stop: claim nothing more, let running jobs finish within
+        ``shutdown_timeout`` (``now=True``: cancel them at once), record the rest retryable."""
+        if now:
+            self._stop_now = True
+            for producer in self._parts.producers if self._parts else ():
+                producer.cancel_running(SHUTDOWN)
+        self._stop_requested.set()
+
+    async def run(self, *, burst: bool = False) -> None:
+        """Run until :meth:`stop` (or, with ``burst=True``, until no runnable job is left)."""
+        await self._main(burst, await self._open())
+
+    async def __aenter__(self) -> Self:
+        pool = await self._open()
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        try:
+            await self._tg.start(self._main, False, pool)
+        except BaseException as exc:
+            try:
+                await self._tg.__aexit__(type(exc), exc, exc.__traceback__)
+            except BaseExceptionGroup as group:
+                # A failure while starting is one error: raise it as itself.
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
+            raise
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self.stop()
+        assert self._tg is not None
+        return await self._tg.__aexit__(et, e, tb)
+
+    async def _open(self) -> Pool:
+        pool = await create_pool(
+            self._dsn,
+            min_size=1,
+            max_size=len(self._queues) + 3,
+            server_settings={
+                **WORKER_SESSION_SETTINGS,
+                "application_name": f"pgq worker {self.name}"[:63],
+            },
+        )
+        try:
+            await check_schema(pool)
+        except BaseException:
+            await pool.close()
+            raise
+        return pool
+
+    async def _main(
+        self,
+        burst: bool,
+        pool: Pool,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            parts = self._parts = self._build(pool)
+            await self._serve(pool, parts, burst, task_status)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
+                await pool.close()
+            if scope.cancelled_caught:
+                pool.terminate()
+
+    def _build(self, pool: Pool) -> _Parts:
+        s = self.settings
+        limiter = anyio.CapacityLimiter(s.max_threads)
+        completer = Completer(pool, self._counted)
+        producers = [
+            Producer(
+                queue=queue,
+                concurrency=n,
+                tasks={t.name: t for t in self.app if t.queue == queue},
+                pool=pool,
+                outcomes=completer.add,
+                limiter=limiter,
+                poll_interval=s.poll_interval,
+                fence_after_s=s.fencing_bound,
+                hooks=self.app.hooks,
+            )
+            for queue, n in self._queues.items()
+        ]
+        self._by_queue = {p.queue: p for p in producers}
+        heartbeater = Heartbeater(self._dsn, producers, s, worker_id=self.id, worker_name=self.name)
+        elector = Elector(pool, worker_id=self.id, worker_name=self.name, ttl_s=s.leader_ttl)
+        rescuer = Rescuer(
+            pool,
+            s,
+            self.id,
+            sick_queues=lambda: [p.queue for p in producers if not p.health.healthy],
+            after_rescue=lambda: leader.wake(Promoter.name),
+            hooks=self.app.hooks,
+        )
+        reaper = Reaper(pool, s)
+        retention = Retention(pool, s)
+        periodic = None
+        if self.app.schedules:
+            periodic = Periodic(
+                pool, self.app, self.id, interval_s=s.schedule_interval, term=lambda: elector.terms
+            )
+        services: list[LeaderService] = [Promoter(pool, s.schedule_interval)]
+        services += [periodic] if periodic else []
+        services += [rescuer, reaper, retention]
+        leader = LeaderServices(elector, services)
+        control = Control(pool, producers, s, wake_leader=elector.wake)
+        return _Parts(
+            producers, completer, heartbeater, elector, leader, rescuer, reaper, retention,
+            periodic, control,
+        )  # fmt: skip
+
+    async def _serve(
+        self, pool: Pool, parts: _Parts, burst: bool, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        self._started_at = anyio.current_time()
+        rows = [ProducerRow(p.id, p.queue, p.concurrency) for p in parts.producers]
+        await store_producers.register(pool, self.id, self.name, rows)
+        try:
+            async with anyio.create_task_group() as tg:
+                await self._start_services(tg, parts)
+                async with anyio.create_task_group() as producers_tg:
+                    for producer in parts.producers:
+                        await producers_tg.start(producer.run)
+                    log.info(
+                        "worker %s started: %s%s",
+                        self.name,
+                        ", ".join(f"{q}[{n}]" for q, n in self._queues.items()),
+                        " (leader)" if parts.elector.is_leader else "",
+                    )
+                    self.started.set()
+                    task_status.started()
+                    if burst:
+                        tg.start_soon(parts.control.watch_burst, parts.completer, self.stop)
+                    await self._stop_requested.wait()
+                    await self._drain(parts.producers)
+                await self._flush(parts.completer)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await parts.elector.resign()
+                try:
+                    await store_producers.delete(pool, [p.id for p in parts.producers])
+                except DATABASE_ERRORS as exc:
+                    log.warning("could not delete this worker's producer rows: %s", exc)
+            log.info("worker %s stopped", self.name)
+
+    async def _start_services(self, tg: anyio.abc.TaskGroup, parts: _Parts) -> None:
+        if not self.settings.poll_only:
+            await tg.start(parts.control.notifier(self._dsn, self.name).run)
+        tg.start_soon(parts.completer.run)
+        tg.start_soon(parts.heartbeater.run)
+        await parts.elector.attempt()
+        tg.start_soon(parts.elector.run)
+        tg.start_soon(parts.leader.run)
+        tg.start_soon(parts.control.poll_cancels)
+        if self._health_port is not None:
+            self.health_port = await tg.start(
+                functools.partial(
+                    health_server.serve,
+                    self.health,
+                    host=self._health_host,
+                    port=self._health_port,
+                )
+            )
+
+    async def _drain(self, producers: list[Producer]) -> None:
+        for producer in producers:
+            producer.stop_fetching()
+        if not self._stop_now:
+            with anyio.move_on_after(self.settings.shutdown_timeout):
+                for producer in producers:
+                    await producer.wait_empty()
+        running = sum(len(p.running) for p in producers)
+        if running:
+            log.warning(
+                "cancelling %d jobs still running at shutdown; they will be retried", running
+            )
+            for producer in producers:
+                producer.cancel_running(SHUTDOWN)
+
+    @staticmethod
+    async def _flush(completer: Completer) -> None:
+        # Every job has ended; make the outcomes durable before letting go.
+        with anyio.move_on_after(10) as flush:
+            await completer.wait_idle()
+        if flush.cancelled_caught:
+            log.error(
+                "%d outcomes could not be written; the rescuer will retry those jobs",
+                completer.pending,
+            )
+
+    def _counted(self, written: list[Outcome], rejected: list[Outcome]) -> None:
+        by_queue = self._by_queue
+        for o in written:
+            if (producer := by_queue.get(o.queue)) is not None:
+                producer.counted(o, accepted=True)
+        for o in rejected:
+            if (producer := by_queue.get(o.queue)) is not None:
+                producer.counted(o, accepted=False)
+
+    # ------------------------------------------------------------------ stats
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot for operators: per producer its queue, health (``healthy``,
+        ``consecutive_failures``, ``last_heartbeat_ok_at`` as a Unix time, None before the
+        first) and counters (``running``, ``claimed``, ``completed``, ``failed``,
+        ``rejected_outcomes``, ``fetches``); the worker's leader flag and terms, the rescues,
+        reaps, retention deletes and periodic jobs it did, each leader service's ``runs``/``failures``/``last_error``, heartbeats and
+        re-registrations, cancels obeyed, LISTEN reconnections, and the outcomes not yet
+        durable (``outcomes_pending``), of those refused in every form (``outcomes_held``), and
+        written in a fallback form (``outcomes_salvaged``)."""
+        p = self._parts
+        return {
+            "worker_id": str(self.id),
+            "worker_name": self.name,
+            "time": time.time(),
+            "leader": p is not None and p.elector.is_leader,
+            "leader_terms": p.elector.terms if p else 0,
+            "rescued": p.rescuer.rescued if p else 0,
+            "reaped": p.reaper.reaped if p else 0,
+            "retention_deleted": p.retention.deleted if p else 0,
+            "periodic_enqueued": p.periodic.enqueued if p and p.periodic else 0,
+            "leader_services": (
+                {n: st.snapshot() for n, st in p.leader.status.items()} if p else {}
+            ),
+            "heartbeats": p.heartbeater.beats if p else 0,
+            "reregistrations": p.heartbeater.reregistrations if p else 0,
+            "cancelled_on_request": p.control.cancelled if p else 0,
+            "listen_reconnects": p.control.listen_reconnects if p else 0,
+            "outcomes_pending": p.completer.pending if p else 0,
+            "outcomes_held": p.completer.held if p else 0,
+            "outcomes_salvaged": p.completer.salvaged if p else 0,
+            "producers": [producer.stats() for producer in p.producers] if p else [],
+        }
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Whether this worker is alive for a liveness probe, and why (``/healthz``)."""
+        p = self._parts
+        healths = [(pr.queue, pr.health) for pr in p.producers] if p else []
+        ok, verdict = health_verdict(
+            healths, self.settings, anyio.current_time() - self._started_at
+        )
+        stats = self.stats()
+        body = {
+            "worker_name": self.name,
+            "leader": stats["leader"],
+            "producers": stats["producers"],
+        }
+        return ok, {**body, **verdict}

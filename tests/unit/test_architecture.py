@@ -1,0 +1,132 @@
+"""The shape of the package holds: no import cycles (type-only ones included), SQL only in
+the store, internals private, one definition of the job states."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import pgq
+from pgq.job import FINAL_STATES, JobState
+
+SRC = Path(pgq.__file__).resolve().parent
+#: Public modules besides the package itself; every other module is an internal.
+PUBLIC_MODULES = {"app", "client", "errors", "job", "migrate", "schema", "settings"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(p): p
+        for p in SRC.rglob("*.py")
+        if "migrations" not in p.relative_to(SRC).parts
+    }
+
+
+def _imports(path: Path, modules: set[str]) -> set[str]:
+    """Every pgq module ``path`` imports, wherever the import sits (type-only ones too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("pgq"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pgq"):
+            for alias in node.names:
+                # `from pgq import _serde` imports the module pgq._serde.
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in modules else node.module)
+    return found & modules
+
+
+def test_no_import_cycles() -> None:
+    modules = _modules()
+    # The package's __init__ only re-exports: an edge into it from a submodule would be a
+    # cycle by construction, so each submodule must import what it needs from its home.
+    graph = {name: _imports(path, set(modules)) - {name} for name, path in modules.items()}
+    for name, deps in graph.items():
+        if name != "pgq":
+            assert "pgq" not in deps, f"{name} imports the package itself"
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append([*trail[trail.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep, [*trail, dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+def test_only_the_store_holds_sql() -> None:
+    statement = re.compile(r"\b(SELECT|INSERT INTO|UPDATE pgq_|DELETE FROM)\b")
+    offenders = []
+    for name, path in _modules().items():
+        if name.startswith("pgq._store") or name in ("pgq.schema",):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(n.body[0].value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and n.body
+            and isinstance(n.body[0], ast.Expr)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and statement.search(node.value)
+                and "pgq_" in node.value
+            ):
+                offenders.append(f"{name}: {node.value.strip()[:60]!r}")
+    assert offenders == []
+
+
+def test_internal_modules_are_private() -> None:
+    for name in _modules():
+        parts = name.split(".")
+        if len(parts) == 1:
+            continue
+        assert parts[1] in PUBLIC_MODULES or parts[1].startswith("_"), name
+
+
+@pytest.mark.parametrize("limit", [60])
+def test_no_function_longer_than_the_limit(limit: int) -> None:
+    """About 60 lines: a function past that usually hides a second one."""
+    long = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                body_start = node.body[0].lineno
+                if isinstance(node.body[0], ast.Expr) and isinstance(
+                    node.body[0].value, ast.Constant
+                ):
+                    body_start = node.body[0].end_lineno or body_start  # not the docstring
+                length = (node.end_lineno or node.lineno) - body_start
+                if length > limit:
+                    long.append(f"{name}.{node.name}: {length} lines")
+    assert long == []
+
+
+def test_the_states_have_one_definition() -> None:
+    from pgq.schema import STATES, UNIQUE_ACTIVE_FUNCTION, job_state
+
+    assert tuple(s.value for s in JobState) == STATES
+    assert tuple(job_state.enums) == STATES
+    for state in JobState:
+        assert f"WHEN '{state.value}' THEN {state.bit}" in UNIQUE_ACTIVE_FUNCTION
+    assert {s for s in JobState if s.is_final} == FINAL_STATES

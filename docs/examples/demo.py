@@ -85,11 +85,12 @@ def database() -> Iterator[str]:
 
 
 def specs(rng: random.Random) -> list[pgq.JobSpec]:
-    jobs = [pgq.JobSpec(fast, {"n": i}) for i in range(250)]
-    jobs += [pgq.JobSpec(slow, {"seconds": rng.uniform(0.05, 0.5)}) for _ in range(60)]
-    jobs += [pgq.JobSpec(flaky, {"fail_times": rng.randint(1, 2)}) for _ in range(40)]
-    jobs += [pgq.JobSpec(checksum, {"size": rng.randint(10_000, 200_000)}) for _ in range(30)]
-    jobs += [pgq.JobSpec(doomed) for _ in range(3)]
+    # task.spec(...) is checked against the task's signature (and by mypy).
+    jobs: list[pgq.JobSpec] = [fast.spec(n=i) for i in range(250)]
+    jobs += [slow.spec(seconds=rng.uniform(0.05, 0.5)) for _ in range(60)]
+    jobs += [flaky.spec(fail_times=rng.randint(1, 2)) for _ in range(40)]
+    jobs += [checksum.spec(size=rng.randint(10_000, 200_000)) for _ in range(30)]
+    jobs += [doomed.spec() for _ in range(3)]
     rng.shuffle(jobs)
     return jobs
 

@@ -10,8 +10,8 @@ change without notice; ``pgq.migrate`` and ``pgq.schema`` are public too.
 
 from pgq._hooks import JobEvent
 from pgq._worker.worker import Worker
-from pgq.app import App, Backoff, Task
-from pgq.client import Client, JobSpec, QueueInfo, QueueStats
+from pgq.app import App, Backoff, JobSpec, Task
+from pgq.client import Client, QueueInfo, QueueStats
 from pgq.errors import (
     ConfigError,
     DatabaseError,
@@ -21,7 +21,7 @@ from pgq.errors import (
     SerializationError,
     UnknownTaskError,
 )
-from pgq.job import Cancel, Job, JobContext, JobState, Retry, Snooze
+from pgq.job import Cancel, Discard, Job, JobContext, JobState, Retry, Snooze
 from pgq.settings import WorkerSettings
 
 __version__ = "0.1.0"
@@ -34,6 +34,7 @@ __all__ = (
     "ConfigError",
     "DatabaseError",
     "DatabaseUnavailable",
+    "Discard",
     "Job",
     "JobContext",
     "JobEvent",

@@ -1,5 +1,5 @@
-"""From :class:`JobSpec` to a checked, serialized row: every check an enqueue makes before
-anything is written."""
+"""From :class:`~pgq.JobSpec` to a checked, serialized row: every check an enqueue makes
+before anything is written."""
 
 from __future__ import annotations
 
@@ -7,41 +7,15 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgq import _serde
 from pgq._store.jobs import NewJob
-from pgq.app import App, Task, check_queue_name, check_task_name
+from pgq.app import App, JobSpec, Task, check_queue_name, check_task_name
 from pgq.errors import ConfigError, SerializationError
 from pgq.job import DEFAULT_QUEUE, JobState, unique_mask
-
-
-@dataclass(slots=True)
-class JobSpec:
-    """One job for :meth:`Client.enqueue_many`. Options left as None take the task's
-    defaults (when the client knows the task) or pgq's. ``delay`` is in seconds (or a
-    timedelta), ``unique_period`` in seconds."""
-
-    task: str | Task
-    args: Mapping[str, Any] = field(default_factory=dict)
-    queue: str | None = None
-    priority: int | None = None
-    delay: float | timedelta | None = None
-    run_at: datetime | None = None
-    max_attempts: int | None = None
-    tags: Sequence[str] = ()
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-    #: Jobs sharing a unique key never coexist in ``unique_states``.
-    unique_key: str | None = None
-    #: Derive ``unique_key`` from the task, queue and args (within ``unique_period`` seconds).
-    unique: bool = False
-    unique_period: float | None = None
-    #: States the key is unique across; default: all but completed, discarded, cancelled.
-    unique_states: Sequence[JobState | str] | None = None
-
 
 #: States a unique key is taken in unless a spec says otherwise: until the job is final.
 DEFAULT_UNIQUE_STATES = tuple(s for s in JobState if not s.is_final)
@@ -53,7 +27,7 @@ _INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1  # the range of the integer columns
 _LATEST = datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
 
 
-def prepare(index: int, spec: JobSpec, app: App | None) -> NewJob:
+def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
     """Check and serialize ``spec`` (the ``index``-th of a batch, for error messages).
 
     Runs once per job of a batch: the common case (a registered task, no options) takes the
@@ -80,6 +54,10 @@ def prepare(index: int, spec: JobSpec, app: App | None) -> NewJob:
     if max_attempts is not None:
         _check_int(index, "max_attempts", max_attempts, 1)
     args = _args(index, spec.args)
+    if defaults is not None:
+        problem = defaults.argument_problem(args)
+        if problem is not None:
+            raise ConfigError(f"{_where(index)}{problem}; nothing was enqueued")
     delay_s: float | None = None
     if spec.delay is not None:
         if spec.run_at is not None:
@@ -127,7 +105,7 @@ def _args(index: int, args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _unique(
-    index: int, spec: JobSpec, name: str, queue: str, args: dict[str, Any]
+    index: int, spec: JobSpec[Any], name: str, queue: str, args: dict[str, Any]
 ) -> tuple[str | None, int | None]:
     key = spec.unique_key
     if key is None and spec.unique:

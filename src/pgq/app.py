@@ -2,18 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import random
 import re
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, overload
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Concatenate, Generic, Protocol, overload
+
+from typing_extensions import ParamSpec, TypeVar
 
 from pgq import _serde
 from pgq._cron import TimeSchedule, make_schedule
 from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
 from pgq.errors import ConfigError, UnknownTaskError
-from pgq.job import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, JobContext
+from pgq.job import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, JobContext, JobState
+
+#: A task's parameters after the context, and its result.
+P = ParamSpec("P", default=...)
+R = TypeVar("R", default=Any)
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
@@ -60,10 +70,16 @@ class Backoff:
         return max(0.0, raw * (1.0 + spread))
 
 
-class Task:
-    """A registered task: the function and the options its jobs get by default."""
+class Task(Generic[P, R]):
+    """A registered task: the function, the options its jobs get by default, and what its
+    jobs' arguments must be. Typed over the function's parameters after the context (``P``)
+    and its result (``R``): ``task.spec(...)`` is checked by a type checker like a call."""
 
     __slots__ = (
+        "_names",
+        "_positional",
+        "_required",
+        "_var_keyword",
         "backoff",
         "fn",
         "is_async",
@@ -76,7 +92,8 @@ class Task:
 
     def __init__(
         self,
-        fn: Callable[..., Any],
+        fn: Callable[Concatenate[JobContext, P], Awaitable[R]]
+        | Callable[Concatenate[JobContext, P], R],
         *,
         name: str,
         queue: str,
@@ -89,7 +106,7 @@ class Task:
             raise ConfigError(f"task {name!r}: max_attempts must be at least 1")
         if timeout is not None and timeout <= 0:
             raise ConfigError(f"task {name!r}: timeout must be a positive number of seconds")
-        self.fn = fn
+        self.fn: Callable[..., Any] = fn
         self.name = check_task_name(name)
         self.queue = check_queue_name(queue)
         self.max_attempts = max_attempts
@@ -98,13 +115,124 @@ class Task:
         self.priority = priority
         self.backoff = backoff
         self.is_async = inspect.iscoroutinefunction(fn)
+        self._read_signature()
 
-    def __call__(self, ctx: JobContext, /, *args: Any, **kwargs: Any) -> Any:
+    def _read_signature(self) -> None:
+        """What the job's arguments must be: they arrive as keyword arguments after the
+        context, so a parameter that cannot take a keyword is refused here."""
+        params = list(inspect.signature(self.fn).parameters.values())
+        if not params or params[0].kind not in (_POSITIONAL_ONLY, _POSITIONAL_OR_KEYWORD):
+            raise ConfigError(
+                f"task {self.name!r}: its first parameter receives the JobContext; declare "
+                "it, e.g. `async def task(ctx: pgq.JobContext, ...)`"
+            )
+        rest = params[1:]
+        odd = [p.name for p in rest if p.kind in (_POSITIONAL_ONLY, _VAR_POSITIONAL)]
+        if odd:
+            raise ConfigError(
+                f"task {self.name!r}: job arguments are passed by keyword, so parameter(s) "
+                f"{', '.join(odd)} (positional-only or *args) could never be given"
+            )
+        named = [p for p in rest if p.kind is not _VAR_KEYWORD]
+        self._names = frozenset(p.name for p in named)
+        self._positional = tuple(p.name for p in named if p.kind is _POSITIONAL_OR_KEYWORD)
+        self._required = frozenset(p.name for p in named if p.default is inspect.Parameter.empty)
+        self._var_keyword = len(named) < len(rest)
+
+    def argument_problem(self, args: Mapping[str, Any]) -> str | None:
+        """Why ``args`` cannot be this task's keyword arguments, or None when they can."""
+        keys = args.keys()
+        if not self._var_keyword and not keys <= self._names:
+            unknown = ", ".join(sorted(k for k in keys if k not in self._names))
+            return (
+                f"task {self.name!r} takes no argument {unknown} (its parameters: "
+                f"{', '.join(sorted(self._names)) or 'none'})"
+            )
+        if not self._required <= keys:
+            missing = ", ".join(sorted(self._required - keys))
+            return f"task {self.name!r} is missing its required argument {missing}"
+        return None
+
+    def spec(self, *args: P.args, **kwargs: P.kwargs) -> JobSpec[R]:
+        """A job of this task with these arguments, checked against its signature (and by a
+        type checker), for :meth:`Client.enqueue` / :meth:`Client.enqueue_many`. Options
+        are set with :meth:`JobSpec.with_options`."""
+        if len(args) > len(self._positional):
+            raise ConfigError(
+                f"task {self.name!r} takes at most {len(self._positional)} positional "
+                f"argument(s) after the context, got {len(args)}"
+            )
+        values = dict(zip(self._positional, args, strict=False))
+        clash = values.keys() & kwargs.keys()
+        if clash:
+            raise ConfigError(f"task {self.name!r}: argument {', '.join(clash)} given twice")
+        values.update(kwargs)
+        problem = self.argument_problem(values)
+        if problem is not None:
+            raise ConfigError(f"{problem}; nothing was enqueued")
+        return JobSpec(self, values)
+
+    def __call__(self, ctx: JobContext, /, *args: P.args, **kwargs: P.kwargs) -> Any:
         """Call the function directly (no queue): handy in tests."""
         return self.fn(ctx, *args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<Task {self.name!r} queue={self.queue!r}>"
+
+
+_POSITIONAL_ONLY = inspect.Parameter.POSITIONAL_ONLY
+_POSITIONAL_OR_KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD
+_VAR_POSITIONAL = inspect.Parameter.VAR_POSITIONAL
+_VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
+
+
+@dataclass(slots=True)
+class JobSpec(Generic[R]):
+    """One job to enqueue: a task (or a task's name) and its keyword arguments, with options
+    that, left as None, take the task's defaults (when known) or pgq's. ``delay`` is in
+    seconds (or a timedelta), ``unique_period`` in seconds. ``task.spec(...)`` makes one
+    whose arguments a type checker checks."""
+
+    task: str | Task[Any, R]
+    args: Mapping[str, Any] = field(default_factory=dict)
+    queue: str | None = None
+    priority: int | None = None
+    delay: float | timedelta | None = None
+    run_at: datetime | None = None
+    max_attempts: int | None = None
+    tags: Sequence[str] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: Jobs sharing a unique key never coexist in ``unique_states``.
+    unique_key: str | None = None
+    #: Derive ``unique_key`` from the task, queue and args (within ``unique_period`` seconds).
+    unique: bool = False
+    unique_period: float | None = None
+    #: States the key is unique across; default: all but completed, discarded, cancelled.
+    unique_states: Sequence[JobState | str] | None = None
+
+    def with_options(
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        unique_key: str | None = None,
+        unique: bool | None = None,
+        unique_period: float | None = None,
+        unique_states: Sequence[JobState | str] | None = None,
+    ) -> JobSpec[R]:
+        """A copy with the options given (None: keep this spec's)."""
+        given: dict[str, Any] = {
+            "queue": queue, "priority": priority, "delay": delay, "run_at": run_at,
+            "max_attempts": max_attempts, "tags": tags, "metadata": metadata,
+            "unique_key": unique_key, "unique": unique, "unique_period": unique_period,
+            "unique_states": unique_states,
+        }  # fmt: skip
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -119,6 +247,34 @@ class Schedule:
     queue: str | None
     priority: int | None
     max_attempts: int | None
+
+
+class PeriodicDecorator(Protocol):
+    """What ``@app.periodic(...)`` returns: it registers a function as a task (or takes a
+    registered one) and keeps the task's types."""
+
+    @overload
+    def __call__(self, fn: Task[_P, _R], /) -> Task[_P, _R]: ...
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[JobContext, _P], Awaitable[_R]], /
+    ) -> Task[_P, _R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[JobContext, _P], _R], /) -> Task[_P, _R]: ...
+
+
+class TaskDecorator(Protocol):
+    """What ``@app.task(...)`` with options returns: a decorator that keeps the types."""
+
+    @overload
+    def __call__(
+        self, fn: Callable[Concatenate[JobContext, _P], Awaitable[_R]], /
+    ) -> Task[_P, _R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[Concatenate[JobContext, _P], _R], /) -> Task[_P, _R]: ...
 
 
 class App:
@@ -172,7 +328,7 @@ class App:
         queue: str | None = None,
         priority: int | None = None,
         max_attempts: int | None = None,
-    ) -> Callable[[Callable[..., Any] | Task], Task]:
+    ) -> PeriodicDecorator:
         """Run a task on a schedule: a cron expression (``"*/5 * * * *"``, in ``timezone``)
         or ``every`` N seconds. Only the leader enqueues, once per slot, even across leader
         changes. A worker that was down enqueues at most the one most recent missed slot.
@@ -186,11 +342,16 @@ class App:
         if queue is not None:
             check_queue_name(queue)
 
-        def register(fn: Callable[..., Any] | Task) -> Task:
-            task = fn if isinstance(fn, Task) else self.task(fn)
+        def register(fn: Any) -> Any:
+            task: Task[Any, Any] = fn if isinstance(fn, Task) else self.task(fn)
+            problem = task.argument_problem(dict(args or {}))
             schedule_name = name or task.name
-            if any(s.name == schedule_name for s in self.schedules):
-                raise ConfigError(f"periodic schedule {schedule_name!r} exists; pass name=")
+            if problem is None and any(s.name == schedule_name for s in self.schedules):
+                problem = f"periodic schedule {schedule_name!r} exists; pass name="
+            if problem is not None:
+                if task is not fn:  # registered just now, for this schedule: undo it
+                    del self._tasks[task.name]
+                raise ConfigError(f"periodic schedule: {problem}")
             self.schedules.append(
                 Schedule(
                     schedule_name,
@@ -208,11 +369,15 @@ class App:
         return register
 
     @overload
-    def task(self, fn: Callable[..., Any], /) -> Task: ...
+    def task(self, fn: Callable[Concatenate[JobContext, _P], Awaitable[_R]], /) -> Task[_P, _R]: ...
+
+    @overload
+    def task(self, fn: Callable[Concatenate[JobContext, _P], _R], /) -> Task[_P, _R]: ...
 
     @overload
     def task(
         self,
+        /,
         *,
         name: str | None = None,
         queue: str = DEFAULT_QUEUE,
@@ -220,11 +385,12 @@ class App:
         timeout: float | None = None,
         priority: int = 0,
         backoff: Backoff | None = None,
-    ) -> Callable[[Callable[..., Any]], Task]: ...
+    ) -> TaskDecorator: ...
 
     def task(
         self,
         fn: Callable[..., Any] | None = None,
+        /,
         *,
         name: str | None = None,
         queue: str = DEFAULT_QUEUE,
@@ -232,7 +398,7 @@ class App:
         timeout: float | None = None,
         priority: int = 0,
         backoff: Backoff | None = None,
-    ) -> Task | Callable[[Callable[..., Any]], Task]:
+    ) -> Any:
         """Register a task. Its first parameter receives a :class:`~pgq.JobContext`; the
         job's args are passed as keyword arguments. ``async def`` tasks run on the event
         loop; plain ``def`` tasks run in a bounded pool of worker threads.
@@ -240,8 +406,8 @@ class App:
         ``timeout`` is in seconds; ``backoff`` shapes retries after failures.
         """
 
-        def register(f: Callable[..., Any]) -> Task:
-            task: Task = Task(
+        def register(f: Callable[..., Any]) -> Task[Any, Any]:
+            task: Task[Any, Any] = Task(
                 f,
                 name=name or f.__name__,
                 queue=queue,

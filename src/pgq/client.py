@@ -6,13 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, overload
 
 import anyio
 import asyncpg
 
 from pgq._dsn import resolve_dsn
-from pgq._enqueue import JobSpec, _where, prepare
+from pgq._enqueue import _where, prepare
 from pgq._store import jobs as store_jobs
 from pgq._store import queues as store_queues
 from pgq._store.connections import Connection, Db, Pool, caller_connection, create_pool
@@ -20,16 +20,16 @@ from pgq._store.jobs import NewJob
 from pgq._store.listen import DoneWaiters
 from pgq._store.queues import QueueInfo, QueueStats
 from pgq._store.revision import check_schema
-from pgq.app import App, Task, check_queue_name
+from pgq.app import App, JobSpec, Task, check_queue_name
 from pgq.errors import ConfigError, SerializationError
-from pgq.job import Job, JobState
+from pgq.job import Job, JobState, R
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
     AnyConnection = Connection | AsyncConnection | AsyncSession
 
-__all__ = ("Client", "JobSpec", "QueueInfo", "QueueStats")
+__all__ = ("Client", "QueueInfo", "QueueStats")
 
 
 class Client:
@@ -98,25 +98,63 @@ class Client:
 
     # ------------------------------------------------------------------ enqueue
 
+    @overload
     async def enqueue(
         self,
-        task: str | Task,
-        args: Mapping[str, Any] | None = None,
+        task: JobSpec[R],
+        /,
         *,
         queue: str | None = None,
         priority: int | None = None,
         delay: float | timedelta | None = None,
         run_at: datetime | None = None,
         max_attempts: int | None = None,
-        tags: Sequence[str] = (),
+        tags: Sequence[str] | None = None,
         metadata: Mapping[str, Any] | None = None,
         unique_key: str | None = None,
-        unique: bool = False,
+        unique: bool | None = None,
         unique_period: float | None = None,
         unique_states: Sequence[JobState | str] | None = None,
         connection: AnyConnection | None = None,
-    ) -> Job:
-        """Enqueue one job and return it. ``delay`` (seconds) or ``run_at`` schedules it.
+    ) -> Job[R]: ...
+
+    @overload
+    async def enqueue(
+        self,
+        task: Task[Any, R] | str,
+        args: Mapping[str, Any] | None = None,
+        /,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        tags: Sequence[str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        unique_key: str | None = None,
+        unique: bool | None = None,
+        unique_period: float | None = None,
+        unique_states: Sequence[JobState | str] | None = None,
+        connection: AnyConnection | None = None,
+    ) -> Job[R]: ...
+
+    async def enqueue(
+        self,
+        task: JobSpec[Any] | Task[Any, Any] | str,
+        args: Mapping[str, Any] | None = None,
+        /,
+        *,
+        connection: AnyConnection | None = None,
+        **options: Any,
+    ) -> Job[Any]:
+        """Enqueue one job and return it: ``enqueue(task.spec(...), delay=...)`` (arguments
+        checked by a type checker), or ``enqueue(task_or_name, {"arg": ...}, ...)``.
+        ``delay`` (seconds) or ``run_at`` schedules it; options given here override the
+        spec's.
+
+        Wherever the task is known (a Task, a spec, or a name this client's App registers)
+        the arguments are checked against its signature before anything is written.
 
         With ``connection=`` the job is written in that connection's transaction: it exists,
         and wakes workers, only if the caller commits.
@@ -126,16 +164,18 @@ class Client:
         a job in ``unique_states`` is not enqueued: the existing job is returned with
         ``duplicate=True``.
         """
-        spec = JobSpec(
-            task, args or {}, queue, priority, delay, run_at, max_attempts, tags,
-            metadata or {}, unique_key, unique, unique_period, unique_states,
-        )  # fmt: skip
-        (job,) = await self.enqueue_many([spec], connection=connection)
+        if isinstance(task, JobSpec):
+            if args is not None:
+                raise ConfigError("pass a spec's arguments to task.spec(...), not to enqueue")
+            spec = task
+        else:
+            spec = JobSpec(task, args or {})
+        (job,) = await self.enqueue_many([spec.with_options(**options)], connection=connection)
         return job
 
     async def enqueue_many(
-        self, specs: Iterable[JobSpec], *, connection: AnyConnection | None = None
-    ) -> list[Job]:
+        self, specs: Iterable[JobSpec[Any]], *, connection: AnyConnection | None = None
+    ) -> list[Job[Any]]:
         """Enqueue many jobs in one round trip; returns them in the order given.
 
         Every spec is checked and serialized before anything is written: one bad spec
@@ -191,10 +231,18 @@ class Client:
 
     # ------------------------------------------------------------------ waiting
 
-    async def wait(self, job_id: int, *, timeout: float | None = None) -> Job:  # noqa: ASYNC109
-        """Wait until the job is final (completed, discarded, cancelled) and return it, with
-        its ``result`` or its ``errors``. Driven by LISTEN, not by polling.
-        Raises TimeoutError after ``timeout`` seconds, LookupError for an unknown job."""
+    @overload
+    async def wait(self, job: Job[R], *, timeout: float | None = None) -> Job[R]: ...  # noqa: ASYNC109
+
+    @overload
+    async def wait(self, job: int, *, timeout: float | None = None) -> Job[Any]: ...  # noqa: ASYNC109
+
+    async def wait(self, job: Job[Any] | int, *, timeout: float | None = None) -> Job[Any]:  # noqa: ASYNC109
+        """Wait until the job (a Job, or its id) is final (completed, discarded, cancelled)
+        and return it, with its ``result`` (typed as its task's, given a typed Job) or its
+        ``errors``. Driven by LISTEN, not by polling. Raises TimeoutError after ``timeout``
+        seconds, LookupError for an unknown job."""
+        job_id = job if isinstance(job, int) else job.id
         if self._waiters is None:
             self._waiters = DoneWaiters(self.pool)
         waiters = self._waiters
@@ -202,11 +250,11 @@ class Client:
         try:
             with anyio.fail_after(timeout):
                 while True:
-                    job = await self.get_job(job_id)
-                    if job is None:
+                    now = await self.get_job(job_id)
+                    if now is None:
                         raise LookupError(f"no job {job_id}")
-                    if job.state.is_final:
-                        return job
+                    if now.state.is_final:
+                        return now
                     await event.wait()
                     waiters.forget(job_id, event)
                     event = await waiters.event_for(job_id)

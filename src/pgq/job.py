@@ -9,9 +9,14 @@ import uuid
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Generic
+
+from typing_extensions import TypeVar
 
 from pgq.errors import ConfigError
+
+#: The result type of a job's task.
+R = TypeVar("R", default=Any)
 
 #: The queue of a task that names none.
 DEFAULT_QUEUE = "default"
@@ -68,8 +73,10 @@ def unique_mask(states: Iterable[JobState | str]) -> int:
 
 
 @dataclass(slots=True)
-class Job:
-    """One job row. Fields the caller did not load are left at their defaults."""
+class Job(Generic[R]):
+    """One job row. Fields the caller did not load are left at their defaults. Typed over
+    its task's result where the task is known (``Job[R]``: ``result`` is an ``R`` once
+    completed)."""
 
     id: int
     queue: str
@@ -88,7 +95,7 @@ class Job:
     errors: list[dict[str, Any]] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
-    result: Any = None
+    result: R | None = None
     unique_key: str | None = None
     #: True when enqueue found the unique key taken and returned the job holding it.
     duplicate: bool = False
@@ -126,6 +133,16 @@ class Snooze(Exception):
         seconds = _seconds(delay)
         assert seconds is not None
         self.delay_s = seconds
+        self.reason = reason
+
+
+class Discard(Exception):
+    """Raise from a task to fail its job for good: ``discarded`` at once, whatever attempts
+    are left (for failures a retry cannot fix: bad input, a missing record). The reason
+    goes into the job's errors."""
+
+    def __init__(self, reason: str = "discarded by the task"):
+        super().__init__(reason)
         self.reason = reason
 
 
@@ -218,6 +235,7 @@ __all__ = (
     "DEFAULT_QUEUE",
     "FINAL_STATES",
     "Cancel",
+    "Discard",
     "Job",
     "JobContext",
     "JobState",

@@ -150,7 +150,7 @@ async def test_unserializable_args_raise_before_anything_is_written(client: pgq.
 
 async def test_args_must_be_a_mapping(client: pgq.Client) -> None:
     with pytest.raises(SerializationError, match="args must be a mapping"):
-        await client.enqueue("t", [1, 2])  # type: ignore[arg-type]
+        await client.enqueue("t", [1, 2])  # type: ignore[call-overload]
 
 
 @pytest.mark.parametrize("queue", ["has space", "semi;colon", "", "a" * 200, "drop'--"])
@@ -250,7 +250,7 @@ async def test_sqlalchemy_session_commits_and_rolls_back_with_the_job(
 
 async def test_connection_of_another_kind_is_refused(client: pgq.Client) -> None:
     with pytest.raises(ConfigError, match="connection= takes an asyncpg connection"):
-        await client.enqueue("t", connection=object())  # type: ignore[arg-type]
+        await client.enqueue("t", connection=object())  # type: ignore[call-overload]
 
 
 async def test_unmigrated_database_is_named_with_the_fix(empty_dsn: str) -> None:
@@ -376,3 +376,49 @@ async def test_args_the_database_refuses_for_size_raise_a_serialization_error(
         await client.enqueue("send", {"big": [1, 2, 3]})
     assert isinstance(info.value.__cause__, asyncpg.ProgramLimitExceededError)
     assert sum((await client.count_by_state()).values()) == 0
+
+
+def typed_app() -> pgq.App:
+    app = pgq.App()
+
+    @app.task(queue="emails")
+    async def send_welcome(ctx: pgq.JobContext, to: str, retries: int = 0) -> str:
+        return to
+
+    return app
+
+
+async def test_arguments_are_checked_wherever_the_task_is_known(dsn: str) -> None:
+    app = typed_app()
+    task = app.get("send_welcome")
+    async with pgq.Client(dsn, app=app) as client:
+        with pytest.raises(
+            ConfigError,
+            match=r"takes no argument signupid \(its parameters: retries, to\); nothing was enqueued",
+        ):
+            await client.enqueue("send_welcome", {"signupid": 1})
+        with pytest.raises(ConfigError, match="missing its required argument to"):
+            await client.enqueue(task, {"retries": 1})
+        with pytest.raises(ConfigError, match="job 1: task 'send_welcome' takes no argument x"):
+            await client.enqueue_many([task.spec(to="a"), pgq.JobSpec(task, {"x": 1})])
+        with pytest.raises(ConfigError, match="takes no argument signupid"):
+            task.spec(signupid=1)
+        assert sum((await client.count_by_state()).values()) == 0
+        job = await client.enqueue(task.spec("ada@example.com", retries=2), delay=30)
+        assert job.args == {"to": "ada@example.com", "retries": 2}
+        assert job.queue == "emails" and job.state is pgq.JobState.SCHEDULED
+    async with pgq.Client(dsn) as client:  # no App: any valid name, arguments unchecked
+        assert (await client.enqueue("send_welcome", {"signupid": 1})).id > 0
+
+
+def test_a_task_whose_parameters_could_never_be_given_is_refused() -> None:
+    app = pgq.App()
+    with pytest.raises(ConfigError, match="positional-only or \\*args"):
+
+        @app.task
+        async def positional(ctx: pgq.JobContext, a: int, /) -> None: ...
+
+    with pytest.raises(ConfigError, match="first parameter receives the JobContext"):
+
+        @app.task  # type: ignore[arg-type]
+        async def no_context() -> None: ...

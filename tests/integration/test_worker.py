@@ -162,6 +162,32 @@ async def test_retry_snooze_and_cancel_outcomes(client: pgq.Client, dsn: str) ->
     )
 
 
+async def test_a_permanent_failure_and_stale_arguments_are_discarded_at_once(
+    client: pgq.Client, dsn: str
+) -> None:
+    app = pgq.App()
+    calls: Counter[str] = Counter()
+
+    @app.task(max_attempts=5)
+    async def lookup(ctx: pgq.JobContext, user_id: int) -> None:
+        calls[str(user_id)] += 1
+        raise pgq.Discard(f"user {user_id} does not exist")
+
+    # Enqueued by name, without the App, by a producer that still sends the old argument.
+    stale = await client.enqueue("lookup", {"userid": 7})
+    gone = await client.enqueue("lookup", {"user_id": 8})
+    await burst(app, dsn)
+    stale_job, gone_job = [await client.get_job(j.id) for j in (stale, gone)]
+    assert stale_job and stale_job.state is pgq.JobState.DISCARDED and stale_job.attempt == 1
+    (error,) = stale_job.errors
+    assert error["kind"] == "arguments"
+    assert "takes no argument userid (its parameters: user_id)" in error["message"]
+    assert gone_job and gone_job.state is pgq.JobState.DISCARDED and gone_job.attempt == 1
+    assert gone_job.errors[0]["kind"] == "discard"
+    assert gone_job.errors[0]["message"] == "user 8 does not exist"
+    assert calls == {"8": 1}, "the stale job never ran, the other ran once"
+
+
 async def test_timeout_cancels_an_async_task_and_records_it(client: pgq.Client, dsn: str) -> None:
     app = pgq.App()
     finished = []

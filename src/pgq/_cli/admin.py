@@ -14,7 +14,8 @@ from pgq._store import leader as store_leader
 from pgq._store import producers as store_producers
 from pgq._store.connections import connect
 from pgq._store.revision import check_schema
-from pgq.client import Client, JobSpec
+from pgq.app import JobSpec
+from pgq.client import Client
 from pgq.errors import ConfigError
 from pgq.job import JobState
 from pgq.settings import WorkerSettings

@@ -15,7 +15,7 @@ from pgq import _serde
 from pgq._hooks import Hooks, JobEvent, Middleware
 from pgq._worker.outcome import Outcome, error_entry
 from pgq.app import Task
-from pgq.job import Cancel, Job, JobContext, JobState, Retry, Snooze
+from pgq.job import Cancel, Discard, Job, JobContext, JobState, Retry, Snooze
 
 log = logging.getLogger("pgq.executor")
 
@@ -104,6 +104,12 @@ async def _run(
 ) -> Outcome:
     ctx = execution.ctx
     job = ctx.job
+    problem = task.argument_problem(job.args)
+    if problem is not None:
+        # Enqueued by name with arguments the task does not take (a stale producer of
+        # jobs): no retry can fix that.
+        log.error("job %d: %s; discarding it", job.id, problem)
+        return Outcome.of(job, "discarded", error=error_entry(job.attempt, "arguments", problem))
     call = _make_call(task, ctx, limiter, hooks.middleware if hooks is not None else [])
     result: Any = None
     try:
@@ -179,6 +185,8 @@ def _raised(job: Job, task: Task, exc: Exception) -> Outcome:
         return Outcome.of(job, state, delay_s=exc.delay_s, attempt_delta=-1)
     if isinstance(exc, Cancel):
         return Outcome.of(job, "cancelled", error=error_entry(job.attempt, "cancel", exc.reason))
+    if isinstance(exc, Discard):
+        return Outcome.of(job, "discarded", error=error_entry(job.attempt, "discard", exc.reason))
     if isinstance(exc, _TimedOut):
         log.warning("job %d (%s) attempt %d %s", job.id, job.task, job.attempt, exc)
         return _failure(job, task, error_entry(job.attempt, "timeout", str(exc)))

@@ -9,8 +9,8 @@ from datetime import datetime
 
 from pgq._store import maintenance
 from pgq._store.connections import Connection, Pool
-from pgq.app import App, Schedule
-from pgq.client import Client, JobSpec
+from pgq.app import App, JobSpec, Schedule
+from pgq.client import Client
 from pgq.job import JobState
 
 log = logging.getLogger("pgq.periodic")

@@ -1,0 +1,32 @@
+"""Typed enqueue that a type checker must accept (tests/unit/test_typing.py runs mypy)."""
+
+from __future__ import annotations
+
+from typing import assert_type
+
+import pgq
+
+app = pgq.App()
+
+
+@app.task(queue="emails")
+async def send_welcome(ctx: pgq.JobContext, to: str, retries: int = 0) -> dict[str, str]:
+    return {"sent": to}
+
+
+@app.task
+def report(ctx: pgq.JobContext, day: str) -> int:
+    return len(day)
+
+
+async def use(client: pgq.Client) -> None:
+    spec = send_welcome.spec(to="ada@example.com")
+    assert_type(spec, pgq.JobSpec[dict[str, str]])
+    job = await client.enqueue(spec, delay=10)
+    assert_type(job, pgq.Job[dict[str, str]])
+    done = await client.wait(job)
+    assert_type(done.result, dict[str, str] | None)
+    await client.enqueue(send_welcome.spec("bob@example.com", retries=2).with_options(priority=5))
+    await client.enqueue_many([send_welcome.spec(to="a@b.c"), report.spec(day="monday")])
+    by_name = await client.enqueue("send_welcome", {"to": "cy@example.com"})
+    assert_type(by_name, pgq.Job)

@@ -20,10 +20,10 @@ demo: $(STAMP) ## run a worker on a few hundred demo jobs (embedded Postgres unl
 	$(BIN)/python docs/examples/demo.py
 
 test: $(STAMP) lint ## lint, type-check and run the whole suite against real Postgres
-	$(BIN)/python -m pytest
+	PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest
 
 test-embedded: $(STAMP) ## the suite against the embedded server, as on a machine without PostgreSQL
-	PGQ_TEST_EMBEDDED=1 $(BIN)/python -m pytest
+	PGQ_TEST_EMBEDDED=1 PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest
 
 lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff check src tests benchmarks docs/examples migrations

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Self, overload
 import anyio
 import asyncpg
 
+from pgq import _serde
 from pgq._dsn import resolve_dsn
 from pgq._enqueue import _where, prepare
 from pgq._store import jobs as store_jobs
@@ -270,16 +271,28 @@ class Client:
     async def list_jobs(
         self,
         *,
-        state: JobState | str | None = None,
+        state: JobState | str | Sequence[JobState | str] | None = None,
         queue: str | None = None,
         task: str | None = None,
+        args: Mapping[str, Any] | None = None,
         limit: int = 50,
     ) -> list[Job]:
-        """The newest jobs matching the filters."""
+        """The newest jobs matching the filters: a state (or several), a queue, a task, and
+        ``args`` that a job's arguments must contain (``{"user_id": 7}``)."""
+        if state is None:
+            states = None
+        elif isinstance(state, str):
+            states = [JobState(state)]
+        else:
+            states = [JobState(s) for s in state]
         return await store_jobs.list_jobs(
-            self.pool, state=JobState(state) if state else None, queue=queue, task=task,
+            self.pool,
+            states=states,
+            queue=queue,
+            task=task,
+            args_contain=None if args is None else _serde.dumps(dict(args), "args"),
             limit=limit,
-        )  # fmt: skip
+        )
 
     async def count_by_state(self, queue: str | None = None) -> dict[JobState, int]:
         """How many jobs are in each state (all queues, or one)."""

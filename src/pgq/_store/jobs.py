@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -179,11 +180,30 @@ async def get(db: Db, job_id: int) -> Job | None:
 
 
 async def list_jobs(
-    db: Db, *, state: JobState | None, queue: str | None, task: str | None, limit: int
+    db: Db,
+    *,
+    states: Sequence[JobState] | None = None,
+    queue: str | None = None,
+    task: str | None = None,
+    args_contain: str | None = None,
+    limit: int,
 ) -> list[Job]:
-    """The newest jobs matching the filters."""
-    rows = await db.fetch(sql.LIST_JOBS, state.value if state else None, queue, task, limit)
+    """The newest jobs matching the filters (``args_contain``: JSON text of an object the
+    args must contain)."""
+    rows = await db.fetch(
+        sql.LIST_JOBS,
+        [s.value for s in states] if states is not None else None,
+        queue,
+        task,
+        limit,
+        args_contain,
+    )
     return [job_from_row(r) for r in rows]
+
+
+async def attempted_since(db: Db, since: datetime) -> list[Job]:
+    """Every job attempted at or after ``since`` (database time), as it is now."""
+    return [job_from_row(r) for r in await db.fetch(sql.JOBS_ATTEMPTED_SINCE, since)]
 
 
 async def count_by_state(db: Db, queue: str | None) -> dict[JobState, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -20,6 +21,13 @@ async def database_now(db: Db) -> datetime:
 async def promote_due(db: Db, limit: int) -> int:
     """Make up to ``limit`` due scheduled and retryable jobs available; returns how many."""
     return sum(int(r["n"]) for r in await db.fetch(sql.PROMOTE_DUE, limit))
+
+
+async def make_due_now(db: Db, queue: str, tasks: Sequence[str]) -> int:
+    """Tests only: make the scheduled and retryable jobs of ``queue``'s ``tasks`` due now;
+    returns how many were waiting."""
+    n: int = await db.fetchval(sql.MAKE_DUE_NOW, queue, list(tasks))
+    return n
 
 
 @dataclass(frozen=True, slots=True)

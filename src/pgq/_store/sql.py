@@ -513,6 +513,18 @@ RETURNING j.id, j.state::text AS state, c.reason, c.worker_name, c.silent_s, j.q
 """
 )
 
+# Tests only (pgq.testing.drain): scheduled and retryable jobs of a queue's tasks become due
+# now, as if their time had come.
+MAKE_DUE_NOW: Final = """
+WITH due AS (
+    UPDATE pgq_jobs SET scheduled_at = now()
+    WHERE state IN ('scheduled', 'retryable') AND queue = $1 AND task = ANY($2::text[])
+      AND scheduled_at > now()
+    RETURNING 1
+)
+SELECT count(*)::int AS n FROM due
+"""
+
 # Producer rows silent far longer than stale_after, once none of their jobs is running
 # (the rescuer got to them first), are deleted.
 REAP_PRODUCERS: Final = """
@@ -543,6 +555,17 @@ ON CONFLICT (name) DO UPDATE SET last_slot = EXCLUDED.last_slot, updated_at = no
 
 # --------------------------------------------------------------------------- reads
 
+# Databases for tests (pgq.testing). CREATE and DROP DATABASE take no parameters, and run
+# outside any transaction or function: the server writes each statement (format's %I
+# quotes the names), and the caller runs the text it returns.
+DROP_DATABASE: Final = "SELECT format('DROP DATABASE IF EXISTS %I WITH (FORCE)', $1::text)"
+CREATE_DATABASE: Final = """
+SELECT CASE WHEN $2::text IS NULL THEN format('CREATE DATABASE %I', $1::text)
+            WHEN current_setting('server_version_num')::int >= 150000
+            THEN format('CREATE DATABASE %I TEMPLATE %I STRATEGY FILE_COPY', $1::text, $2::text)
+            ELSE format('CREATE DATABASE %I TEMPLATE %I', $1::text, $2::text) END
+"""
+
 GET_JOB: Final = (
     """
 SELECT """
@@ -558,11 +581,21 @@ SELECT """
     + JOB_COLUMNS
     + """
 FROM pgq_jobs
-WHERE ($1::pgq_job_state IS NULL OR state = $1::pgq_job_state)
+WHERE ($1::pgq_job_state[] IS NULL OR state = ANY($1::pgq_job_state[]))
   AND ($2::text IS NULL OR queue = $2)
   AND ($3::text IS NULL OR task = $3)
+  AND ($5::jsonb IS NULL OR args @> $5::jsonb)
 ORDER BY id DESC
 LIMIT $4
+"""
+)
+
+JOBS_ATTEMPTED_SINCE: Final = (
+    """
+SELECT """
+    + JOB_COLUMNS
+    + """
+FROM pgq_jobs WHERE attempted_at >= $1 ORDER BY id
 """
 )
 

@@ -4,7 +4,7 @@ cancel requests), the poll that backs them up, and the end of a burst."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
@@ -85,6 +85,9 @@ class Control:
                 log.info("job %d: cancel requested; cancelling it", job_id)
                 self.cancelled += 1
 
+    def _busy(self, completer: Completer) -> bool:
+        return any(p.running or p.fetching for p in self._producers) or bool(completer.pending)
+
     async def poll_cancels(self) -> None:
         """The poll fallback for cancel requests (no LISTEN, or a lost notification)."""
         while True:
@@ -105,11 +108,17 @@ class Control:
             if pending:
                 self.cancel(pending)
 
-    async def watch_burst(self, completer: Completer, stop: Callable[[], None]) -> None:
+    async def watch_burst(
+        self,
+        completer: Completer,
+        stop: Callable[[], None],
+        make_due: Callable[[], Awaitable[int]] | None = None,
+    ) -> None:
         """Call ``stop`` once nothing runs, nothing is being claimed or written, and the
         database holds no job these producers could run now, nor a job of their queues
         running under a producer that is gone or silent past the fencing bound (it will be
-        rescued, then run)."""
+        rescued, then run). With ``make_due`` (tests: time travel), jobs scheduled for later
+        are made due and run, until it finds none."""
         orphans_said = False
         while True:
             # Wait for the jobs to end and their outcomes to be written (events, so the
@@ -118,7 +127,7 @@ class Control:
             for producer in self._producers:
                 await producer.wait_empty()
             await completer.wait_idle()
-            if any(p.running or p.fetching for p in self._producers) or completer.pending:
+            if self._busy(completer):
                 await anyio.sleep(0.005)
                 continue
             try:
@@ -127,11 +136,22 @@ class Control:
                     await claims.leftovers(self._pool, p.plan, self._settings.fencing_bound)
                     for p in self._producers
                 ]
+                # A producer that claimed while the database was being asked has a job
+                # the answer no longer shows: look again once it is done.
+                if self._busy(completer):
+                    continue
+                made_due = (
+                    await make_due()
+                    if make_due is not None and not any(r.runnable or r.orphaned for r in left)
+                    else 0
+                )
             except DATABASE_ERRORS as exc:
                 log.warning("burst check failed: %s", exc)
                 await anyio.sleep(self._settings.poll_interval)
                 continue
-            if any(r.runnable for r in left):
+            if made_due:
+                self.wake_all()
+            elif any(r.runnable for r in left):
                 # Runnable jobs are left (another worker's to claim, or just promoted):
                 # let the producers claim them, and look again in a while.
                 self.wake_all()

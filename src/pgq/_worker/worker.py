@@ -9,7 +9,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -134,6 +134,7 @@ class Worker:
         self._stop_now = False
         self._tg: anyio.abc.TaskGroup | None = None
         self._parts: _Parts | None = None
+        self._make_due: Callable[[Producer], Awaitable[int]] | None = None
         self._by_queue: dict[str, Producer] = {}
         self._started_at = 0.0
         #: Set once the worker runs (its producers registered, claiming).
@@ -155,6 +156,16 @@ class Worker:
     async def run(self, *, burst: bool = False) -> None:
         """Run until :meth:`stop` (or, with ``burst=True``, until no runnable job is left)."""
         await self._main(burst, await self._open())
+
+    async def _run_traveling(self, make_due: Callable[[Producer], Awaitable[int]]) -> None:
+        """Burst mode that makes scheduled jobs due instead of stopping (pgq.testing)."""
+        self._make_due = make_due
+        await self._main(True, await self._open())
+
+    @property
+    def queues(self) -> dict[str, int]:
+        """The queues this worker runs, with their concurrency."""
+        return dict(self._queues)
 
     async def __aenter__(self) -> Self:
         pool = await self._open()
@@ -280,7 +291,12 @@ class Worker:
                     self.started.set()
                     task_status.started()
                     if burst:
-                        tg.start_soon(parts.control.watch_burst, parts.completer, self.stop)
+                        tg.start_soon(
+                            parts.control.watch_burst,
+                            parts.completer,
+                            self.stop,
+                            self._due_maker(parts.producers),
+                        )
                     await self._stop_requested.wait()
                     await self._drain(parts.producers)
                 await self._flush(parts.completer)
@@ -293,6 +309,16 @@ class Worker:
                 except DATABASE_ERRORS as exc:
                     log.warning("could not delete this worker's producer rows: %s", exc)
             log.info("worker %s stopped", self.name)
+
+    def _due_maker(self, producers: list[Producer]) -> Callable[[], Awaitable[int]] | None:
+        make_due = self._make_due
+        if make_due is None:
+            return None
+
+        async def all_producers() -> int:
+            return sum([await make_due(p) for p in producers])
+
+        return all_producers
 
     async def _start_services(self, tg: anyio.abc.TaskGroup, parts: _Parts) -> None:
         if not self.settings.poll_only:

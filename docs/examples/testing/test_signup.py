@@ -1,0 +1,39 @@
+"""An application's own tests with pgq's pytest plugin: run with `pytest` where pgq is
+installed (pgq's suite runs this file in a pytest of its own)."""
+
+from __future__ import annotations
+
+import pytest
+import signup
+
+import pgq
+from pgq import testing
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_signup_enqueues_a_welcome(pgq_client: pgq.Client) -> None:
+    await signup.signup(pgq_client, "ada@example.com")
+    (job,) = await testing.assert_enqueued(
+        pgq_client, signup.send_welcome, {"to": "ada@example.com"}, queue="emails"
+    )
+    assert job.state is pgq.JobState.SCHEDULED  # an hour from now; nothing ran
+
+
+async def test_drain_runs_delayed_jobs_and_retries_without_waiting(
+    pgq_client: pgq.Client, pgq_dsn: str
+) -> None:
+    await signup.signup(pgq_client, "bob@example.com")
+    result = await testing.drain(signup.app, pgq_dsn)  # the delay and the hour of backoff
+    (job,) = result.completed
+    assert job.result == "welcomed bob@example.com" and job.attempt == 2
+    assert signup.sent == ["bob@example.com"]
+
+
+async def test_a_task_called_directly() -> None:
+    assert await testing.run_task(signup.count_words, "a few words here") == 4

@@ -9,6 +9,7 @@ change without notice; ``pgq.migrate`` and ``pgq.schema`` are public too.
 """
 
 from pgq._hooks import JobEvent
+from pgq._sync import SyncClient
 from pgq._worker.worker import Worker
 from pgq.app import App, Backoff, JobSpec, Task
 from pgq.client import Client, QueueInfo, QueueStats
@@ -47,6 +48,7 @@ __all__ = (
     "SchemaMismatch",
     "SerializationError",
     "Snooze",
+    "SyncClient",
     "Task",
     "UnknownTaskError",
     "Worker",

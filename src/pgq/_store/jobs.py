@@ -10,7 +10,7 @@ from typing import Any
 from pgq import _serde
 from pgq._store import sql
 from pgq._store.connections import Connection, Db
-from pgq._store.rows import job_from_row
+from pgq._store.rows import RowLike, job_from_row
 from pgq.job import Job, JobState
 
 
@@ -79,14 +79,30 @@ class NewJob:
 async def insert(conn: Connection, rows: list[NewJob]) -> list[Job]:
     """Enqueue ``rows`` with one INSERT; a row whose unique key is taken comes back as the
     job holding it, marked ``duplicate``. Works on any connection, in its transaction."""
+    statement, params = insert_statement(rows)
+    jobs, duplicates = assemble(rows, await conn.fetch(statement, *params))
+    if duplicates:
+        holders = await conn.fetch(sql.EXISTING_UNIQUE, [k for _, k in duplicates])
+        fill_duplicates(rows, jobs, duplicates, holders)
+    return [j for j in jobs if j is not None]
+
+
+def insert_statement(rows: list[NewJob]) -> tuple[str, list[Any]]:
+    """The INSERT for ``rows`` and its parameters: scalars for one row, arrays for more."""
     if len(rows) == 1:
-        result = await conn.fetch(sql.ENQUEUE_ONE, *rows[0].values())
-    else:
-        columns = [list(col) for col in zip(*(r.values() for r in rows), strict=True)]
-        keyed = any(r.unique_key is not None for r in rows)
-        result = await conn.fetch(sql.ENQUEUE_KEYED if keyed else sql.ENQUEUE_PLAIN, *columns)
-    inserted = iter(result)
-    inserted_keys = {r["unique_key"] for r in result if r["unique_key"] is not None}
+        return sql.ENQUEUE_ONE, list(rows[0].values())
+    columns = [list(col) for col in zip(*(r.values() for r in rows), strict=True)]
+    keyed = any(r.unique_key is not None for r in rows)
+    return (sql.ENQUEUE_KEYED if keyed else sql.ENQUEUE_PLAIN), columns
+
+
+def assemble(
+    rows: list[NewJob], inserted_rows: Sequence[RowLike]
+) -> tuple[list[Job | None], list[tuple[int, str]]]:
+    """The jobs the INSERT wrote, in the order given, with a gap (and its key) for each row
+    whose unique key was taken."""
+    inserted = iter(inserted_rows)
+    inserted_keys = {r["unique_key"] for r in inserted_rows if r["unique_key"] is not None}
     claimed: set[str] = set()
     jobs: list[Job | None] = []
     duplicates: list[tuple[int, str]] = []
@@ -104,33 +120,54 @@ async def insert(conn: Connection, rows: list[NewJob]) -> list[Job]:
         jobs.append(
             row.job(rec["id"], JobState(rec["state"]), rec["scheduled_at"], rec["created_at"])
         )
-    if duplicates:
-        existing = {
-            r["unique_key"]: r
-            for r in await conn.fetch(sql.EXISTING_UNIQUE, [k for _, k in duplicates])
-        }
-        for i, key in duplicates:
-            held = existing.get(key)
-            if held is not None:
-                job = job_from_row(held)
-            else:
-                # The holder finished (and left the unique states) between our insert and
-                # this read: report the key as skipped with what we know.
-                job = Job(
-                    0, rows[i].queue, rows[i].task, rows[i].args, JobState.COMPLETED,
-                    metadata=rows[i].metadata, unique_key=key,
-                )  # fmt: skip
-            job.duplicate = True
-            jobs[i] = job
-    return [j for j in jobs if j is not None]
+    return jobs, duplicates
+
+
+def fill_duplicates(
+    rows: list[NewJob],
+    jobs: list[Job | None],
+    duplicates: list[tuple[int, str]],
+    holders: Sequence[RowLike],
+) -> None:
+    """Fill each gap with the job holding its key (``EXISTING_UNIQUE`` rows)."""
+    existing = {r["unique_key"]: r for r in holders}
+    for i, key in duplicates:
+        held = existing.get(key)
+        if held is not None:
+            job = job_from_row(held)
+        else:
+            # The holder finished (and left the unique states) between our insert and this
+            # read: report the key as skipped with what we know.
+            job = Job(
+                0, rows[i].queue, rows[i].task, rows[i].args, JobState.COMPLETED,
+                metadata=rows[i].metadata, unique_key=key,
+            )  # fmt: skip
+        job.duplicate = True
+        jobs[i] = job
 
 
 async def copy(conn: Connection, rows: list[NewJob]) -> list[Job]:
     """Enqueue keyless ``rows`` with COPY, in a transaction of its own. Only on pgq's own
     connections: COPY's binary format relies on the connection's jsonb codec, and a
     caller's connection may have registered another."""
-    due: dict[str, datetime | None] = {}  # per queue, its earliest job; None: due now
-    plain = True  # every job due now, without tags or metadata: columns keep defaults
+    plain, due = copy_plan(rows)
+    async with conn.transaction():
+        allocated = await conn.fetchrow(sql.ALLOCATE_JOBS, len(rows), list(due), list(due.values()))
+        assert allocated is not None
+        jobs, records = copy_records(rows, allocated["ids"], allocated["now"], plain)
+        await conn.copy_records_to_table(
+            sql.COPY_JOBS_TABLE,
+            records=records,
+            columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
+        )
+    return jobs
+
+
+def copy_plan(rows: list[NewJob]) -> tuple[bool, dict[str, datetime | None]]:
+    """Whether every job is due now without tags or metadata (COPY then writes six columns
+    and leaves the rest to their defaults), and per queue its earliest job (None: now)."""
+    due: dict[str, datetime | None] = {}
+    plain = True
     for r in rows:
         if r.run_at is None and not r.delay_s:
             due[r.queue] = None
@@ -141,36 +178,34 @@ async def copy(conn: Connection, rows: list[NewJob]) -> list[Job]:
             earliest = due.get(r.queue, r.run_at)
             if earliest is not None:
                 due[r.queue] = min(earliest, r.run_at)
-    async with conn.transaction():
-        allocated = await conn.fetchrow(sql.ALLOCATE_JOBS, len(rows), list(due), list(due.values()))
-        assert allocated is not None
-        now: datetime = allocated["now"]
-        jobs: list[Job] = []
-        records: list[tuple[Any, ...]] = []
-        for job_id, r in zip(allocated["ids"], rows, strict=True):
-            if r.run_at is not None:
-                scheduled_at = r.run_at
-            elif r.delay_s:
-                scheduled_at = now + timedelta(seconds=r.delay_s)
-            else:
-                scheduled_at = now
-            state = JobState.SCHEDULED if scheduled_at > now else JobState.AVAILABLE
-            if plain:
-                records.append((job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts))
-            else:
-                records.append(
-                    (
-                        job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts,
-                        state.value, scheduled_at, r.tags, r.metadata_json,
-                    )
-                )  # fmt: skip
-            jobs.append(r.job(job_id, state, scheduled_at, now))
-        await conn.copy_records_to_table(
-            sql.COPY_JOBS_TABLE,
-            records=records,
-            columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
-        )
-    return jobs
+    return plain, due
+
+
+def copy_records(
+    rows: list[NewJob], ids: Sequence[int], now: datetime, plain: bool
+) -> tuple[list[Job], list[tuple[Any, ...]]]:
+    """The jobs a COPY writes (ids from ALLOCATE_JOBS, ``now`` its clock), and its records."""
+    jobs: list[Job] = []
+    records: list[tuple[Any, ...]] = []
+    for job_id, r in zip(ids, rows, strict=True):
+        if r.run_at is not None:
+            scheduled_at = r.run_at
+        elif r.delay_s:
+            scheduled_at = now + timedelta(seconds=r.delay_s)
+        else:
+            scheduled_at = now
+        state = JobState.SCHEDULED if scheduled_at > now else JobState.AVAILABLE
+        if plain:
+            records.append((job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts))
+        else:
+            records.append(
+                (
+                    job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts,
+                    state.value, scheduled_at, r.tags, r.metadata_json,
+                )
+            )  # fmt: skip
+        jobs.append(r.job(job_id, state, scheduled_at, now))
+    return jobs, records
 
 
 async def get(db: Db, job_id: int) -> Job | None:

@@ -5,12 +5,18 @@ Every statement that returns whole jobs (reads, claims, unique-key lookups) retu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
 from pgq import _serde
 from pgq._store.connections import Record
 from pgq.job import Job, JobState
 
+#: A row read by column name: an asyncpg Record, or a dict (psycopg's dict_row).
+RowLike: TypeAlias = Record | Mapping[str, Any]
 
-def job_from_row(row: Record) -> Job:
+
+def job_from_row(row: RowLike) -> Job:
     """A :class:`~pgq.Job` from a row of ``sql.JOB_COLUMNS``."""
     return Job(
         id=row["id"],

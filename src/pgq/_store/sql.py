@@ -167,6 +167,14 @@ COPY_JOBS_COLUMNS: Final = (
     "metadata",
 )
 
+# The same COPY for synchronous code (psycopg writes the rows in COPY's text format).
+COPY_JOBS_PLAIN: Final = (
+    "COPY " + COPY_JOBS_TABLE + " (" + ", ".join(COPY_JOBS_COLUMNS[:6]) + ") FROM STDIN"
+)
+COPY_JOBS_FULL: Final = (
+    "COPY " + COPY_JOBS_TABLE + " (" + ", ".join(COPY_JOBS_COLUMNS) + ") FROM STDIN"
+)
+
 EXISTING_UNIQUE: Final = (
     """
 SELECT """

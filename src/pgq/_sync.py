@@ -1,0 +1,185 @@
+"""The :class:`SyncClient`: enqueue from synchronous code (Django, Flask, scripts, Celery
+migrations), in the caller's transaction when asked."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, overload
+
+from pgq._dsn import mask_dsn, resolve_dsn, scrub
+from pgq._enqueue import _where, prepare
+from pgq.app import App, JobSpec, Task
+from pgq.errors import ConfigError, DatabaseUnavailable, SerializationError
+from pgq.job import Job, R
+
+if TYPE_CHECKING:
+    import psycopg
+    from sqlalchemy.engine import Connection as SAConnection
+    from sqlalchemy.orm import Session
+
+    SyncConnection = psycopg.Connection[Any] | SAConnection | Session
+
+__all__ = ("SyncClient",)
+
+
+class SyncClient:
+    """Enqueues jobs from synchronous code, on psycopg (3): ``pip install
+    'pgq-async[sync]'``. ``with pgq.SyncClient(dsn) as client: client.enqueue(...)``.
+
+    Its own connection serves one call at a time (calls from several threads wait their
+    turn); pass ``connection=`` a psycopg connection, or a SQLAlchemy ``Connection`` /
+    ``Session`` on the ``postgresql+psycopg`` driver, and the job is written in that
+    transaction: it exists, and wakes workers, only if the caller commits. Given ``app=``,
+    task names and arguments are checked and each task's defaults applied, as
+    :class:`~pgq.Client` does.
+    """
+
+    def __init__(
+        self, dsn: str | None = None, *, app: App | None = None, check_schema: bool = True
+    ) -> None:
+        self._dsn = resolve_dsn(dsn)
+        self._app = app
+        self._check_schema = check_schema
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.Lock()
+
+    def open(self) -> None:
+        """Connect (and check the schema revision)."""
+        with self._lock:
+            self._connect()
+
+    def close(self) -> None:
+        """Close this client's own connection."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Self:
+        self.open()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        import psycopg
+
+        from pgq._store import sync
+
+        if self._conn is not None and not self._conn.closed:
+            return self._conn
+        try:
+            conn = psycopg.connect(self._dsn or "", autocommit=True, connect_timeout=10)
+        except sync.CONNECTION_ERRORS as exc:
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL at {mask_dsn(self._dsn)}: "
+                f"{scrub(str(exc).strip(), self._dsn)}; check that the server is running and "
+                "the DSN (--dsn, PGQ_DSN or DATABASE_URL) is right"
+            ) from exc
+        if self._check_schema:
+            try:
+                sync.check_schema(conn)
+            except BaseException:
+                conn.close()
+                raise
+        self._conn = conn
+        return conn
+
+    @overload
+    def enqueue(
+        self, task: JobSpec[R], /, *, connection: SyncConnection | None = None, **options: Any
+    ) -> Job[R]: ...
+
+    @overload
+    def enqueue(
+        self,
+        task: Task[Any, R] | str,
+        args: Mapping[str, Any] | None = None,
+        /,
+        *,
+        connection: SyncConnection | None = None,
+        **options: Any,
+    ) -> Job[R]: ...
+
+    def enqueue(
+        self,
+        task: JobSpec[Any] | Task[Any, Any] | str,
+        args: Mapping[str, Any] | None = None,
+        /,
+        *,
+        connection: SyncConnection | None = None,
+        **options: Any,
+    ) -> Job[Any]:
+        """Enqueue one job and return it; the same arguments and options as
+        :meth:`pgq.Client.enqueue`."""
+        if isinstance(task, JobSpec):
+            if args is not None:
+                raise ConfigError("pass a spec's arguments to task.spec(...), not to enqueue")
+            spec = task
+        else:
+            spec = JobSpec(task, args or {})
+        (job,) = self.enqueue_many([spec.with_options(**options)], connection=connection)
+        return job
+
+    def enqueue_many(
+        self, specs: Iterable[JobSpec[Any]], *, connection: SyncConnection | None = None
+    ) -> list[Job[Any]]:
+        """Enqueue many jobs in one round trip (COPY for a batch on this client's own
+        connection); returns them in the order given. Every spec is checked before anything
+        is written."""
+        import psycopg
+
+        from pgq._store import sync
+
+        rows = [prepare(i, spec, self._app) for i, spec in enumerate(specs)]
+        if not rows:
+            return []
+        try:
+            if connection is not None:
+                return sync.insert(_driver_connection(connection), rows)
+            with self._lock:
+                conn = self._connect()
+                if len(rows) > 1 and all(r.unique_key is None for r in rows):
+                    return sync.copy(conn, rows)
+                return sync.insert(conn, rows)
+        except psycopg.errors.ProgramLimitExceeded as exc:
+            largest = max(range(len(rows)), key=lambda i: len(rows[i].args_json))
+            raise SerializationError(
+                f"{_where(largest)}args of task {rows[largest].task!r} are more than "
+                f"PostgreSQL can store ({str(exc).splitlines()[0][:200]}); nothing was enqueued",
+                "args",
+            ) from exc
+
+
+def _driver_connection(connection: Any) -> psycopg.Connection[Any]:
+    """The psycopg connection behind ``connection``, inside the caller's transaction."""
+    import psycopg
+
+    if isinstance(connection, psycopg.Connection):
+        return connection
+    try:
+        from sqlalchemy.engine import Connection as SAConnection
+        from sqlalchemy.orm import Session
+    except ImportError:  # pragma: no cover - sqlalchemy is a dependency
+        raise ConfigError("connection= takes a psycopg or SQLAlchemy connection") from None
+    if isinstance(connection, Session):
+        connection = connection.connection()  # begins the session's transaction
+    if not isinstance(connection, SAConnection):
+        raise ConfigError(
+            "connection= takes a psycopg connection, or a SQLAlchemy Connection or Session, "
+            f"not {type(connection).__name__}"
+        )
+    if not connection.in_transaction():
+        connection.exec_driver_sql("SELECT 1")  # autobegin, so the job joins the transaction
+    driver = connection.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        raise ConfigError(
+            "pgq's SyncClient needs SQLAlchemy's psycopg (3) driver for connection=: create "
+            "the engine with a postgresql+psycopg:// URL"
+        )
+    return driver

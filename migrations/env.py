@@ -15,14 +15,15 @@ from sqlalchemy import Connection, pool, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from pgq._dsn import resolve_dsn, sqlalchemy_url
+from pgq._store import sql
+from pgq.migrate import rename_old_ids
 from pgq.schema import VERSION_TABLE, metadata
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
     fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-# Serializes concurrent migrators (two workers' deploy hooks, say) inside one transaction.
-MIGRATION_LOCK = text("SELECT pg_advisory_xact_lock(hashtext('pgq migrations'))")
+MIGRATION_LOCK = text(sql.MIGRATION_LOCK)
 
 
 def _url() -> str:
@@ -53,6 +54,7 @@ def _run(connection: Connection) -> None:
     _configure(connection=connection)
     with context.begin_transaction():
         connection.execute(MIGRATION_LOCK)
+        rename_old_ids(connection)  # a database stamped before the ids were prefixed
         context.run_migrations()
 
 

@@ -55,10 +55,19 @@ class DatabaseUnavailable(DatabaseError, ConnectionError):
 
 
 class SchemaMismatch(DatabaseError):
-    """The pgq schema is missing or at a revision this pgq does not run on."""
+    """The pgq schema is missing or at a revision this pgq does not run on. ``shared``: pgq's
+    revisions are recorded in the project's own alembic version table, so the project's
+    alembic environment migrates them."""
 
-    def __init__(self, found: str | None, needed: str) -> None:
+    def __init__(self, found: str | None, needed: str, *, shared: bool = False) -> None:
         shown = found if found is not None else "none (pgq tables not found)"
-        super().__init__(f"schema at revision {shown}, this pgq needs {needed}: run `pgq migrate`")
+        fix = (
+            "run `alembic upgrade heads` in your project (pgq's revisions are in its "
+            "alembic_version)"
+            if shared
+            else "run `pgq migrate`"
+        )
+        super().__init__(f"schema at revision {shown}, this pgq needs {needed}: {fix}")
         self.found = found
         self.needed = needed
+        self.shared = shared

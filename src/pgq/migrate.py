@@ -1,14 +1,35 @@
-"""Applying pgq's alembic migrations from code and from `pgq migrate`."""
+"""Applying pgq's alembic migrations: from code, from `pgq migrate`, and from inside a
+project's own alembic environment (:func:`upgrade_on`)."""
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from pgq._dsn import sqlalchemy_url
+from pgq._store import sql
 from pgq._store.connections import connect
+from pgq._store.revision import OLD_REVISION_IDS, VERSION_TABLE, schema_revision
+from pgq.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+__all__ = (
+    "downgrade",
+    "exclude_pgq",
+    "head_revision",
+    "migrations_dir",
+    "rename_old_ids",
+    "rename_shared_ids",
+    "sql_script",
+    "upgrade",
+    "upgrade_async",
+    "upgrade_on",
+)
 
 
 def migrations_dir() -> Path:
@@ -21,7 +42,7 @@ def migrations_dir() -> Path:
     raise FileNotFoundError("pgq's migrations are missing from this installation")
 
 
-def _config(dsn: str | None, output: io.StringIO | None = None) -> object:
+def _config(dsn: str | None, output: io.StringIO | None = None) -> Any:
     from alembic.config import Config
 
     cfg = Config(output_buffer=output) if output is not None else Config()
@@ -32,28 +53,100 @@ def _config(dsn: str | None, output: io.StringIO | None = None) -> object:
 
 
 def upgrade(dsn: str | None, revision: str = "head") -> None:
-    """Migrate the database at ``dsn`` to ``revision``. Blocking: call it outside an event
-    loop, or use :func:`upgrade_async`."""
+    """Migrate the database at ``dsn`` to ``revision``, with pgq's own version table.
+    Blocking: call it outside an event loop, or use :func:`upgrade_async`. Raises
+    :class:`~pgq.ConfigError` when the project's own alembic environment runs pgq's
+    revisions (the advice says what to run instead)."""
     from alembic import command
 
-    anyio.run(_check_reachable, dsn)
-    command.upgrade(_config(dsn), revision)  # type: ignore[arg-type]
+    anyio.run(_check_ready, dsn)
+    command.upgrade(_config(dsn), revision)
 
 
 def downgrade(dsn: str | None, revision: str = "base") -> None:
     """Undo pgq's migrations down to ``revision`` (``base`` drops every pgq table)."""
     from alembic import command
 
-    anyio.run(_check_reachable, dsn)
-    command.downgrade(_config(dsn), revision)  # type: ignore[arg-type]
+    anyio.run(_check_ready, dsn)
+    command.downgrade(_config(dsn), revision)
 
 
 async def upgrade_async(dsn: str | None, revision: str = "head") -> None:
     """:func:`upgrade` from async code (runs alembic in a thread)."""
-    await _check_reachable(dsn)
+    await _check_ready(dsn)
     from alembic import command
 
-    await anyio.to_thread.run_sync(lambda: command.upgrade(_config(dsn), revision))  # type: ignore[arg-type]
+    await anyio.to_thread.run_sync(lambda: command.upgrade(_config(dsn), revision))
+
+
+def upgrade_on(connection: Connection, revision: str = "head") -> None:
+    """Apply pgq's migrations on ``connection`` (a SQLAlchemy Connection), from inside your
+    own alembic ``env.py``, before your migrations run: pgq's tables then come with your
+    ``alembic upgrade head``, recorded in pgq's own version table, and pgq's revisions stay
+    out of your script directory (your ``alembic revision`` never sees them). See
+    docs/migrations.md."""
+    from alembic.operations import Operations
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import text
+
+    from pgq.schema import metadata
+
+    script = ScriptDirectory(str(migrations_dir()))
+    context = MigrationContext.configure(
+        connection,
+        opts={
+            "version_table": VERSION_TABLE,
+            "target_metadata": metadata,
+            "script": script,
+            "fn": lambda rev, _context: script._upgrade_revs(revision, rev),
+        },
+    )
+    # alembic.op points at this context while pgq's revisions run, and at nothing after:
+    # the caller's own context installs it again for its migrations.
+    with Operations.context(context), context.begin_transaction():
+        connection.execute(text(sql.MIGRATION_LOCK))
+        rename_old_ids(connection)
+        context.run_migrations()
+
+
+def rename_old_ids(connection: Connection, *, shared: bool = False) -> int:
+    """Rename pgq's old, unprefixed revision ids ('0002' -> 'pgq_0002') where the database
+    records them: pgq's own version table, or (``shared``) the project's. Returns how many
+    rows changed."""
+    from sqlalchemy import text
+
+    if not shared and not connection.execute(text(sql.OWN_VERSION_TABLE_EXISTS)).scalar():
+        return 0
+    statement = text(sql.RENAME_SHARED_REVISION if shared else sql.RENAME_OWN_REVISION)
+    changed = 0
+    for old, new in OLD_REVISION_IDS.items():
+        changed += connection.execute(statement, {"old": old, "new": new}).rowcount
+    return changed
+
+
+def rename_shared_ids(dsn: str | None) -> int:
+    """`pgq migrate --rename-shared-ids`: rename pgq's old revision ids in the project's own
+    ``alembic_version`` (they were '0001'..'0003'; the scripts now say 'pgq_0001'..), so the
+    project's alembic environment finds them. Returns how many rows changed."""
+    return anyio.run(_rename_shared_ids, dsn)
+
+
+async def _rename_shared_ids(dsn: str | None) -> int:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    engine = create_async_engine(sqlalchemy_url(dsn))
+    try:
+        async with engine.begin() as connection:
+            return await connection.run_sync(lambda c: rename_old_ids(c, shared=True))
+    finally:
+        await engine.dispose()
+
+
+def exclude_pgq(name: str | None, type_: str, parent_names: Any) -> bool:
+    """An ``include_name`` hook for your env.py: leaves pgq's tables and types out of your
+    ``alembic revision --autogenerate``."""
+    return not (name or "").startswith("pgq_")
 
 
 def sql_script(revision: str = "head") -> str:
@@ -61,7 +154,7 @@ def sql_script(revision: str = "head") -> str:
     from alembic import command
 
     out = io.StringIO()
-    command.upgrade(_config(None, out), revision, sql=True)  # type: ignore[arg-type]
+    command.upgrade(_config(None, out), revision, sql=True)
     return out.getvalue()
 
 
@@ -74,8 +167,24 @@ def head_revision() -> str:
     return head
 
 
-async def _check_reachable(dsn: str | None) -> None:
-    # alembic's own connection errors arrive as long SQLAlchemy tracebacks; fail first,
-    # with pgq's one-line message.
+async def _check_ready(dsn: str | None) -> None:
+    # alembic's own connection errors arrive as long SQLAlchemy tracebacks: fail first,
+    # with pgq's one-line message. And a database whose pgq schema the project's own alembic
+    # environment manages must not get a second copy from pgq's (type already exists).
     conn = await connect(dsn)
-    await conn.close()
+    try:
+        found = await schema_revision(conn)
+    finally:
+        await conn.close()
+    if found.shared:
+        first = (
+            "first rename pgq's old revision ids there with `pgq migrate --rename-shared-ids`, "
+            "then "
+            if found.old_ids
+            else ""
+        )
+        raise ConfigError(
+            f"pgq's revisions are recorded in your project's alembic_version (at "
+            f"{found.revision}): your alembic environment migrates pgq; {first}run "
+            "`alembic upgrade heads` in your project (or `alembic upgrade pgq@head`)"
+        )

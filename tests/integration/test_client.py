@@ -288,9 +288,9 @@ async def test_an_older_pgq_revision_asks_for_a_migration(dsn: str) -> None:
     """A database migrated by the previous release (0001) is told to run `pgq migrate`."""
     from pgq import migrate
 
-    await anyio.to_thread.run_sync(migrate.downgrade, dsn, "0001")
+    await anyio.to_thread.run_sync(migrate.downgrade, dsn, "pgq_0001")
     with pytest.raises(
-        pgq.SchemaMismatch, match=f"schema at revision 0001, this pgq needs {SCHEMA_REVISION}"
+        pgq.SchemaMismatch, match=f"schema at revision pgq_0001, this pgq needs {SCHEMA_REVISION}"
     ):
         async with pgq.Client(dsn):
             pass

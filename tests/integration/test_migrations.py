@@ -210,3 +210,136 @@ async def test_pgq_revisions_run_inside_a_users_alembic_environment(
         await check_schema(conn)  # reads the shared version table
     finally:
         await conn.close()
+
+
+async def pgq_cli(python: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m pgq ARGS``, without raising on a failure."""
+    out = await anyio.run_process([python, "-m", "pgq", *args], check=False)
+    return subprocess.CompletedProcess(
+        out.args, out.returncode, out.stdout.decode(), out.stderr.decode()
+    )
+
+
+async def test_old_revision_ids_are_the_same_schema_and_pgq_migrate_renames_them(
+    dsn: str, python: str
+) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        # As a database migrated before the ids were prefixed records its revision.
+        await conn.execute("UPDATE pgq_alembic_version SET version_num = '0003'")
+        await check_schema(conn)  # the same schema: clients and workers start
+        out = await pgq_cli(python, "migrate", "--dsn", dsn)
+        assert out.returncode == 0, out.stderr
+        assert await conn.fetchval("SELECT version_num FROM pgq_alembic_version") == "pgq_0003"
+    finally:
+        await conn.close()
+
+
+async def test_a_project_whose_alembic_runs_pgq_gets_advice_not_a_traceback(
+    dsn: str, python: str
+) -> None:
+    """pgq's revisions recorded in the project's own alembic_version (the shared setup)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "ALTER TABLE pgq_alembic_version RENAME TO alembic_version;"
+            "UPDATE alembic_version SET version_num = '0002'"  # an old id, and behind
+        )
+        with pytest.raises(pgq.SchemaMismatch, match="run `alembic upgrade heads` in your project"):
+            await check_schema(conn)
+        out = await pgq_cli(python, "migrate", "--dsn", dsn)
+        assert out.returncode == 1 and "Traceback" not in out.stderr
+        assert "your alembic environment migrates pgq" in out.stderr
+        assert "pgq migrate --rename-shared-ids" in out.stderr
+        renamed = await pgq_cli(python, "migrate", "--rename-shared-ids", "--dsn", dsn)
+        assert renamed.returncode == 0 and "renamed 1" in renamed.stdout, renamed.stderr
+        assert await conn.fetchval("SELECT version_num FROM alembic_version") == "pgq_0002"
+        again = await pgq_cli(python, "migrate", "--dsn", dsn)
+        assert "rename" not in again.stderr and "alembic upgrade heads" in again.stderr
+    finally:
+        await conn.close()
+
+
+USER_ENV = """\
+import asyncio
+
+from alembic import context
+from sqlalchemy import Column, Integer, MetaData, Table
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import pgq.migrate
+
+metadata = MetaData()
+Table("users", metadata, Column("id", Integer, primary_key=True))
+
+def run(connection):
+    pgq.migrate.upgrade_on(connection)  # pgq's tables, in pgq's own version table
+    context.configure(
+        connection=connection, target_metadata=metadata, include_name=pgq.migrate.exclude_pgq
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+async def main():
+    engine = create_async_engine(context.config.get_main_option("sqlalchemy.url"))
+    async with engine.connect() as connection:
+        await connection.run_sync(run)
+        await connection.commit()
+    await engine.dispose()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(600)
+async def test_a_project_runs_pgq_migrations_from_its_alembic_env_with_the_wheel(
+    tmp_path: Path, empty_dsn: str, python: str
+) -> None:
+    """docs/migrations.md, as a user does it: the wheel installed in a venv of its own, the
+    project's alembic env calls pgq.migrate.upgrade_on, the project's revisions stay its own."""
+    wheels = tmp_path / "wheels"
+    await anyio.run_process(
+        [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(ROOT)]
+    )
+    (wheel,) = wheels.glob("pgq_async-*.whl")
+    venv = tmp_path / "venv"
+    await anyio.run_process([python, "-m", "venv", str(venv)])
+    bin_ = venv / "bin"
+    await anyio.run_process([str(bin_ / "pip"), "install", "--quiet", str(wheel)])
+    project = tmp_path / "project"
+    project.mkdir()
+    await anyio.run_process(
+        [str(bin_ / "alembic"), "init", "--template", "async", "alembic"], cwd=project
+    )
+    (project / "alembic" / "env.py").write_text(USER_ENV)
+    ini = project / "alembic.ini"
+    ini.write_text(
+        ini.read_text().replace("driver://user:pass@localhost/dbname", sqlalchemy_url(empty_dsn))
+    )
+    made = await anyio.run_process([str(bin_ / "alembic"), "revision", "-m", "users"], cwd=project)
+    (revision,) = (project / "alembic" / "versions").glob("*_users.py")
+    assert "down_revision: Union[str, Sequence[str], None] = None" in revision.read_text()
+    assert b"site-packages" not in made.stdout
+    revision.write_text(
+        revision.read_text().replace(
+            'def upgrade() -> None:\n    """Upgrade schema."""\n    pass',
+            "def upgrade() -> None:\n    op.create_table('users', sa.Column('id', sa.Integer, primary_key=True))",
+        )
+    )
+    await anyio.run_process([str(bin_ / "alembic"), "upgrade", "head"], cwd=project)
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('users') IS NOT NULL")
+        assert await conn.fetchval("SELECT version_num FROM pgq_alembic_version") == SCHEMA_REVISION
+        assert await conn.fetchval("SELECT count(*) FROM alembic_version") == 1, "the project's"
+        await check_schema(conn)
+    finally:
+        await conn.close()
+    noop = await anyio.run_process([str(bin_ / "pgq"), "migrate", "--dsn", empty_dsn], cwd=project)
+    assert SCHEMA_REVISION.encode() in noop.stdout
+    # Autogenerate leaves pgq's tables alone.
+    auto = await anyio.run_process(
+        [str(bin_ / "alembic"), "revision", "--autogenerate", "-m", "nothing"], cwd=project
+    )
+    (generated,) = (project / "alembic" / "versions").glob("*_nothing.py")
+    assert "pgq_" not in generated.read_text(), auto.stdout

@@ -30,8 +30,8 @@ def test_wheel_contains_the_migrations(tmp_path: Path) -> None:
     for expected in (
         "pgq/py.typed",
         "pgq/migrations/env.py",
-        "pgq/migrations/versions/0001_schema.py",
-        "pgq/migrations/versions/0002_lifecycle.py",
-        "pgq/migrations/versions/0003_attempt_token.py",
+        "pgq/migrations/versions/pgq_0001_schema.py",
+        "pgq/migrations/versions/pgq_0002_lifecycle.py",
+        "pgq/migrations/versions/pgq_0003_attempt_token.py",
     ):
         assert expected in names

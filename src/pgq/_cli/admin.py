@@ -28,6 +28,13 @@ def migrate(args: argparse.Namespace) -> int:
     if args.sql:
         sys.stdout.write(migrations.sql_script())
         return 0
+    if args.rename_shared_ids:
+        renamed = migrations.rename_shared_ids(resolve_dsn(args.dsn))
+        print(
+            f"renamed {renamed} of pgq's revision ids in alembic_version; now run "
+            "`alembic upgrade heads` in your project"
+        )
+        return 0
     migrations.upgrade(resolve_dsn(args.dsn))
     print(f"pgq schema at revision {migrations.head_revision()}")
     return 0

@@ -53,6 +53,12 @@ def _migrate(sub: Any) -> None:
         action="store_true",
         help="print the DDL instead of applying it (for a DBA to review and run)",
     )
+    p.add_argument(
+        "--rename-shared-ids",
+        action="store_true",
+        help="in a project whose own alembic environment runs pgq's revisions: rename pgq's "
+        "old revision ids (0001..0003) in its alembic_version to pgq_0001..",
+    )
 
 
 def _worker(sub: Any) -> None:

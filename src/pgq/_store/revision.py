@@ -6,37 +6,81 @@ Kept apart from the schema itself so that SQLAlchemy (needed only for migrations
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pgq._store import sql
 from pgq._store.connections import Db
 from pgq.errors import SchemaMismatch
 
 #: The alembic revision this code runs on; a test checks it is the migrations' head.
-SCHEMA_REVISION = "0003"
+SCHEMA_REVISION = "pgq_0003"
 
 #: Revisions any pgq release has shipped, oldest first; used to read a shared version table.
-KNOWN_REVISIONS = ("0001", "0002", "0003")
+KNOWN_REVISIONS = ("pgq_0001", "pgq_0002", "pgq_0003")
+
+#: The ids the first revisions had before they were prefixed (they collided with projects
+#: that number their own revisions). A database stamped with one is at the same schema;
+#: `pgq migrate` renames them.
+OLD_REVISION_IDS = {"0001": "pgq_0001", "0002": "pgq_0002", "0003": "pgq_0003"}
 
 #: pgq keeps its own alembic version table, so it never collides with the user's.
 VERSION_TABLE = "pgq_alembic_version"
 
 
-async def schema_revision(db: Db) -> str | None:
-    """The pgq revision the database is at, or None when pgq was never migrated there."""
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """Where a database's pgq schema stands: its revision (None when pgq was never
+    migrated there), and whether it is recorded in the project's own alembic version table
+    (pgq's revisions run from the project's alembic environment) rather than pgq's."""
+
+    revision: str | None
+    shared: bool = False
+    old_ids: bool = False
+
+
+async def schema_revision(db: Db) -> Revision:
+    """The pgq revision the database is at."""
     tables = await db.fetchrow(sql.SCHEMA_VERSION_TABLES)
     assert tables is not None
-    if tables["own"]:
-        rows = await db.fetch(sql.PGQ_VERSION)
-        if rows:
-            return str(rows[0]["version_num"])
-    if tables["shared"]:
-        rows = await db.fetch(sql.SHARED_VERSION, list(KNOWN_REVISIONS))
-        if rows:
-            return max((str(r["version_num"]) for r in rows), key=KNOWN_REVISIONS.index)
-    return "unknown (tables exist, no version recorded)" if tables["has_jobs"] else None
+    own = [r["version_num"] for r in await db.fetch(sql.PGQ_VERSION)] if tables["own"] else []
+    shared = (
+        [r["version_num"] for r in await db.fetch(sql.SHARED_VERSION, SHARED_IDS)]
+        if tables["shared"] and not own
+        else []
+    )
+    return read_revision(own, shared, bool(tables["has_jobs"]))
+
+
+#: The ids of pgq's revisions to look for in a project's own version table.
+SHARED_IDS = [*KNOWN_REVISIONS, *OLD_REVISION_IDS]
+
+
+def read_revision(own: list[str], shared: list[str], has_jobs: bool) -> Revision:
+    """Where the schema stands, from the rows of pgq's own version table and of pgq's
+    revisions in the project's table (``sql.PGQ_VERSION``, ``sql.SHARED_VERSION``)."""
+    if own:
+        found = str(own[0])
+        return Revision(OLD_REVISION_IDS.get(found, found), old_ids=found in OLD_REVISION_IDS)
+    if shared:
+        found = max(
+            (str(r) for r in shared),
+            key=lambda r: KNOWN_REVISIONS.index(OLD_REVISION_IDS.get(r, r)),
+        )
+        return Revision(
+            OLD_REVISION_IDS.get(found, found), shared=True, old_ids=found in OLD_REVISION_IDS
+        )
+    if has_jobs:
+        return Revision("unknown (tables exist, no version recorded)")
+    return Revision(None)
+
+
+def require_current(found: Revision) -> None:
+    """Raise :class:`~pgq.SchemaMismatch` unless ``found`` is :data:`SCHEMA_REVISION` (an old
+    id of it counts: it is the same schema)."""
+    if found.revision != SCHEMA_REVISION:
+        raise SchemaMismatch(found.revision, SCHEMA_REVISION, shared=found.shared)
 
 
 async def check_schema(db: Db) -> None:
     """Raise :class:`~pgq.SchemaMismatch` unless the database is at :data:`SCHEMA_REVISION`."""
-    found = await schema_revision(db)
-    if found != SCHEMA_REVISION:
-        raise SchemaMismatch(found, SCHEMA_REVISION)
+    require_current(await schema_revision(db))

@@ -55,6 +55,19 @@ SHARED_VERSION: Final = (
     "SELECT version_num FROM alembic_version WHERE version_num = ANY($1::text[])"
 )
 
+# pgq's revisions had unprefixed ids ('0002') before 'pgq_0002': renamed where a database
+# records them. These run through SQLAlchemy in the alembic glue (pgq.migrate), hence the
+# named parameters.
+OWN_VERSION_TABLE_EXISTS: Final = "SELECT to_regclass('pgq_alembic_version') IS NOT NULL"
+RENAME_OWN_REVISION: Final = (
+    "UPDATE pgq_alembic_version SET version_num = :new WHERE version_num = :old"
+)
+RENAME_SHARED_REVISION: Final = (
+    "UPDATE alembic_version SET version_num = :new WHERE version_num = :old"
+)
+# Serializes concurrent migrators (two workers' deploy hooks, say) inside one transaction.
+MIGRATION_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtext('pgq migrations'))"
+
 # --------------------------------------------------------------------------- enqueue
 
 # One statement for one job or thousands: rows arrive as parallel arrays. Jobs due now are

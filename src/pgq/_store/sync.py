@@ -19,8 +19,7 @@ from pgq._store.jobs import (
     fill_duplicates,
     insert_statement,
 )
-from pgq._store.revision import KNOWN_REVISIONS, SCHEMA_REVISION
-from pgq.errors import SchemaMismatch
+from pgq._store.revision import SHARED_IDS, read_revision, require_current
 from pgq.job import Job
 
 #: psycopg errors that mean the server is not there (or went away), not that it refused.
@@ -36,18 +35,17 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
     with _cursor(conn) as cur:
         tables = cur.execute(sql.SCHEMA_VERSION_TABLES).fetchone()
         assert tables is not None
-        found: str | None = None
-        if tables["own"]:
-            row = cur.execute(sql.PGQ_VERSION).fetchone()
-            found = None if row is None else str(row["version_num"])
-        if found is None and tables["shared"]:
-            rows = cur.execute(sql.SHARED_VERSION, [list(KNOWN_REVISIONS)]).fetchall()
-            if rows:
-                found = max((str(r["version_num"]) for r in rows), key=KNOWN_REVISIONS.index)
-        if found is None and tables["has_jobs"]:
-            found = "unknown (tables exist, no version recorded)"
-    if found != SCHEMA_REVISION:
-        raise SchemaMismatch(found, SCHEMA_REVISION)
+        own = (
+            [r["version_num"] for r in cur.execute(sql.PGQ_VERSION).fetchall()]
+            if tables["own"]
+            else []
+        )
+        shared = (
+            [r["version_num"] for r in cur.execute(sql.SHARED_VERSION, [SHARED_IDS]).fetchall()]
+            if tables["shared"] and not own
+            else []
+        )
+    require_current(read_revision(own, shared, bool(tables["has_jobs"])))
 
 
 def insert(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:

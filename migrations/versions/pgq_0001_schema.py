@@ -1,6 +1,6 @@
 """pgq schema: jobs, producers, leader lease, queues.
 
-Revision ID: 0001
+Revision ID: pgq_0001
 Revises:
 Create Date: 2026-11-29 14:15:50.984958
 """
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0001"
+revision: str = "pgq_0001"
 down_revision: str | None = None
 # The label lets a project run pgq's revisions inside its own alembic environment.
 branch_labels: str | Sequence[str] | None = ("pgq",)

@@ -1,7 +1,7 @@
 """A fencing token per attempt: written at claim time, never changed by re-registration.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: pgq_0003
+Revises: pgq_0002
 Create Date: 2026-11-30
 """
 
@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0003"
-down_revision: str | None = "0002"
+revision: str = "pgq_0003"
+down_revision: str | None = "pgq_0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,7 +1,7 @@
 """Job lifecycle: unique jobs, cancel requests, periodic schedules.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: pgq_0002
+Revises: pgq_0001
 Create Date: 2026-11-29
 """
 
@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0002"
-down_revision: str | None = "0001"
+revision: str = "pgq_0002"
+down_revision: str | None = "pgq_0001"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -95,7 +95,7 @@ def mask_dsn(dsn: str | None) -> str:
     whatever the DSN's shape (keyword form, a URL with a missing ``:`` or ``//``, characters
     a password should have percent-encoded)."""
     if dsn is None:
-        return "(libpq environment)"
+        return libpq_target()
     if "://" not in dsn and _KEYWORD.match(dsn):
         return _KEYWORD_PASSWORD.sub(r"\1***", dsn)
     text = dsn
@@ -118,6 +118,21 @@ def mask_dsn(dsn: str | None) -> str:
             hosts = [_mask_port(h) for h in rest[:end].split(",")]
             text = text[: scheme.end()] + ",".join(hosts) + rest[end:]
     return _QUERY_PASSWORD.sub(r"\1***", text)
+
+
+def libpq_target() -> str:
+    """Where a connection without a DSN goes (libpq's variables, then its defaults), said so
+    that an error names the host and database it tried."""
+    import getpass
+
+    user = os.environ.get("PGUSER") or getpass.getuser()
+    host = os.environ.get("PGHOST") or "the local socket or localhost"
+    port = os.environ.get("PGPORT") or "5432"
+    database = os.environ.get("PGDATABASE") or user
+    return (
+        f"host {host}, port {port}, database {database}, user {user} (no DSN was given: "
+        "libpq's PG* variables and defaults; set --dsn, PGQ_DSN or DATABASE_URL)"
+    )
 
 
 def scrub(text: str, dsn: str | None) -> str:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import pytest
 
 import pgq
@@ -100,3 +103,108 @@ async def test_the_cli_refuses_an_out_of_range_delay_and_lists_any_row(
     assert as_json(dsn, "jobs", "list")[0]["scheduled_at"].startswith("9999-12-30")
     shown = pgq_cli(dsn, "jobs", "show", str(far))
     assert shown.returncode == 0 and "9999-12-30" in shown.stdout
+
+
+APP = """\
+import pgq
+app = pgq.App()
+
+@app.task(queue="emails", priority=5, max_attempts=7)
+async def send_welcome(ctx, to: str) -> None: ...
+"""
+
+
+async def test_enqueue_with_the_app_uses_the_tasks_options_and_warns_when_nobody_listens(
+    dsn: str, tmp_path: Path, conn: Conn
+) -> None:
+    (tmp_path / "cli_app.py").write_text(APP)
+    out = await run_cli(tmp_path, "enqueue", "send_welcome", "--app", "cli_app:app",
+                        "--args", '{"to": "a@b.c"}', "--json", "--dsn", dsn)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (job,) = json.loads(out.stdout)
+    assert job["queue"] == "emails"
+    row = await conn.fetchrow(
+        "SELECT priority, max_attempts FROM pgq_jobs WHERE id = $1", job["id"]
+    )
+    assert row is not None and tuple(row) == (5, 7)
+    assert "no live worker serves queue 'emails'" in out.stderr
+    bad = await run_cli(tmp_path, "enqueue", "send_welcome", "--app", "cli_app:app",
+                        "--args", '{"too": 1}', "--dsn", dsn)  # fmt: skip
+    assert bad.returncode == 1 and "takes no argument too" in bad.stderr
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 1
+
+
+async def test_without_any_dsn_errors_name_the_host_and_database_tried(tmp_path: Path) -> None:
+    env = {"PGDATABASE": "pgq_no_such_database", "PGHOST": "127.0.0.1", "PGUSER": "postgres"}
+    out = await run_cli(tmp_path, "stats", env=env)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "host 127.0.0.1" in out.stderr and "database pgq_no_such_database" in out.stderr
+    assert "no DSN was given" in out.stderr
+
+
+async def test_retry_and_cancel_by_filter_count_and_ask_first(
+    dsn: str, client: pgq.Client, conn: Conn, tmp_path: Path
+) -> None:
+    jobs = await client.enqueue_many(
+        [pgq.JobSpec("send", {"i": i}, queue="mail") for i in range(4)]
+        + [pgq.JobSpec("send", {"i": 9}, queue="other")]
+    )
+    await conn.execute(
+        "UPDATE pgq_jobs SET state = 'discarded', finalized_at = now() WHERE id = ANY($1)",
+        [j.id for j in jobs[:3]] + [jobs[4].id],
+    )
+    refused = await run_cli(
+        tmp_path, "jobs", "retry", "--state", "discarded", "--queue", "mail", "--dsn", dsn
+    )
+    assert refused.returncode == 1 and "3 jobs match: add --yes to retry them" in refused.stderr
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'available'") == 1
+    done = await run_cli(tmp_path, "jobs", "retry", "--state", "discarded", "--queue", "mail",
+                         "--yes", "--json", "--dsn", dsn)  # fmt: skip
+    assert json.loads(done.stdout)["retried"] == [j.id for j in jobs[:3]]
+    cancelled = await run_cli(tmp_path, "jobs", "cancel", "--queue", "mail", "--task", "send",
+                              "--yes", "--json", "--dsn", dsn)  # fmt: skip
+    assert json.loads(cancelled.stdout)["cancelled"] == [j.id for j in jobs[:4]]
+    both = await run_cli(tmp_path, "jobs", "cancel", "1", "--queue", "mail", "--dsn", dsn)
+    assert both.returncode == 1 and "not both" in both.stderr
+    other = await client.get_job(jobs[4].id)
+    assert other is not None and other.state is pgq.JobState.DISCARDED, "its queue was not named"
+
+
+async def test_pausing_an_unknown_queue_says_so(
+    dsn: str, client: pgq.Client, tmp_path: Path
+) -> None:
+    await client.enqueue("send", queue="mail")
+    typo = await run_cli(tmp_path, "queues", "pause", "mial", "--dsn", dsn)
+    assert typo.returncode == 1 and "unknown queue 'mial'" in typo.stderr and "mail" in typo.stderr
+    forced = await run_cli(tmp_path, "queues", "pause", "mial", "--force", "--dsn", dsn)
+    assert forced.returncode == 0 and "paused mial" in forced.stdout
+    assert (await run_cli(tmp_path, "queues", "pause", "mail", "--dsn", dsn)).returncode == 0
+
+
+def test_every_command_that_prints_takes_json_and_the_log_level_goes_anywhere() -> None:
+    from pgq._cli.parser import build_parser
+
+    parser = build_parser()
+    printing = [
+        ["migrate"], ["enqueue", "t"], ["producers"], ["stats"], ["jobs", "list"],
+        ["jobs", "show", "1"], ["jobs", "retry", "1"], ["jobs", "cancel", "1"],
+        ["queues", "list"], ["queues", "pause", "q"], ["queues", "resume", "q"],
+    ]  # fmt: skip
+    for command in printing:
+        assert parser.parse_args([*command, "--json"]).json, command
+    after = parser.parse_args(["worker", "app:app", "--log-level", "DEBUG"])
+    assert after.log_level == "DEBUG"
+    before = parser.parse_args(["--log-level", "ERROR", "stats"])
+    assert before.log_level == "ERROR", "not reset by the command's own default"
+
+
+async def run_cli(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    out = await anyio.run_process(
+        [sys.executable, "-m", "pgq", *args], cwd=cwd, check=False,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    return subprocess.CompletedProcess(
+        out.args, out.returncode, out.stdout.decode(), out.stderr.decode()
+    )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 from collections.abc import Sequence
@@ -12,7 +13,8 @@ import anyio
 
 from pgq._cli import admin, worker
 from pgq._cli.parser import build_parser
-from pgq.errors import PgqError
+from pgq._dsn import libpq_target, resolve_dsn
+from pgq.errors import DatabaseError, PgqError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -35,16 +37,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(admin.producers, args)
         return anyio.run(admin.operate, args)
     except PgqError as exc:
-        print(f"pgq: error: {exc}", file=sys.stderr)
+        print(f"pgq: error: {_where(exc, args)}", file=sys.stderr)
         return 1
     except BaseExceptionGroup as group:
         matched, rest = group.split(PgqError)
         if matched is None or rest is not None:
             raise
-        print(f"pgq: error: {_first_leaf(matched)}", file=sys.stderr)
+        print(f"pgq: error: {_where(_first_leaf(matched), args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _where(exc: BaseException, args: argparse.Namespace) -> str:
+    """The error, naming where pgq connected when no DSN was given anywhere (libpq's
+    defaults may not be the database the user thinks)."""
+    message = str(exc)
+    if not isinstance(exc, DatabaseError) or "no DSN was given" in message:
+        return message
+    try:
+        given = resolve_dsn(getattr(args, "dsn", None))
+    except PgqError:
+        return message
+    return message if given is not None else f"{message} [in {libpq_target()}]"
 
 
 def _first_leaf(group: BaseExceptionGroup[Any]) -> BaseException:

@@ -8,13 +8,19 @@ import json
 import sys
 from typing import Any
 
-from pgq._cli.render import emit, ids, job_dict, render_table, show_job, when
+import anyio
+
+from pgq._cli.render import emit, job_dict, render_table, show_job, when
+from pgq._cli.render import ids as _ids
+from pgq._cli.worker import load_app
 from pgq._dsn import resolve_dsn
+from pgq._store import jobs as store_jobs
 from pgq._store import leader as store_leader
 from pgq._store import producers as store_producers
+from pgq._store import queues as store_queues
 from pgq._store.connections import connect
 from pgq._store.revision import check_schema
-from pgq.app import JobSpec
+from pgq.app import JobSpec, check_queue_name
 from pgq.client import Client
 from pgq.errors import ConfigError
 from pgq.job import JobState
@@ -22,7 +28,7 @@ from pgq.settings import WorkerSettings
 
 
 def migrate(args: argparse.Namespace) -> int:
-    """`pgq migrate [--sql]`."""
+    """`pgq migrate [--sql | --rename-shared-ids]`."""
     from pgq import migrate as migrations
 
     if args.sql:
@@ -30,18 +36,22 @@ def migrate(args: argparse.Namespace) -> int:
         return 0
     if args.rename_shared_ids:
         renamed = migrations.rename_shared_ids(resolve_dsn(args.dsn))
-        print(
-            f"renamed {renamed} of pgq's revision ids in alembic_version; now run "
-            "`alembic upgrade heads` in your project"
+        return emit(
+            args,
+            {"renamed": renamed},
+            lambda: (
+                f"renamed {renamed} of pgq's revision ids in alembic_version; now run "
+                "`alembic upgrade heads` in your project"
+            ),
         )
-        return 0
     migrations.upgrade(resolve_dsn(args.dsn))
-    print(f"pgq schema at revision {migrations.head_revision()}")
-    return 0
+    head = migrations.head_revision()
+    return emit(args, {"revision": head}, lambda: f"pgq schema at revision {head}")
 
 
 async def enqueue(args: argparse.Namespace) -> int:
-    """`pgq enqueue TASK ...`."""
+    """`pgq enqueue TASK ...`: with ``--app`` the task's own options and signature apply;
+    a warning says when no live worker serves the target queue."""
     try:
         job_args = json.loads(args.args)
     except json.JSONDecodeError as exc:
@@ -50,6 +60,7 @@ async def enqueue(args: argparse.Namespace) -> int:
         raise ConfigError("--args must be a JSON object of keyword arguments, e.g. '{\"n\": 1}'")
     if args.count < 1:
         raise ConfigError("--count must be at least 1")
+    app = load_app(args.app) if args.app else None
     spec = JobSpec(
         args.task,
         job_args,
@@ -58,11 +69,25 @@ async def enqueue(args: argparse.Namespace) -> int:
         delay=args.delay,
         max_attempts=args.max_attempts,
     )
-    async with Client(args.dsn) as client:
+    async with Client(args.dsn, app=app) as client:
         jobs = await client.enqueue_many([spec] * args.count)
-    for job in jobs:
-        print(f"{job.id}\t{job.state}\t{job.queue}\t{job.task}")
-    return 0
+        stale_after = WorkerSettings.from_env("stale_after")
+        served = {
+            q: await store_producers.live_count(client.pool, q, stale_after)
+            for q in {j.queue for j in jobs}
+        }
+    for queue, n in served.items():
+        if not n:
+            print(
+                f"pgq: warning: no live worker serves queue {queue!r} (see `pgq producers`); "
+                "the jobs wait until one does",
+                file=sys.stderr,
+            )
+    return emit(
+        args,
+        [{"id": j.id, "state": j.state.value, "queue": j.queue, "task": j.task} for j in jobs],
+        lambda: "\n".join(f"{j.id}\t{j.state}\t{j.queue}\t{j.task}" for j in jobs),
+    )
 
 
 async def producers(args: argparse.Namespace) -> int:
@@ -197,39 +222,81 @@ async def _jobs(client: Client, args: argparse.Namespace) -> int:
         if job is None:
             raise ConfigError(f"no job {args.id}")
         return emit(args, job_dict(job), lambda: show_job(job))
+    ids = await _chosen_jobs(client, args)
     if action == "retry":
-        done = await client.retry(args.ids)
-        skipped = sorted(set(args.ids) - set(done))
+        done = await client.retry(ids)
+        skipped = sorted(set(ids) - set(done))
         return emit(
             args,
             {"retried": done, "skipped": skipped},
-            lambda: f"retried: {ids(done)}\nskipped (not found or running): {ids(skipped)}",
+            lambda: f"retried: {_ids(done)}\nskipped (not found or running): {_ids(skipped)}",
         )
-    states = await client.cancel_many(args.ids)
+    states = await client.cancel_many(ids)
     data = {
         "cancelled": sorted(i for i, s in states.items() if s is JobState.CANCELLED),
         "cancelling": sorted(i for i, s in states.items() if s is JobState.RUNNING),
-        "skipped": sorted(set(args.ids) - set(states)),
+        "skipped": sorted(set(ids) - set(states)),
     }
     return emit(
         args,
         data,
         lambda: (
-            f"cancelled: {ids(data['cancelled'])}\n"
-            f"cancel requested (running): {ids(data['cancelling'])}\n"
-            f"skipped (not found or already final): {ids(data['skipped'])}"
+            f"cancelled: {_ids(data['cancelled'])}\n"
+            f"cancel requested (running): {_ids(data['cancelling'])}\n"
+            f"skipped (not found or already final): {_ids(data['skipped'])}"
         ),
     )
 
 
+async def _chosen_jobs(client: Client, args: argparse.Namespace) -> list[int]:
+    """The ids a retry or cancel acts on: those given, or (asking first, unless --yes) every
+    job the filters match."""
+    filters = args.state or args.queue or args.task
+    if args.ids and filters:
+        raise ConfigError("give job ids or filters (--state, --queue, --task), not both")
+    if args.ids:
+        return list(args.ids)
+    if not filters:
+        raise ConfigError("give job ids, or filters (--state, --queue, --task) to match jobs")
+    ids = await store_jobs.ids_matching(
+        client.pool,
+        states=[JobState(s) for s in args.state] if args.state else None,
+        queue=args.queue,
+        task=args.task,
+    )
+    verb = args.jobs_command
+    if ids and not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError(f"{len(ids)} jobs match: add --yes to {verb} them")
+        answer = await anyio.to_thread.run_sync(
+            input, f"{len(ids)} jobs match; {verb} them? [y/N] "
+        )
+        if answer.strip().lower() not in ("y", "yes"):
+            raise ConfigError(f"nothing done ({len(ids)} jobs match)")
+    return ids
+
+
 async def _queues(client: Client, args: argparse.Namespace) -> int:
     action = args.queues_command
-    if action == "pause":
-        await client.pause_queue(args.name)
-        return emit(args, {"paused": args.name}, lambda: f"paused {args.name}")
-    if action == "resume":
-        await client.resume_queue(args.name)
-        return emit(args, {"resumed": args.name}, lambda: f"resumed {args.name}")
+    if action in ("pause", "resume"):
+        if args.name != "*":
+            check_queue_name(args.name)
+        if (
+            args.name != "*"
+            and not args.force
+            and not await store_queues.known(client.pool, args.name)
+        ):
+            known = ", ".join(q.name for q in await client.list_queues()) or "none"
+            raise ConfigError(
+                f"unknown queue {args.name!r}: no job, worker or setting names it (known: "
+                f"{known}); check the name, or pass --force to {action} it before it exists"
+            )
+        if action == "pause":
+            await client.pause_queue(args.name)
+        else:
+            await client.resume_queue(args.name)
+        done = f"{action}d"
+        return emit(args, {done: args.name}, lambda: f"{done} {args.name}")
     queues = await client.list_queues()
     data = [
         {

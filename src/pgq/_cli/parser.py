@@ -10,6 +10,7 @@ from pgq.errors import ConfigError
 from pgq.job import JobState
 from pgq.settings import env_name, optional_setting, parse_optional_seconds, setting_help
 
+_LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 _DSN_HELP = (
     "PostgreSQL URL; default: PGQ_DSN, then DATABASE_URL, then the libpq variables "
     "(PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD)"
@@ -26,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         default=os.environ.get("PGQ_LOG_LEVEL", "INFO"),
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        choices=_LOG_LEVELS,
         help="log verbosity (default: INFO, or PGQ_LOG_LEVEL)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -41,13 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
 def _command(parent: Any, name: str, help: str, *, json: bool = False) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
     p.add_argument("--dsn", help=_DSN_HELP)
+    # Also after the command (`pgq worker app:app --log-level DEBUG`); the one before wins
+    # only when this one is not given.
+    p.add_argument(
+        "--log-level",
+        default=argparse.SUPPRESS,
+        choices=_LOG_LEVELS,
+        help="log verbosity (as before the command)",
+    )
     if json:
-        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
 
 
 def _migrate(sub: Any) -> None:
-    p = _command(sub, "migrate", "create or upgrade pgq's tables (alembic upgrade head)")
+    p = _command(sub, "migrate", "create or upgrade pgq's tables (alembic upgrade head)", json=True)
     p.add_argument(
         "--sql",
         action="store_true",
@@ -166,12 +175,20 @@ def _stats_jobs_queues(sub: Any) -> None:
         actions, "show", "one job: args, attempts, errors with tracebacks, producer", json=True
     )
     p.add_argument("id", type=int)
-    p = _command(actions, "retry", "run finished, retryable or scheduled jobs again now", json=True)
-    p.add_argument("ids", type=int, nargs="+", metavar="ID")
-    p = _command(
-        actions, "cancel", "cancel jobs (running ones are stopped by their worker)", json=True
-    )
-    p.add_argument("ids", type=int, nargs="+", metavar="ID")
+    for action, text in (
+        ("retry", "run finished, retryable or scheduled jobs again now"),
+        ("cancel", "cancel jobs (running ones are stopped by their worker)"),
+    ):
+        p = _command(actions, action, f"{text}: by id, or every job the filters match", json=True)
+        p.add_argument("ids", type=int, nargs="*", metavar="ID")
+        p.add_argument(
+            "--state", action="append", choices=[s.value for s in JobState], help="repeatable"
+        )
+        p.add_argument("--queue")
+        p.add_argument("--task")
+        p.add_argument(
+            "--yes", action="store_true", help="act on what the filters match without asking"
+        )
 
     queues = sub.add_parser(
         "queues", help="list, pause or resume queues", description="List, pause or resume queues."
@@ -183,19 +200,30 @@ def _stats_jobs_queues(sub: Any) -> None:
             actions, action, f"{action} claiming from a queue ('*': every queue)", json=True
         )
         p.add_argument("name", metavar="QUEUE")
+        p.add_argument(
+            "--force", action="store_true", help="even a queue no job or worker names yet"
+        )
 
 
 def _enqueue(sub: Any) -> None:
-    p = _command(sub, "enqueue", "enqueue jobs from the shell")
+    p = _command(sub, "enqueue", "enqueue jobs from the shell", json=True)
     p.description = "Enqueue jobs of a task by name."
     p.add_argument("task", metavar="TASK", help="task name")
+    p.add_argument(
+        "--app",
+        metavar="MODULE:APP",
+        help="the App that registers TASK: its arguments are checked and its queue, priority "
+        "and max_attempts are the defaults",
+    )
     p.add_argument(
         "--args",
         default="{}",
         metavar="JSON",
         help='keyword arguments as a JSON object, e.g. \'{"to": "a@b.c"}\'',
     )
-    p.add_argument("--queue", default="default", help="queue (default: default)")
+    p.add_argument(
+        "--queue", default=None, help="queue (default: the task's with --app, else default)"
+    )
     p.add_argument(
         "--delay",
         type=float,

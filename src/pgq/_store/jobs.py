@@ -236,6 +236,20 @@ async def list_jobs(
     return [job_from_row(r) for r in rows]
 
 
+async def ids_matching(
+    db: Db,
+    *,
+    states: Sequence[JobState] | None = None,
+    queue: str | None = None,
+    task: str | None = None,
+) -> list[int]:
+    """The ids of every job matching the filters, oldest first."""
+    rows = await db.fetch(
+        sql.MATCHING_IDS, [s.value for s in states] if states is not None else None, queue, task
+    )
+    return [r["id"] for r in rows]
+
+
 async def attempted_since(db: Db, since: datetime) -> list[Job]:
     """Every job attempted at or after ``since`` (database time), as it is now."""
     return [job_from_row(r) for r in await db.fetch(sql.JOBS_ATTEMPTED_SINCE, since)]

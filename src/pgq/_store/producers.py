@@ -97,6 +97,12 @@ async def delete(db: Db, ids: Sequence[uuid.UUID]) -> None:
     await db.execute(sql.DELETE_PRODUCERS, list(ids))
 
 
+async def live_count(db: Db, queue: str, within_s: float) -> int:
+    """How many producers of ``queue`` (``*``: any) beat within ``within_s`` seconds."""
+    n: int = await db.fetchval(sql.LIVE_PRODUCERS, queue, within_s)
+    return n
+
+
 @dataclass(frozen=True, slots=True)
 class ProducerInfo:
     """A producer as `pgq producers` and the dashboard show it."""

@@ -10,6 +10,11 @@ from pgq._store.connections import Db
 from pgq.job import JobState
 
 
+async def known(db: Db, name: str) -> bool:
+    """Whether a setting, a job or a producer names queue ``name``."""
+    return bool(await db.fetchval(sql.QUEUE_KNOWN, name))
+
+
 async def pause(db: Db, name: str) -> None:
     """Pause queue ``name`` (``*``: every queue) and tell its workers."""
     await db.execute(sql.PAUSE_QUEUE, name)

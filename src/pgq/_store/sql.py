@@ -410,6 +410,12 @@ LEFT JOIN pgq_leader l ON l.name = 'default' AND l.leader_id = p.worker_id
 ORDER BY p.worker_name, p.queue
 """
 
+# Producers of queue $1 that beat within $2 seconds: does anyone serve it now?
+LIVE_PRODUCERS: Final = """
+SELECT count(*)::int AS n FROM pgq_producers
+WHERE (queue = $1 OR $1 = '*') AND heartbeat_at > now() - make_interval(secs => $2)
+"""
+
 CURRENT_LEADER: Final = """
 SELECT leader_id, worker_name, elected_at, expires_at,
        extract(epoch FROM expires_at - now())::float8 AS expires_in_s
@@ -620,6 +626,15 @@ FROM pgq_jobs WHERE attempted_at >= $1 ORDER BY id
 """
 )
 
+# Every job matching the filters, oldest first (bulk retry or cancel by filter).
+MATCHING_IDS: Final = """
+SELECT id FROM pgq_jobs
+WHERE ($1::pgq_job_state[] IS NULL OR state = ANY($1::pgq_job_state[]))
+  AND ($2::text IS NULL OR queue = $2)
+  AND ($3::text IS NULL OR task = $3)
+ORDER BY id
+"""
+
 COUNT_BY_STATE: Final = """
 SELECT state::text AS state, count(*)::bigint AS n FROM pgq_jobs
 WHERE $1::text IS NULL OR queue = $1
@@ -728,6 +743,13 @@ SELECT id, pg_notify("""
     + """, queue)::text AS notified FROM upd
 """
 )
+
+# Is queue $1 known: a setting, a job or a producer names it?
+QUEUE_KNOWN: Final = """
+SELECT EXISTS (SELECT 1 FROM pgq_queues WHERE name = $1)
+    OR EXISTS (SELECT 1 FROM pgq_jobs WHERE queue = $1)
+    OR EXISTS (SELECT 1 FROM pgq_producers WHERE queue = $1)
+"""
 
 PAUSE_QUEUE: Final = (
     """

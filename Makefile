@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded lint typecheck check bench clean
+.PHONY: help demo test test-embedded test-all lint typecheck check bench clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -25,6 +25,27 @@ test: $(STAMP) lint ## lint, type-check and run the whole suite against real Pos
 test-embedded: $(STAMP) ## the suite against the embedded server, as on a machine without PostgreSQL
 	PGQ_TEST_EMBEDDED=1 PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest
 
+PYTHONS ?= 3.11 3.12 3.13
+
+test-all: ## the suite on every Python in PYTHONS that this machine has (each in .venv-X.Y)
+	@missing=""; failed=""; passed=""; \
+	for v in $(PYTHONS); do \
+	  py=""; \
+	  for c in $$(command -v python$$v) $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v 2>/dev/null | sort -V -r); do \
+	    if $$c -c 'import sys' >/dev/null 2>&1; then py=$$c; break; fi; \
+	  done; \
+	  if [ -z "$$py" ]; then missing="$$missing $$v"; continue; fi; \
+	  echo "== Python $$v ($$py)"; \
+	  if [ ! -x .venv-$$v/bin/python ] || [ pyproject.toml -nt .venv-$$v/.installed-stamp ]; then \
+	    $$py -m venv .venv-$$v && .venv-$$v/bin/python -m pip install --quiet --upgrade pip && \
+	    .venv-$$v/bin/python -m pip install --quiet -e '.[dev]' && touch .venv-$$v/.installed-stamp; \
+	  fi; \
+	  if PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests .venv-$$v/bin/python -m pytest -q -p no:cacheprovider; \
+	  then passed="$$passed $$v"; else failed="$$failed $$v"; fi; \
+	done; \
+	echo "passed:$${passed:- none}"; echo "failed:$${failed:- none}"; echo "missing:$${missing:- none}"; \
+	[ -z "$$failed" ]
+
 lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff check src tests benchmarks docs/examples migrations
 	$(BIN)/ruff format --check src tests benchmarks docs/examples migrations
@@ -42,4 +63,4 @@ bench: $(BENCH_STAMP) ## measure pgq beside its peers in their own venv (see doc
 	benchmarks/.venv/bin/python benchmarks/run.py
 
 clean: ## remove the virtual environment and embedded server data
-	rm -rf $(VENV) .pgq-embedded
+	rm -rf $(VENV) .venv-3.* .pgq-embedded

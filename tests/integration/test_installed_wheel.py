@@ -1,0 +1,168 @@
+"""pgq as a user has it: the wheel installed in a virtual environment of its own (with its
+extras), used from outside pgq's source tree."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+
+from pgq._dsn import sqlalchemy_url
+from pgq._store.revision import SCHEMA_REVISION, check_schema
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bin/ folder of a fresh venv where the built wheel is installed with its sync
+    extra, pytest and alembic (what an application's own environment would hold)."""
+    import subprocess
+    import sys
+
+    python = sys.executable
+    base = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(base), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = base.glob("pgq_async-*.whl")
+    subprocess.run([python, "-m", "venv", str(base / "venv")], check=True)
+    bin_ = base / "venv" / "bin"
+    subprocess.run(
+        [str(bin_ / "pip"), "install", "--quiet", f"{wheel}[sync]", "pytest"],
+        check=True,
+        capture_output=True,
+    )
+    return bin_
+
+
+async def test_an_applications_suite_runs_with_the_installed_plugin(
+    installed: Path, server_dsn: str, tmp_path: Path
+) -> None:
+    """docs/testing.md's example, copied out of the source tree, run by the wheel's
+    plugin (found through its entry point)."""
+    suite = tmp_path / "app_tests"
+    suite.mkdir()
+    for name in ("signup.py", "test_signup.py", "conftest.py"):
+        (suite / name).write_text((ROOT / "docs" / "examples" / "testing" / name).read_text())
+    out = await anyio.run_process(
+        [str(installed / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=suite,
+        env={**os.environ, "PGQ_TEST_DSN": server_dsn},
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    assert b"3 passed" in out.stdout
+
+
+async def test_typed_enqueue_and_the_sync_client_from_the_wheel(
+    installed: Path, dsn: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "use.py"
+    script.write_text(
+        textwrap.dedent(f"""\
+        import pgq
+
+        app = pgq.App()
+
+        @app.task(queue="emails")
+        def send(ctx: pgq.JobContext, to: str) -> str:
+            return to
+
+        with pgq.SyncClient({dsn!r}, app=app) as client:
+            job = client.enqueue(send.spec(to="a@b.c"), delay=5)
+            try:
+                client.enqueue("send", {{"too": 1}})
+            except pgq.ConfigError as exc:
+                print("refused:", exc)
+        print(job.id, job.queue, job.state)
+        """)
+    )
+    out = await anyio.run_process([str(installed / "python"), str(script)], cwd=tmp_path)
+    lines = out.stdout.decode().splitlines()
+    assert lines[0].startswith("refused: task 'send' takes no argument too")
+    assert lines[1] == "1 emails scheduled"
+
+
+USER_ENV = """\
+import asyncio
+
+from alembic import context
+from sqlalchemy import Column, Integer, MetaData, Table
+from sqlalchemy.ext.asyncio import create_async_engine
+
+import pgq.migrate
+
+metadata = MetaData()
+Table("users", metadata, Column("id", Integer, primary_key=True))
+
+def run(connection):
+    pgq.migrate.upgrade_on(connection)  # pgq's tables, in pgq's own version table
+    context.configure(
+        connection=connection, target_metadata=metadata, include_name=pgq.migrate.exclude_pgq
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+async def main():
+    engine = create_async_engine(context.config.get_main_option("sqlalchemy.url"))
+    async with engine.connect() as connection:
+        await connection.run_sync(run)
+        await connection.commit()
+    await engine.dispose()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_project_runs_pgq_migrations_from_its_alembic_env(
+    tmp_path: Path, empty_dsn: str, installed: Path
+) -> None:
+    """docs/migrations.md, as a user does it: the project's alembic env calls
+    pgq.migrate.upgrade_on, the project's revisions stay its own."""
+    bin_ = installed
+    project = tmp_path / "project"
+    project.mkdir()
+    await anyio.run_process(
+        [str(bin_ / "alembic"), "init", "--template", "async", "alembic"], cwd=project
+    )
+    (project / "alembic" / "env.py").write_text(USER_ENV)
+    ini = project / "alembic.ini"
+    ini.write_text(
+        ini.read_text().replace("driver://user:pass@localhost/dbname", sqlalchemy_url(empty_dsn))
+    )
+    made = await anyio.run_process([str(bin_ / "alembic"), "revision", "-m", "users"], cwd=project)
+    (revision,) = (project / "alembic" / "versions").glob("*_users.py")
+    assert "down_revision: Union[str, Sequence[str], None] = None" in revision.read_text()
+    assert b"site-packages" not in made.stdout
+    revision.write_text(
+        revision.read_text().replace(
+            'def upgrade() -> None:\n    """Upgrade schema."""\n    pass',
+            "def upgrade() -> None:\n    op.create_table('users', sa.Column('id', sa.Integer, primary_key=True))",
+        )
+    )
+    await anyio.run_process([str(bin_ / "alembic"), "upgrade", "head"], cwd=project)
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('users') IS NOT NULL")
+        assert await conn.fetchval("SELECT version_num FROM pgq_alembic_version") == SCHEMA_REVISION
+        assert await conn.fetchval("SELECT count(*) FROM alembic_version") == 1, "the project's"
+        await check_schema(conn)
+    finally:
+        await conn.close()
+    noop = await anyio.run_process([str(bin_ / "pgq"), "migrate", "--dsn", empty_dsn], cwd=project)
+    assert SCHEMA_REVISION.encode() in noop.stdout
+    # Autogenerate leaves pgq's tables alone.
+    auto = await anyio.run_process(
+        [str(bin_ / "alembic"), "revision", "--autogenerate", "-m", "nothing"], cwd=project
+    )
+    (generated,) = (project / "alembic" / "versions").glob("*_nothing.py")
+    assert "pgq_" not in generated.read_text(), auto.stdout

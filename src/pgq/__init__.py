@@ -14,6 +14,7 @@ from pgq._worker.worker import Worker
 from pgq.app import App, Backoff, JobSpec, Task
 from pgq.client import Client, QueueInfo, QueueStats
 from pgq.errors import (
+    AttemptSuperseded,
     ConfigError,
     DatabaseError,
     DatabaseUnavailable,
@@ -29,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = (
     "App",
+    "AttemptSuperseded",
     "Backoff",
     "Cancel",
     "Client",

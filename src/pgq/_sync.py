@@ -141,7 +141,7 @@ class SyncClient:
             return []
         try:
             if connection is not None:
-                return sync.insert(_driver_connection(connection), rows)
+                return sync.insert(sync.caller_connection_sync(connection), rows)
             with self._lock:
                 conn = self._connect()
                 if len(rows) > 1 and all(r.unique_key is None for r in rows):
@@ -154,32 +154,3 @@ class SyncClient:
                 f"PostgreSQL can store ({str(exc).splitlines()[0][:200]}); nothing was enqueued",
                 "args",
             ) from exc
-
-
-def _driver_connection(connection: Any) -> psycopg.Connection[Any]:
-    """The psycopg connection behind ``connection``, inside the caller's transaction."""
-    import psycopg
-
-    if isinstance(connection, psycopg.Connection):
-        return connection
-    try:
-        from sqlalchemy.engine import Connection as SAConnection
-        from sqlalchemy.orm import Session
-    except ImportError:  # pragma: no cover - sqlalchemy is a dependency
-        raise ConfigError("connection= takes a psycopg or SQLAlchemy connection") from None
-    if isinstance(connection, Session):
-        connection = connection.connection()  # begins the session's transaction
-    if not isinstance(connection, SAConnection):
-        raise ConfigError(
-            "connection= takes a psycopg connection, or a SQLAlchemy Connection or Session, "
-            f"not {type(connection).__name__}"
-        )
-    if not connection.in_transaction():
-        connection.exec_driver_sql("SELECT 1")  # autobegin, so the job joins the transaction
-    driver = connection.connection.driver_connection
-    if not isinstance(driver, psycopg.Connection):
-        raise ConfigError(
-            "pgq's SyncClient needs SQLAlchemy's psycopg (3) driver for connection=: create "
-            "the engine with a postgresql+psycopg:// URL"
-        )
-    return driver

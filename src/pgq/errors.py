@@ -6,6 +6,7 @@ The tree::
     ├── ConfigError               a setting, a DSN or a name is wrong; fix the call
     │   └── UnknownTaskError      a task name no App registered
     ├── SerializationError        job arguments (or a result) are not JSON
+    ├── AttemptSuperseded         a task settled an attempt that is no longer the job's
     └── DatabaseError             the database could not do what pgq asked
         ├── DatabaseUnavailable   the server does not answer, or refuses us
         └── SchemaMismatch        the pgq tables are missing or at another revision
@@ -16,6 +17,7 @@ The driver's exception, when there is one, stays on ``__cause__``.
 from __future__ import annotations
 
 __all__ = (
+    "AttemptSuperseded",
     "ConfigError",
     "DatabaseError",
     "DatabaseUnavailable",
@@ -44,6 +46,21 @@ class SerializationError(PgqError, TypeError):
     def __init__(self, message: str, path: str) -> None:
         super().__init__(message)
         self.path = path
+
+
+class AttemptSuperseded(PgqError):
+    """Raised by ``ctx.complete(connection=...)`` (and its siblings) when this attempt is no
+    longer the job's running attempt: the job was rescued, cancelled, re-claimed or already
+    settled. Let it propagate out of your transaction, so your writes roll back with it."""
+
+    def __init__(self, job_id: int, attempt: int) -> None:
+        super().__init__(
+            f"job {job_id} attempt {attempt} is no longer the job's running attempt (rescued, "
+            "cancelled, re-claimed or already settled): nothing was written; roll your "
+            "transaction back"
+        )
+        self.job_id = job_id
+        self.attempt = attempt
 
 
 class DatabaseError(PgqError):

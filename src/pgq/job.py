@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Generic
+from typing import Any, Generic, Protocol
 
 from typing_extensions import TypeVar
 
@@ -168,16 +168,32 @@ class JobLogger(logging.LoggerAdapter[logging.Logger]):
 _task_logger = logging.getLogger("pgq.task")
 
 
+class Settling(Protocol):
+    """What settles an attempt inside a task's own transaction (the worker's part)."""
+
+    async def settle(self, ctx: JobContext, connection: Any, kind: str, **details: Any) -> None:
+        """Write the outcome ``kind`` in ``connection``'s transaction."""
+        ...
+
+    def settle_sync(self, ctx: JobContext, connection: Any, kind: str, **details: Any) -> None:
+        """The same from a plain ``def`` task, on a synchronous connection."""
+        ...
+
+
 class JobContext:
-    """What a task receives first: its job, a logger bound to it, and cancellation state."""
+    """What a task receives first: its job, a logger bound to it, cancellation state, and the
+    means to settle its attempt inside its own transaction (:meth:`complete` and siblings)."""
 
-    __slots__ = ("_cancel", "_log", "job")
+    __slots__ = ("_cancel", "_log", "_settled", "_settler", "job")
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, settler: Settling | None = None) -> None:
         self.job = job
         # A plain flag: a task's thread reads it, the event loop sets it (atomic under the GIL).
         self._cancel = False
         self._log: JobLogger | None = None
+        self._settler = settler
+        #: (token, state) of each outcome this attempt wrote in its own transactions.
+        self._settled: list[tuple[uuid.UUID, str]] = []
 
     @property
     def id(self) -> int:
@@ -228,6 +244,67 @@ class JobContext:
 
     def _request_cancel(self) -> None:
         self._cancel = True
+
+    # ------------------------------------------------------------------ settling in a transaction
+
+    async def complete(self, *, connection: Any, result: Any = None) -> None:
+        """Complete this attempt inside ``connection``'s open transaction (an asyncpg
+        connection, or a SQLAlchemy AsyncConnection / AsyncSession), fenced on its token:
+        your writes and the job's completion commit together, or not at all. Raises
+        :class:`~pgq.AttemptSuperseded` when the attempt is no longer the job's (rescued,
+        cancelled): let it roll your transaction back. Once it commits, nothing the attempt
+        does afterwards changes the job; if you roll back, the attempt goes on."""
+        await self._settling().settle(self, connection, "complete", result=result)
+
+    async def retry(
+        self,
+        *,
+        connection: Any,
+        delay: float | timedelta | None = None,
+        reason: str = "retry requested",
+    ) -> None:
+        """Like raising :class:`Retry`, written in ``connection``'s transaction (see
+        :meth:`complete`)."""
+        await self._settling().settle(self, connection, "retry", delay=delay, reason=reason)
+
+    async def snooze(self, *, connection: Any, delay: float | timedelta) -> None:
+        """Like raising :class:`Snooze`, written in ``connection``'s transaction."""
+        await self._settling().settle(self, connection, "snooze", delay=delay)
+
+    async def cancel(self, *, connection: Any, reason: str = "cancelled by the task") -> None:
+        """Like raising :class:`Cancel`, written in ``connection``'s transaction."""
+        await self._settling().settle(self, connection, "cancel", reason=reason)
+
+    def complete_sync(self, *, connection: Any, result: Any = None) -> None:
+        """:meth:`complete` for a plain ``def`` task: ``connection`` is a psycopg (3)
+        connection, or a SQLAlchemy Connection / Session on the psycopg driver."""
+        self._settling().settle_sync(self, connection, "complete", result=result)
+
+    def retry_sync(
+        self,
+        *,
+        connection: Any,
+        delay: float | timedelta | None = None,
+        reason: str = "retry requested",
+    ) -> None:
+        """:meth:`retry` for a plain ``def`` task (see :meth:`complete_sync`)."""
+        self._settling().settle_sync(self, connection, "retry", delay=delay, reason=reason)
+
+    def snooze_sync(self, *, connection: Any, delay: float | timedelta) -> None:
+        """:meth:`snooze` for a plain ``def`` task (see :meth:`complete_sync`)."""
+        self._settling().settle_sync(self, connection, "snooze", delay=delay)
+
+    def cancel_sync(self, *, connection: Any, reason: str = "cancelled by the task") -> None:
+        """:meth:`cancel` for a plain ``def`` task (see :meth:`complete_sync`)."""
+        self._settling().settle_sync(self, connection, "cancel", reason=reason)
+
+    def _settling(self) -> Settling:
+        if self._settler is None:
+            raise ConfigError(
+                "this JobContext does not run under a pgq worker: an attempt can be settled in "
+                "a transaction only there (pgq.testing.drain runs one)"
+            )
+        return self._settler
 
 
 __all__ = (

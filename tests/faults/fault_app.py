@@ -51,3 +51,30 @@ async def effect(ctx: pgq.JobContext, seconds: float) -> str:
             FENCED_EFFECT, ctx.id, ctx.attempt, os.environ["FAULT_WORKER"], ctx.token
         )
     return "done"
+
+
+@app.task(max_attempts=25)
+async def tx_effect(ctx: pgq.JobContext, work_s: float, before_commit_s: float = 0.0) -> str:
+    """Work for ``work_s``, then write the effect and complete the job in one transaction,
+    which (on the first attempt only) stays open ``before_commit_s`` more: exactly once,
+    whatever kills it."""
+    p = await pool()
+    async with p.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO starts (job_id, attempt, worker) VALUES ($1, $2, $3)",
+            ctx.id,
+            ctx.attempt,
+            os.environ["FAULT_WORKER"],
+        )
+    await anyio.sleep(work_s)
+    async with p.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO effects (job_id, attempt, worker) VALUES ($1, $2, $3)",
+            ctx.id,
+            ctx.attempt,
+            os.environ["FAULT_WORKER"],
+        )
+        await ctx.complete(connection=conn, result="done")
+        if ctx.attempt == 1:
+            await anyio.sleep(before_commit_s)
+    return "done"

@@ -54,6 +54,7 @@ class WorkerProcess:
     ) -> None:
         self.name = name
         self.dsn = dsn
+        self.concurrency = concurrency
         self.log_path = log_dir / f"{name}.log"
         self.health_port = health_port
         args = [

@@ -86,3 +86,10 @@ async def test_lifecycle_example_runs(dsn: str) -> None:
         "cancelled": pgq.JobState.CANCELLED,
         "timed": True,
     }
+
+
+async def test_exactly_once_example_runs(dsn: str) -> None:
+    import exactly_once
+
+    recorded, final = await exactly_once.main(dsn)
+    assert final == 400 and len(recorded) == 3 and recorded[-1] == 400

@@ -334,6 +334,52 @@ FROM upd
 """
 )
 
+# An outcome the task writes in its own transaction (ctx.complete(connection=...) and its
+# siblings): fenced like the worker's, and replacing the attempt's token with one only the
+# task knows ($3), so the worker can tell afterwards whether that transaction committed
+# (SETTLED_BY). The row stays locked until the caller's transaction ends.
+SETTLE_ATTEMPT: Final = (
+    """
+WITH upd AS (
+    UPDATE pgq_jobs j
+    SET state = (CASE WHEN j.cancel_requested_at IS NOT NULL
+                           AND $4::text IN ('retryable', 'available')
+                      THEN 'cancelled' ELSE $4::text END)::pgq_job_state,
+        finalized_at = CASE WHEN $4::text IN """
+    + _FINAL
+    + """ OR j.cancel_requested_at IS NOT NULL
+                            THEN now() END,
+        scheduled_at = CASE WHEN $5::float8 IS NULL THEN j.scheduled_at
+                            ELSE now() + make_interval(secs => $5::float8) END,
+        attempt = j.attempt + $8::int,
+        errors = j.errors
+            || CASE WHEN $6::text IS NULL THEN '[]'::jsonb
+                    ELSE jsonb_build_array($6::jsonb || jsonb_build_object('at', now())) END,
+        result = $7::jsonb,
+        deadline_at = NULL,
+        attempt_token = $3::uuid
+    WHERE j.id = $1 AND j.attempt_token = $2::uuid AND j.state = 'running'
+    RETURNING j.id, j.queue, j.state
+)
+SELECT state::text AS state,
+       CASE WHEN state IN """
+    + _FINAL
+    + """ THEN pg_notify("""
+    + _DONE
+    + """, id::text)::text
+            WHEN state = 'available' THEN pg_notify("""
+    + _JOBS
+    + """, queue)::text END AS notified
+FROM upd
+"""
+)
+
+# Which of the tokens $2 (those a task settled its attempt with) job $1 holds: a transaction
+# that settled it committed.
+SETTLED_BY: Final = """
+SELECT attempt_token FROM pgq_jobs WHERE id = $1 AND attempt_token = ANY($2::uuid[])
+"""
+
 # Burst mode: is anything left that this producer could claim now (a paused queue's jobs
 # cannot be claimed: a burst worker does not wait for its resumption), and is anything of
 # its queue running under a producer that is gone, or silent past the fencing bound ($3

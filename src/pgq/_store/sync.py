@@ -20,19 +20,22 @@ from pgq._store.jobs import (
     insert_statement,
 )
 from pgq._store.revision import SHARED_IDS, read_revision, require_current
+from pgq.errors import ConfigError
 from pgq.job import Job
 
 #: psycopg errors that mean the server is not there (or went away), not that it refused.
 CONNECTION_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, OSError)
 
 
-def _cursor(conn: psycopg.Connection[Any]) -> RawCursor[dict[str, Any]]:
+def cursor(conn: psycopg.Connection[Any]) -> RawCursor[dict[str, Any]]:
+    """A cursor that takes pgq's statements as they are (``$1`` placeholders) and returns
+    rows read by column name."""
     return RawCursor(conn, row_factory=dict_row)
 
 
 def check_schema(conn: psycopg.Connection[Any]) -> None:
     """Raise :class:`~pgq.SchemaMismatch` unless the database is at pgq's revision."""
-    with _cursor(conn) as cur:
+    with cursor(conn) as cur:
         tables = cur.execute(sql.SCHEMA_VERSION_TABLES).fetchone()
         assert tables is not None
         own = (
@@ -52,7 +55,7 @@ def insert(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
     """Enqueue ``rows`` with one INSERT, in the connection's transaction (see
     ``jobs.insert``)."""
     statement, params = insert_statement(rows)
-    with _cursor(conn) as cur:
+    with cursor(conn) as cur:
         jobs, duplicates = assemble(rows, cur.execute(statement, params).fetchall())
         if duplicates:
             holders = cur.execute(sql.EXISTING_UNIQUE, [[k for _, k in duplicates]]).fetchall()
@@ -63,7 +66,7 @@ def insert(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
 def copy(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
     """Enqueue keyless ``rows`` with COPY, in a transaction of its own (see ``jobs.copy``)."""
     plain, due = copy_plan(rows)
-    with conn.transaction(), _cursor(conn) as cur:
+    with conn.transaction(), cursor(conn) as cur:
         allocated = cur.execute(
             sql.ALLOCATE_JOBS, [len(rows), list(due), list(due.values())]
         ).fetchone()
@@ -73,3 +76,31 @@ def copy(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
             for record in records:
                 copier.write_row(record)
     return jobs
+
+
+def caller_connection_sync(connection: Any) -> psycopg.Connection[Any]:
+    """The psycopg connection behind ``connection`` (psycopg's, or a SQLAlchemy Connection
+    or Session on the psycopg driver), inside the caller's transaction."""
+    if isinstance(connection, psycopg.Connection):
+        return connection
+    try:
+        from sqlalchemy.engine import Connection as SAConnection
+        from sqlalchemy.orm import Session
+    except ImportError:  # pragma: no cover - sqlalchemy is a dependency
+        raise ConfigError("connection= takes a psycopg or SQLAlchemy connection") from None
+    if isinstance(connection, Session):
+        connection = connection.connection()  # begins the session's transaction
+    if not isinstance(connection, SAConnection):
+        raise ConfigError(
+            "connection= takes a psycopg connection, or a SQLAlchemy Connection or Session, "
+            f"not {type(connection).__name__}"
+        )
+    if not connection.in_transaction():
+        connection.exec_driver_sql("SELECT 1")  # autobegin, so the job joins the transaction
+    driver = connection.connection.driver_connection
+    if not isinstance(driver, psycopg.Connection):
+        raise ConfigError(
+            "pgq's SyncClient needs SQLAlchemy's psycopg (3) driver for connection=: create "
+            "the engine with a postgresql+psycopg:// URL"
+        )
+    return driver

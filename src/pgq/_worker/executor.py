@@ -15,7 +15,7 @@ from pgq import _serde
 from pgq._hooks import Hooks, JobEvent, Middleware
 from pgq._worker.outcome import Outcome, error_entry
 from pgq.app import Task
-from pgq.job import Cancel, Discard, Job, JobContext, JobState, Retry, Snooze
+from pgq.job import Cancel, Discard, Job, JobContext, JobState, Retry, Settling, Snooze
 
 log = logging.getLogger("pgq.executor")
 
@@ -30,8 +30,8 @@ class Execution:
 
     __slots__ = ("ctx", "reason", "task")
 
-    def __init__(self, job: Job) -> None:
-        self.ctx = JobContext(job)
+    def __init__(self, job: Job, settler: Settling | None = None) -> None:
+        self.ctx = JobContext(job, settler)
         self.reason: str | None = None
         self.task: asyncio.Task[None] | None = None
 

@@ -19,6 +19,7 @@ from pgq._store.producers import Beat
 from pgq._worker.executor import SHUTDOWN, Execution, execute, internal_failure, interrupted
 from pgq._worker.liveness import ProducerHealth
 from pgq._worker.outcome import Outcome
+from pgq._worker.settle import Settler
 from pgq.app import Task
 from pgq.job import Job
 
@@ -64,6 +65,7 @@ class Producer:
             tuple(t.max_attempts for t in self._tasks.values()),
         )
         self._pool = pool
+        self._settlers = {name: Settler(pool, task) for name, task in self._tasks.items()}
         self._outcomes = outcomes
         self._limiter = limiter
         self._poll_interval = poll_interval
@@ -213,7 +215,7 @@ class Producer:
         return jobs
 
     def _start(self, tg: anyio.abc.TaskGroup, jobs: list[Job]) -> None:
-        executions = [Execution(job) for job in jobs]
+        executions = [Execution(job, self._settlers[job.task]) for job in jobs]
         for execution in executions:
             self.running[execution.ctx.job.id] = execution
         if self._empty.is_set():
@@ -253,12 +255,32 @@ class Producer:
                 outcome = await execute(task, execution, self._limiter, self._hooks)
             except Exception as exc:  # never an attempt without an outcome
                 outcome = internal_failure(job, task, exc)
+            if execution.ctx._settled and await self._settled_by_the_task(execution):
+                return
             self._outcomes(outcome)
         finally:
             del self.running[job.id]
             self._slot.set()
             if not self.running:
                 self._empty.set()
+
+    async def _settled_by_the_task(self, execution: Execution) -> bool:
+        """Whether the task's own transaction settled its attempt and committed: then that
+        is the outcome, and the worker writes none (a write would only be fenced out)."""
+        try:
+            state = await self._settlers[execution.ctx.job.task].committed(execution.ctx)
+        except DATABASE_ERRORS as exc:
+            log.warning(
+                "job %d: could not check its transactional outcome (%s); writing the worker's",
+                execution.ctx.job.id,
+                exc,
+            )
+            return False
+        if state == "completed":
+            self.completed += 1
+        elif state in ("retryable", "discarded"):
+            self.failed += 1
+        return state is not None
 
     # ------------------------------------------------------------------ stats
 

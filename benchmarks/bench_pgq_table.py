@@ -51,7 +51,9 @@ async def claim_timings(dsns: dict[str, str], rounds: int, warmup: int) -> dict[
         for round_ in range(warmup + rounds):
             for name, conn in conns.items():
                 t = time.perf_counter()
-                await conn.fetch(sql.CLAIM_JOBS, "default", ["noop"], 10, producer, [None], [20])
+                await conn.fetch(
+                    sql.CLAIM_JOBS, "default", ["noop"], 10, producer, [None], [20], "bench"
+                )
                 if round_ >= warmup:
                     samples[name].append(time.perf_counter() - t)
     finally:

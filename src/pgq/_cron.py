@@ -57,6 +57,14 @@ class TimeSchedule(Protocol):
         """The most recent slot at or before ``now`` (aware, UTC)."""
         ...
 
+    def following(self, now: datetime) -> datetime:
+        """The first slot after ``now`` (aware, UTC)."""
+        ...
+
+    def describe(self) -> str:
+        """The schedule in words an operator reads (``*/5 * * * * (UTC)``, ``every 30s``)."""
+        ...
+
 
 def _field(text: str, name: str, low: int, high: int, names: dict[str, int]) -> frozenset[int]:
     values: set[int] = set()
@@ -166,6 +174,26 @@ class Cron:
                         return slot.replace(tzinfo=self._zone).astimezone(UTC)
         raise ConfigError(f"cron expression {self.expression!r} never matches")
 
+    def following(self, now: datetime) -> datetime:
+        """The first matching minute after ``now``, as an aware UTC time."""
+        minutes, hours = sorted(self._sets[0]), sorted(self._sets[1])
+        local = now.astimezone(self._zone).replace(second=0, microsecond=0, tzinfo=None)
+        day = local.replace(hour=0, minute=0)
+        for ahead in range(366 * 8):
+            candidate_day = day + timedelta(days=ahead)
+            if not self._day_matches(candidate_day):
+                continue
+            for hour in hours:
+                for minute in minutes:
+                    slot = candidate_day.replace(hour=hour, minute=minute)
+                    if slot > local:
+                        return slot.replace(tzinfo=self._zone).astimezone(UTC)
+        raise ConfigError(f"cron expression {self.expression!r} never matches")
+
+    def describe(self) -> str:
+        """The expression and its time zone."""
+        return f"{self.expression} ({self.timezone})"
+
 
 @dataclass(frozen=True)
 class Every:
@@ -181,6 +209,14 @@ class Every:
         """The start of the slot ``now`` falls in."""
         ts = now.timestamp()
         return datetime.fromtimestamp(ts - ts % self.seconds, UTC)
+
+    def following(self, now: datetime) -> datetime:
+        """The start of the next slot."""
+        return self.latest(now) + timedelta(seconds=self.seconds)
+
+    def describe(self) -> str:
+        """``every Ns``."""
+        return f"every {self.seconds:g}s"
 
 
 def make_schedule(cron: str | None, every: float | None, timezone: str) -> TimeSchedule:

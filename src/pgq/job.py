@@ -102,6 +102,8 @@ class Job(Generic[R]):
     #: The fencing token of the attempt running now (None unless running): drawn when the
     #: job is claimed, it stays the same until the attempt's outcome is written.
     attempt_token: uuid.UUID | None = None
+    #: The name of the worker that runs (or last ran) the job.
+    attempted_by: str | None = None
 
 
 def _seconds(delay: float | timedelta | None) -> float | None:

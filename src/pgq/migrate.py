@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = (
     "downgrade",
+    "downgrade_async",
     "exclude_pgq",
     "head_revision",
     "migrations_dir",
@@ -69,6 +70,14 @@ def downgrade(dsn: str | None, revision: str = "base") -> None:
 
     anyio.run(_check_ready, dsn)
     command.downgrade(_config(dsn), revision)
+
+
+async def downgrade_async(dsn: str | None, revision: str = "base") -> None:
+    """:func:`downgrade` from async code (runs alembic in a thread)."""
+    await _check_ready(dsn)
+    from alembic import command
+
+    await anyio.to_thread.run_sync(lambda: command.downgrade(_config(dsn), revision))
 
 
 async def upgrade_async(dsn: str | None, revision: str = "head") -> None:

@@ -69,6 +69,8 @@ jobs = Table(
     # The fencing token of the running attempt, drawn at claim time and never changed while
     # it runs: every outcome write matches (id, attempt_token, state = 'running').
     Column("attempt_token", UUID(as_uuid=True)),
+    # The worker (its name) running the attempt: with producer_id, who ran which attempt.
+    Column("attempted_by", Text),
     # When a running attempt overran its task's timeout; the rescuer uses it for hung jobs.
     Column("deadline_at", TSTZ),
     Column("errors", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
@@ -146,6 +148,12 @@ periodic = Table(
     Column("name", Text, primary_key=True),
     Column("last_slot", TSTZ, nullable=False),
     Column("updated_at", TSTZ, nullable=False, server_default=func.now()),
+    # What the schedule is, as the leader last recorded it (for a dashboard without the App).
+    Column("task", Text),
+    Column("queue", Text),
+    Column("schedule", Text),
+    Column("next_slot", TSTZ),
+    Column("recorded_by", Text),
 )
 
 producers = Table(

@@ -184,7 +184,7 @@ async def test_a_new_schedule_waits_for_its_next_slot_unless_run_on_start(
     @app.periodic("0 0 1 1 *", run_on_start=True, name="yearly-now")
     async def yearly_too(ctx: pgq.JobContext) -> None: ...
 
-    async with pgq.Worker(app, dsn, **QUICK):
+    async with pgq.Worker(app, dsn, **QUICK) as worker:
 
         async def baseline() -> bool:
             return bool(await conn.fetchval("SELECT count(*) = 2 FROM pgq_periodic"))
@@ -192,6 +192,18 @@ async def test_a_new_schedule_waits_for_its_next_slot_unless_run_on_start(
         await until(baseline)
     rows = await conn.fetch("SELECT task FROM pgq_jobs")
     assert [r[0] for r in rows] == ["yearly_too"]
+    # The leader records each schedule so that an operator without the App can read it.
+    recorded = await conn.fetchrow(
+        "SELECT task, queue, schedule, last_slot, next_slot, recorded_by"
+        " FROM pgq_periodic WHERE name = 'yearly'"
+    )
+    assert recorded is not None
+    assert (recorded["task"], recorded["queue"]) == ("yearly", "default")
+    assert recorded["schedule"] == "0 0 1 1 * (UTC)"
+    assert recorded["recorded_by"] == worker.name
+    nxt = recorded["next_slot"]
+    assert (nxt.month, nxt.day, nxt.hour, nxt.minute) == (1, 1, 0, 0)
+    assert nxt > recorded["last_slot"]
 
 
 # --------------------------------------------------------------------------- cancel

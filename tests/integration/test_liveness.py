@@ -188,7 +188,7 @@ async def test_rescue_judges_a_stale_peer_in_sql(dsn: str, conn: Conn, client: p
     assert error["kind"] == "rescued" and error["attempt"] == 1
     assert "producer stale" in error["message"] and "ghost-host:4242" in error["message"]
     assert error["worker_name"] == "ghost-host:4242" and error["producer_id"] == str(ghost)
-    assert error["silent_s"] >= 3600
+    assert error["silent_s"] >= 3600 and error["reason"] == "producer stale"
     assert job.metadata["pgq_rescues"] == 1
 
 

@@ -220,17 +220,20 @@ async def pgq_cli(python: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_old_revision_ids_are_the_same_schema_and_pgq_migrate_renames_them(
+async def test_old_revision_ids_are_read_as_theirs_and_pgq_migrate_renames_and_upgrades(
     dsn: str, python: str
 ) -> None:
+    await migrate.downgrade_async(dsn, "pgq_0003")
     conn = await asyncpg.connect(dsn)
     try:
         # As a database migrated before the ids were prefixed records its revision.
         await conn.execute("UPDATE pgq_alembic_version SET version_num = '0003'")
-        await check_schema(conn)  # the same schema: clients and workers start
+        with pytest.raises(pgq.SchemaMismatch, match="schema at revision pgq_0003, this pgq"):
+            await check_schema(conn)
         out = await pgq_cli(python, "migrate", "--dsn", dsn)
         assert out.returncode == 0, out.stderr
-        assert await conn.fetchval("SELECT version_num FROM pgq_alembic_version") == "pgq_0003"
+        assert await conn.fetchval("SELECT version_num FROM pgq_alembic_version") == SCHEMA_REVISION
+        await check_schema(conn)
     finally:
         await conn.close()
 

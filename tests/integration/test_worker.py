@@ -111,9 +111,14 @@ async def test_failures_retry_with_backoff_then_discard_keeping_every_error(
         raise RuntimeError(f"broken on attempt {ctx.attempt}")
 
     job = await client.enqueue("always_fails")
-    async with pgq.Worker(app, dsn, schedule_interval=0.05):
+    async with pgq.Worker(app, dsn, schedule_interval=0.05) as worker:
         done = await wait_for_state(client, job.id, pgq.JobState.DISCARDED)
+        producer_ids = {p["producer_id"] for p in worker.stats()["producers"]}
     assert done.attempt == 3
+    # Each attempt names the producer and the worker that ran it.
+    assert done.attempted_by == worker.name
+    assert {e["worker_name"] for e in done.errors} == {worker.name}
+    assert {e["producer_id"] for e in done.errors} <= producer_ids
     assert [e["attempt"] for e in done.errors] == [1, 2, 3]
     assert [e["message"] for e in done.errors] == [
         f"RuntimeError: broken on attempt {n}" for n in (1, 2, 3)

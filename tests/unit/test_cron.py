@@ -98,3 +98,22 @@ def test_a_schedule_whose_jobs_could_not_be_enqueued_is_refused_at_registration(
         app.periodic(every=60, args={"when": datetime(2026, 1, 1)})
     with pytest.raises(ConfigError, match="invalid queue name"):
         app.periodic(every=60, queue="no spaces")
+
+
+@pytest.mark.parametrize(
+    ("expr", "now", "following"),
+    [
+        ("*/5 * * * *", "2026-03-04T10:17:42", "2026-03-04T10:20:00"),
+        ("0 * * * *", "2026-03-04T10:00:00", "2026-03-04T11:00:00"),
+        ("30 9 * * mon-fri", "2026-03-06T12:00:00", "2026-03-09T09:30:00"),  # Friday -> Monday
+        ("0 0 29 2 *", "2026-03-01T00:00:00", "2028-02-29T00:00:00"),
+    ],
+)
+def test_following_slot(expr: str, now: str, following: str) -> None:
+    assert Cron(expr).following(at(now)) == at(following)
+
+
+def test_every_follows_and_both_describe_themselves() -> None:
+    assert Every(60).following(at("2026-03-04T10:17:42")) == at("2026-03-04T10:18:00")
+    assert Every(30).describe() == "every 30s"
+    assert Cron("0 9 * * *", "Europe/Paris").describe() == "0 9 * * * (Europe/Paris)"

@@ -33,5 +33,6 @@ def test_wheel_contains_the_migrations(tmp_path: Path) -> None:
         "pgq/migrations/versions/pgq_0001_schema.py",
         "pgq/migrations/versions/pgq_0002_lifecycle.py",
         "pgq/migrations/versions/pgq_0003_attempt_token.py",
+        "pgq/migrations/versions/pgq_0004_operator.py",
     ):
         assert expected in names

@@ -25,8 +25,11 @@ class ClaimPlan:
     max_attempts: tuple[int, ...]
 
 
-async def claim(db: Db, plan: ClaimPlan, producer_id: uuid.UUID, limit: int) -> list[Job]:
-    """Claim up to ``limit`` available jobs of ``plan.queue`` for ``producer_id``."""
+async def claim(
+    db: Db, plan: ClaimPlan, producer_id: uuid.UUID, worker_name: str, limit: int
+) -> list[Job]:
+    """Claim up to ``limit`` available jobs of ``plan.queue`` for ``producer_id`` of worker
+    ``worker_name``."""
     rows = await db.fetch(
         sql.CLAIM_JOBS,
         plan.queue,
@@ -35,6 +38,7 @@ async def claim(db: Db, plan: ClaimPlan, producer_id: uuid.UUID, limit: int) -> 
         producer_id,
         plan.timeouts,
         plan.max_attempts,
+        worker_name,
     )
     return [job_from_row(r) for r in rows]
 

@@ -95,6 +95,47 @@ async def lock_periodic(conn: Connection, name: str) -> datetime | None:
     return last
 
 
-async def record_periodic(conn: Connection, name: str, slot: datetime) -> None:
-    """Remember ``slot`` as the last one enqueued for schedule ``name``."""
-    await conn.execute(sql.PERIODIC_UPSERT, name, slot)
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A periodic schedule as the leader records it (for operators without the App)."""
+
+    name: str
+    task: str | None
+    queue: str | None
+    schedule: str | None
+    last_slot: datetime
+    next_slot: datetime | None
+    recorded_by: str | None
+    updated_at: datetime
+
+
+async def record_periodic(conn: Connection, record: ScheduleRecord, *, advance: bool) -> None:
+    """Record the schedule; with ``advance``, its last slot too (the row is locked by
+    :func:`lock_periodic` in the same transaction)."""
+    if advance:
+        await conn.execute(
+            sql.PERIODIC_UPSERT, record.name, record.last_slot, record.task, record.queue,
+            record.schedule, record.next_slot, record.recorded_by,
+        )  # fmt: skip
+    else:
+        await conn.execute(
+            sql.PERIODIC_DESCRIBE, record.name, record.task, record.queue, record.schedule,
+            record.next_slot, record.recorded_by,
+        )  # fmt: skip
+
+
+async def list_periodic(db: Db) -> list[ScheduleRecord]:
+    """Every recorded periodic schedule."""
+    return [
+        ScheduleRecord(
+            r["name"],
+            r["task"],
+            r["queue"],
+            r["schedule"],
+            r["last_slot"],
+            r["next_slot"],
+            r["recorded_by"],
+            r["updated_at"],
+        )
+        for r in await db.fetch(sql.LIST_PERIODIC)
+    ]

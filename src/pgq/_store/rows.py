@@ -38,4 +38,5 @@ def job_from_row(row: RowLike) -> Job:
         result=_serde.loads(row["result"]),
         unique_key=row["unique_key"],
         attempt_token=row["attempt_token"],
+        attempted_by=row["attempted_by"],
     )

@@ -39,7 +39,7 @@ JOB_COLUMNS: Final = """
        LEAST(GREATEST(finalized_at, '0001-01-02Z'), '9999-12-30Z') AS finalized_at,
        LEAST(GREATEST(created_at, '0001-01-02Z'), '9999-12-30Z') AS created_at,
        producer_id, errors::text AS errors, tags, metadata::text AS metadata,
-       result::text AS result, unique_key, attempt_token
+       result::text AS result, unique_key, attempt_token, attempted_by
 """
 
 # --------------------------------------------------------------------------- schema check
@@ -218,7 +218,7 @@ WITH locked AS (
 )
 UPDATE pgq_jobs j
 SET state = 'running', attempt = j.attempt + 1, attempted_at = now(), producer_id = $4,
-    attempt_token = gen_random_uuid(),
+    attempt_token = gen_random_uuid(), attempted_by = $7,
     deadline_at = now() + make_interval(
         secs => ($5::float8[])[array_position($2::text[], j.task)]),
     max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
@@ -255,7 +255,9 @@ WITH u AS (
         attempt = j.attempt + u.attempt_delta,
         errors = j.errors
             || CASE WHEN u.error IS NULL THEN '[]'::jsonb
-                    ELSE jsonb_build_array(u.error::jsonb || jsonb_build_object('at', now()))
+                    ELSE jsonb_build_array(u.error::jsonb || jsonb_build_object(
+                             'at', now(), 'producer_id', j.producer_id,
+                             'worker_name', j.attempted_by))
                END
             || CASE WHEN j.cancel_requested_at IS NOT NULL
                          AND u.state IN ('retryable', 'available')
@@ -321,7 +323,8 @@ WITH upd AS (
         finalized_at = CASE WHEN j.cancel_requested_at IS NOT NULL
                                  OR j.attempt >= j.max_attempts THEN now() END,
         scheduled_at = now() + make_interval(secs => least(3600, 2 ^ greatest(j.attempt - 1, 0))),
-        errors = j.errors || jsonb_build_array($3::jsonb || jsonb_build_object('at', now())),
+        errors = j.errors || jsonb_build_array($3::jsonb || jsonb_build_object(
+            'at', now(), 'producer_id', j.producer_id, 'worker_name', j.attempted_by)),
         result = NULL,
         deadline_at = NULL
     WHERE j.id = $1 AND j.attempt_token = $2 AND j.state = 'running'
@@ -354,7 +357,9 @@ WITH upd AS (
         attempt = j.attempt + $8::int,
         errors = j.errors
             || CASE WHEN $6::text IS NULL THEN '[]'::jsonb
-                    ELSE jsonb_build_array($6::jsonb || jsonb_build_object('at', now())) END,
+                    ELSE jsonb_build_array($6::jsonb || jsonb_build_object(
+                             'at', now(), 'producer_id', j.producer_id,
+                             'worker_name', j.attempted_by)) END,
         result = $7::jsonb,
         deadline_at = NULL,
         attempt_token = $3::uuid
@@ -565,6 +570,7 @@ SET state = (CASE WHEN c.cancel THEN 'cancelled'
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', c.attempt,
         'kind', 'rescued',
+        'reason', c.reason,
         'message', format('rescued: %s (producer %s, worker %s, silent for %ss)%s', c.reason,
                           c.producer_id, COALESCE(c.worker_name, 'unknown'),
                           round(c.silent_s::numeric, 1),
@@ -622,8 +628,24 @@ DELETE FROM pgq_jobs j USING old WHERE j.id = old.id
 PERIODIC_LOCK: Final = "SELECT last_slot FROM pgq_periodic WHERE name = $1 FOR UPDATE"
 
 PERIODIC_UPSERT: Final = """
-INSERT INTO pgq_periodic (name, last_slot) VALUES ($1, $2)
-ON CONFLICT (name) DO UPDATE SET last_slot = EXCLUDED.last_slot, updated_at = now()
+INSERT INTO pgq_periodic (name, last_slot, task, queue, schedule, next_slot, recorded_by)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (name) DO UPDATE
+SET last_slot = EXCLUDED.last_slot, updated_at = now(), task = EXCLUDED.task,
+    queue = EXCLUDED.queue, schedule = EXCLUDED.schedule, next_slot = EXCLUDED.next_slot,
+    recorded_by = EXCLUDED.recorded_by
+"""
+
+# What a schedule is, refreshed without moving its last slot (another leader moved it).
+PERIODIC_DESCRIBE: Final = """
+UPDATE pgq_periodic
+SET task = $2, queue = $3, schedule = $4, next_slot = $5, recorded_by = $6
+WHERE name = $1
+"""
+
+LIST_PERIODIC: Final = """
+SELECT name, task, queue, schedule, last_slot, next_slot, recorded_by, updated_at
+FROM pgq_periodic ORDER BY name
 """
 
 # --------------------------------------------------------------------------- reads

@@ -49,11 +49,13 @@ class Producer:
         poll_interval: float,
         fence_after_s: float,
         hooks: Hooks | None = None,
+        worker_name: str = "",
     ) -> None:
         #: The producer's row id. Liveness alone changes it (re-registration).
         self.id = uuid.uuid4()
         self.queue = queue
         self.concurrency = concurrency
+        self._worker_name = worker_name
         self.health = ProducerHealth(queue, fence_after_s)
         self.health.on_healthy = self.wake
         self._batch_max = max(1, (concurrency + 1) // 2)
@@ -207,7 +209,7 @@ class Producer:
             # Shielded: a claim cut off between the server's commit and our reading of the
             # rows would leave jobs running that nobody runs (until rescued).
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
-                jobs = await claims.claim(self._pool, self.plan, self.id, limit)
+                jobs = await claims.claim(self._pool, self.plan, self.id, self._worker_name, limit)
         finally:
             self.fetching = False
         self.fetches += 1

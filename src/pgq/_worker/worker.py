@@ -239,6 +239,7 @@ class Worker:
                 poll_interval=s.poll_interval,
                 fence_after_s=s.fencing_bound,
                 hooks=self.app.hooks,
+                worker_name=self.name,
             )
             for queue, n in self._queues.items()
         ]
@@ -258,7 +259,12 @@ class Worker:
         periodic = None
         if self.app.schedules:
             periodic = Periodic(
-                pool, self.app, self.id, interval_s=s.schedule_interval, term=lambda: elector.terms
+                pool,
+                self.app,
+                self.id,
+                interval_s=s.schedule_interval,
+                term=lambda: elector.terms,
+                worker_name=self.name,
             )
         services: list[LeaderService] = [Promoter(pool, s.schedule_interval)]
         services += [periodic] if periodic else []

@@ -42,10 +42,12 @@ class Periodic:
         *,
         interval_s: float,
         term: Callable[[], int],
+        worker_name: str = "",
     ) -> None:
         self._pool = pool
         self._app = app
         self._worker_id = worker_id
+        self._worker_name = worker_name
         self._client = Client(pool=pool, app=app, check_schema=False)
         self._last: dict[str, datetime] = {}
         self._term = 0
@@ -85,8 +87,17 @@ class Periodic:
             last = await maintenance.lock_periodic(conn, schedule.name)
             if last is not None and slot > last:
                 await self._enqueue(schedule, slot.isoformat(), conn)
-            if last is None or slot > last:
-                await maintenance.record_periodic(conn, schedule.name, slot)
+            record = maintenance.ScheduleRecord(
+                schedule.name,
+                schedule.task.name,
+                schedule.queue or schedule.task.queue,
+                schedule.when.describe(),
+                slot,
+                schedule.when.following(slot),
+                self._worker_name,
+                slot,
+            )
+            await maintenance.record_periodic(conn, record, advance=last is None or slot > last)
         self._last[schedule.name] = slot
 
     async def _enqueue(self, schedule: Schedule, slot_id: str, conn: Connection | None) -> None:

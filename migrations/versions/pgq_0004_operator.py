@@ -1,5 +1,6 @@
-"""What the operator surface shows: the worker that ran each attempt, and the leader's
-periodic schedules, recorded so a dashboard without the App can show them.
+"""What the operator surface shows: the worker that ran each attempt, each producer's
+liveness bounds, and the leader's periodic schedules, recorded so a dashboard without the
+App can show them.
 
 Revision ID: pgq_0004
 Revises: pgq_0003
@@ -30,9 +31,13 @@ def upgrade() -> None:
         "pgq_periodic", sa.Column("next_slot", postgresql.TIMESTAMP(timezone=True), nullable=True)
     )
     op.add_column("pgq_periodic", sa.Column("recorded_by", sa.Text(), nullable=True))
+    op.add_column("pgq_producers", sa.Column("fence_after_s", sa.Float(), nullable=True))
+    op.add_column("pgq_producers", sa.Column("stale_after_s", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column("pgq_producers", "stale_after_s")
+    op.drop_column("pgq_producers", "fence_after_s")
     op.drop_column("pgq_periodic", "recorded_by")
     op.drop_column("pgq_periodic", "next_slot")
     op.drop_column("pgq_periodic", "schedule")

@@ -13,6 +13,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     Enum,
+    Float,
     Identity,
     Index,
     Integer,
@@ -173,6 +174,9 @@ producers = Table(
     Column("completed", BigInteger, nullable=False, server_default="0"),
     Column("failed", BigInteger, nullable=False, server_default="0"),
     Column("rejected_outcomes", BigInteger, nullable=False, server_default="0"),
+    # The worker's own liveness bounds, so an operator can tell fenced from stale.
+    Column("fence_after_s", Float),
+    Column("stale_after_s", Float),
 )
 
 # One row per election (only "default" is used): who leads and until when, on the db clock.

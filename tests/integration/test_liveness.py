@@ -526,11 +526,11 @@ async def test_pgq_producers_lists_status_and_leader(dsn: str, conn: Conn, pytho
     text = table.stdout.decode()
     assert "leader: live:1" in text and "live:1 *" in text
     rows = {line.split()[0]: line.split() for line in text.splitlines()[2:-1]}
-    assert rows["live:1"][3] == "alive" and rows["ghost:9"][2] == "stale"
+    assert rows["live:1"][3] == "healthy" and rows["ghost:9"][2] == "stale"
     data = json.loads(raw.stdout)
     assert data["leader"]["worker_name"] == "live:1"
     by_name = {p["worker_name"]: p for p in data["producers"]}
-    assert by_name["live:1"]["leader"] and by_name["live:1"]["status"] == "alive"
+    assert by_name["live:1"]["leader"] and by_name["live:1"]["status"] == "healthy"
     assert by_name["ghost:9"]["status"] == "stale" and by_name["ghost:9"]["heartbeat_age_s"] >= 3600
 
 

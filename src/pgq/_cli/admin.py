@@ -105,9 +105,7 @@ async def producers(args: argparse.Namespace) -> int:
             "producer_id": str(r.id),
             "worker_name": r.worker_name,
             "queue": r.queue,
-            "status": "stale"
-            if r.heartbeat_age_s > stale_after
-            else ("alive" if r.healthy else "unhealthy"),
+            "status": r.status(args.stale_after, stale_after),
             "heartbeat_age_s": round(r.heartbeat_age_s, 1),
             "leader": r.is_leader,
             "running": r.running,

@@ -20,8 +20,22 @@ class ProducerRow:
     concurrency: int
 
 
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """A worker's liveness bounds, recorded with its producers: past ``fence_after_s``
+    without a heartbeat a live producer has stopped claiming; past ``stale_after_s`` the
+    leader rescues its jobs."""
+
+    fence_after_s: float
+    stale_after_s: float
+
+
 async def register(
-    db: Db, worker_id: uuid.UUID, worker_name: str, producers: Sequence[ProducerRow]
+    db: Db,
+    worker_id: uuid.UUID,
+    worker_name: str,
+    producers: Sequence[ProducerRow],
+    bounds: Bounds,
 ) -> None:
     """Register a worker's producers, all in one statement."""
     await db.execute(
@@ -31,6 +45,8 @@ async def register(
         worker_name,
         [p.queue for p in producers],
         [p.concurrency for p in producers],
+        bounds.fence_after_s,
+        bounds.stale_after_s,
     )
 
 
@@ -72,6 +88,7 @@ async def reregister(
     queue: str,
     concurrency: int,
     running: list[int],
+    bounds: Bounds,
 ) -> list[int]:
     """Register ``beat.id`` in place of ``old_id`` (whose row is gone) and adopt those of
     ``running`` still running under the old id; returns the adopted job ids."""
@@ -88,6 +105,8 @@ async def reregister(
         beat.failed,
         beat.rejected_outcomes,
         running,
+        bounds.fence_after_s,
+        bounds.stale_after_s,
     )
     return [r["id"] for r in rows]
 
@@ -122,6 +141,21 @@ class ProducerInfo:
     failed: int
     rejected_outcomes: int
     is_leader: bool
+    fence_after_s: float | None = None
+    stale_after_s: float | None = None
+
+    def status(self, stale_after_s: float | None, default_stale_after_s: float) -> str:
+        """``healthy``, ``fenced`` (it has stopped claiming: it said so, or its heartbeat is
+        older than its fencing bound) or ``stale`` (older than ``stale_after_s`` when given,
+        else the worker's recorded bound, else ``default_stale_after_s``: the leader rescues
+        its jobs)."""
+        stale = stale_after_s or self.stale_after_s or default_stale_after_s
+        if self.heartbeat_age_s > stale:
+            return "stale"
+        fence = self.fence_after_s
+        if not self.healthy or (fence is not None and self.heartbeat_age_s > fence):
+            return "fenced"
+        return "healthy"
 
 
 async def list_producers(db: Db) -> list[ProducerInfo]:
@@ -143,6 +177,8 @@ async def list_producers(db: Db) -> list[ProducerInfo]:
             failed=r["failed"],
             rejected_outcomes=r["rejected_outcomes"],
             is_leader=r["is_leader"],
+            fence_after_s=r["fence_after_s"],
+            stale_after_s=r["stale_after_s"],
         )
         for r in await db.fetch(sql.LIST_PRODUCERS)
     ]

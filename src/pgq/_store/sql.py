@@ -414,8 +414,9 @@ WHERE id = ANY($1::bigint[]) AND state = 'running' AND cancel_requested_at IS NO
 # --------------------------------------------------------------------------- producers
 
 REGISTER_PRODUCERS: Final = """
-INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency)
-SELECT u.id, $2, $3, u.queue, u.concurrency
+INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, fence_after_s,
+                           stale_after_s)
+SELECT u.id, $2, $3, u.queue, u.concurrency, $6, $7
 FROM unnest($1::uuid[], $4::text[], $5::int[]) AS u(id, queue, concurrency)
 """
 
@@ -438,8 +439,9 @@ RETURNING p.id
 REREGISTER_PRODUCER: Final = """
 WITH ins AS (
     INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, claimed,
-                               completed, failed, rejected_outcomes)
-    VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10)
+                               completed, failed, rejected_outcomes, fence_after_s,
+                               stale_after_s)
+    VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, $12, $13)
     RETURNING id
 )
 UPDATE pgq_jobs SET producer_id = (SELECT id FROM ins)
@@ -453,7 +455,7 @@ LIST_PRODUCERS: Final = """
 SELECT p.id, p.worker_name, p.queue, p.started_at, p.heartbeat_at,
        extract(epoch FROM now() - p.heartbeat_at)::float8 AS heartbeat_age_s,
        p.concurrency, p.running, p.healthy, p.claimed, p.completed, p.failed,
-       p.rejected_outcomes,
+       p.rejected_outcomes, p.fence_after_s, p.stale_after_s,
        (l.leader_id IS NOT NULL) AS is_leader, p.worker_id
 FROM pgq_producers p
 LEFT JOIN pgq_leader l ON l.name = 'default' AND l.leader_id = p.worker_id

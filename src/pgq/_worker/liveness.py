@@ -144,6 +144,7 @@ class Heartbeater:
     ) -> None:
         self._dsn = dsn
         self._producers = producers
+        self._bounds = store.Bounds(settings.fencing_bound, settings.stale_after)
         self._interval_s = settings.heartbeat_interval
         self._timeout_s = settings.heartbeat_timeout
         self._max_failures = settings.max_heartbeat_failures
@@ -214,6 +215,7 @@ class Heartbeater:
             queue=producer.queue,
             concurrency=producer.concurrency,
             running=running,
+            bounds=self._bounds,
         )
         # Only the id changes: outcomes are fenced on each attempt's own token, which
         # adoption leaves alone, so nothing pending needs rewriting.

@@ -281,7 +281,8 @@ class Worker:
     ) -> None:
         self._started_at = anyio.current_time()
         rows = [ProducerRow(p.id, p.queue, p.concurrency) for p in parts.producers]
-        await store_producers.register(pool, self.id, self.name, rows)
+        bounds = store_producers.Bounds(self.settings.fencing_bound, self.settings.stale_after)
+        await store_producers.register(pool, self.id, self.name, rows, bounds)
         try:
             async with anyio.create_task_group() as tg:
                 await self._start_services(tg, parts)

@@ -40,6 +40,9 @@ async def test_enqueue_returns_the_stored_job(client: pgq.Client) -> None:
     assert stored.tags == ["t1", "t2"]
     assert stored.metadata == {"trace": "x"}
     assert stored.errors == [] and stored.result is None
+    # Never attempted, not finished: no dates for them (not the lowest date a read allows).
+    assert stored.attempted_at is None and stored.finalized_at is None
+    assert stored.created_at is not None and stored.scheduled_at is not None
 
 
 async def test_delay_and_run_at_schedule_the_job(client: pgq.Client) -> None:

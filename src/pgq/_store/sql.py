@@ -30,14 +30,19 @@ _DEFAULT_MAX_ATTEMPTS = str(int(DEFAULT_MAX_ATTEMPTS))
 
 # A whole job, as every read returns it. Timestamps are read within the years Python can
 # hold (1 to 9999): PostgreSQL keeps dates far beyond them, and one such row (written by hand,
-# or by an older pgq) must not make a listing fail.
+# or by an older pgq) must not make a listing fail. NULL stays NULL (GREATEST and LEAST
+# would skip it and return the bound).
 JOB_COLUMNS: Final = """
        id, queue, task, args::text AS args, state::text AS state, priority, attempt,
        max_attempts,
-       LEAST(GREATEST(scheduled_at, '0001-01-02Z'), '9999-12-30Z') AS scheduled_at,
-       LEAST(GREATEST(attempted_at, '0001-01-02Z'), '9999-12-30Z') AS attempted_at,
-       LEAST(GREATEST(finalized_at, '0001-01-02Z'), '9999-12-30Z') AS finalized_at,
-       LEAST(GREATEST(created_at, '0001-01-02Z'), '9999-12-30Z') AS created_at,
+       CASE WHEN scheduled_at IS NOT NULL
+            THEN LEAST(GREATEST(scheduled_at, '0001-01-02Z'), '9999-12-30Z') END AS scheduled_at,
+       CASE WHEN attempted_at IS NOT NULL
+            THEN LEAST(GREATEST(attempted_at, '0001-01-02Z'), '9999-12-30Z') END AS attempted_at,
+       CASE WHEN finalized_at IS NOT NULL
+            THEN LEAST(GREATEST(finalized_at, '0001-01-02Z'), '9999-12-30Z') END AS finalized_at,
+       CASE WHEN created_at IS NOT NULL
+            THEN LEAST(GREATEST(created_at, '0001-01-02Z'), '9999-12-30Z') END AS created_at,
        producer_id, errors::text AS errors, tags, metadata::text AS metadata,
        result::text AS result, unique_key, attempt_token, attempted_by
 """
@@ -256,8 +261,8 @@ WITH u AS (
         errors = j.errors
             || CASE WHEN u.error IS NULL THEN '[]'::jsonb
                     ELSE jsonb_build_array(u.error::jsonb || jsonb_build_object(
-                             'at', now(), 'producer_id', j.producer_id,
-                             'worker_name', j.attempted_by))
+                             'at', now(), 'started_at', j.attempted_at,
+                             'producer_id', j.producer_id, 'worker_name', j.attempted_by))
                END
             || CASE WHEN j.cancel_requested_at IS NOT NULL
                          AND u.state IN ('retryable', 'available')
@@ -324,7 +329,8 @@ WITH upd AS (
                                  OR j.attempt >= j.max_attempts THEN now() END,
         scheduled_at = now() + make_interval(secs => least(3600, 2 ^ greatest(j.attempt - 1, 0))),
         errors = j.errors || jsonb_build_array($3::jsonb || jsonb_build_object(
-            'at', now(), 'producer_id', j.producer_id, 'worker_name', j.attempted_by)),
+            'at', now(), 'started_at', j.attempted_at, 'producer_id', j.producer_id,
+            'worker_name', j.attempted_by)),
         result = NULL,
         deadline_at = NULL
     WHERE j.id = $1 AND j.attempt_token = $2 AND j.state = 'running'
@@ -358,8 +364,8 @@ WITH upd AS (
         errors = j.errors
             || CASE WHEN $6::text IS NULL THEN '[]'::jsonb
                     ELSE jsonb_build_array($6::jsonb || jsonb_build_object(
-                             'at', now(), 'producer_id', j.producer_id,
-                             'worker_name', j.attempted_by)) END,
+                             'at', now(), 'started_at', j.attempted_at,
+                             'producer_id', j.producer_id, 'worker_name', j.attempted_by)) END,
         result = $7::jsonb,
         deadline_at = NULL,
         attempt_token = $3::uuid
@@ -544,6 +550,7 @@ WITH lease AS (
     + _DEFAULT_MAX_ATTEMPTS
     + """) AS max_attempts,
            j.producer_id, p.worker_name, j.cancel_requested_at IS NOT NULL AS cancel,
+           j.attempted_at,
            CASE WHEN p.id IS NULL THEN 'producer row missing'
                 WHEN p.heartbeat_at < now() - make_interval(secs => $2) THEN 'producer stale'
                 ELSE 'job overran its timeout' END AS reason,
@@ -581,6 +588,7 @@ SET state = (CASE WHEN c.cancel THEN 'cancelled'
         'worker_name', c.worker_name,
         'silent_s', round(c.silent_s::numeric, 3),
         'traceback', NULL,
+        'started_at', c.attempted_at,
         'at', now())),
     metadata = jsonb_set(j.metadata, '{pgq_rescues}',
                          to_jsonb(COALESCE((j.metadata ->> 'pgq_rescues')::int, 0) + 1))
@@ -849,3 +857,164 @@ SELECT name, pg_notify("""
     + """, name)::text AS notified FROM up
 """
 )
+
+# --------------------------------------------------------------------------- operator reads
+
+# The filter of the dashboard's job listings and bulk actions: $1 states, $2 queue, $3 task,
+# $4 a tag, $5 JSON text of an object the args must contain, $6 an id (each NULL: any). A
+# statement that uses it takes its own parameters from $7 on.
+_JOB_FILTER = """
+    ($1::pgq_job_state[] IS NULL OR state = ANY($1::pgq_job_state[]))
+    AND ($2::text IS NULL OR queue = $2)
+    AND ($3::text IS NULL OR task = $3)
+    AND ($4::text IS NULL OR tags @> ARRAY[$4::text])
+    AND ($5::jsonb IS NULL OR args @> $5::jsonb)
+    AND ($6::bigint IS NULL OR id = $6)
+"""
+
+# The lowest and highest job id (two probes of the primary key).
+JOB_ID_BOUNDS: Final = "SELECT min(id) AS low, max(id) AS high FROM pgq_jobs"
+
+# One page of a listing, newest first, among ids in [$8, $7): a bounded slice of the primary
+# key, so a filter that matches few jobs of a large table still answers in bounded time (the
+# page then offers to search the next slice). No index beyond the primary key is needed.
+JOBS_PAGE: Final = (
+    """
+SELECT """
+    + JOB_COLUMNS
+    + """
+FROM pgq_jobs
+WHERE id < $7 AND id >= $8 AND """
+    + _JOB_FILTER
+    + """
+ORDER BY id DESC
+LIMIT $9
+"""
+)
+
+# How many jobs match, among ids up to $7 (a bulk action shows it before it acts).
+COUNT_MATCHING: Final = (
+    """
+SELECT count(*)::bigint AS n FROM pgq_jobs WHERE id <= $7 AND """
+    + _JOB_FILTER
+)
+
+# The next $9 matching ids above $8, up to $7: a bulk action walks the matches in batches.
+MATCHING_BATCH: Final = (
+    """
+SELECT id FROM pgq_jobs
+WHERE id > $8 AND id <= $7 AND """
+    + _JOB_FILTER
+    + """
+ORDER BY id
+LIMIT $9
+"""
+)
+
+# Delete jobs that are not running (cancel a running job first); wakes anyone waiting on
+# them, who then finds them gone.
+DELETE_JOBS: Final = (
+    """
+WITH del AS (
+    DELETE FROM pgq_jobs WHERE id = ANY($1::bigint[]) AND state <> 'running' RETURNING id
+)
+SELECT id, pg_notify("""
+    + _DONE
+    + """, id::text)::text AS notified FROM del
+"""
+)
+
+# Limits the statements of the current transaction to $1 milliseconds.
+LOCAL_STATEMENT_TIMEOUT: Final = "SELECT set_config('statement_timeout', $1::text, true)"
+
+# Jobs by queue in the states that are not final: each branch matches a partial index of
+# the claim, the scheduler or the rescuer, so this stays cheap on a table of finished jobs.
+ACTIVE_BY_QUEUE: Final = """
+SELECT queue, 'available' AS state, count(*)::bigint AS n
+FROM pgq_jobs WHERE state = 'available' GROUP BY queue
+UNION ALL
+SELECT queue, state::text, count(*)::bigint
+FROM pgq_jobs WHERE state IN ('scheduled', 'retryable') GROUP BY queue, state
+UNION ALL
+SELECT queue, 'running', count(*)::bigint
+FROM pgq_jobs WHERE state = 'running' GROUP BY queue
+"""
+
+# The planner's estimate of jobs per state (table rows times the state's frequency in the
+# last ANALYZE): what a dashboard shows when counting exactly would take too long.
+STATE_ESTIMATES: Final = """
+SELECT v.state, (v.freq * greatest(c.reltuples, 0))::bigint AS n
+FROM pg_class c
+JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = c.relname
+                AND s.attname = 'state'
+CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
+    AS v(state, freq)
+WHERE c.oid = to_regclass('pgq_jobs')
+"""
+
+# Finished jobs per minute and queue over the last $1 minutes (complete minutes only), from
+# the leader's rollup.
+THROUGHPUT: Final = """
+SELECT minute, queue, completed, discarded, cancelled
+FROM pgq_throughput
+WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1)
+  AND minute < date_trunc('minute', now())
+ORDER BY minute, queue
+"""
+
+# The current minute on the database clock (the chart's right edge).
+CURRENT_MINUTE: Final = "SELECT date_trunc('minute', now()) AS minute"
+
+# --------------------------------------------------------------------------- throughput rollup
+
+# Count the jobs finished in each complete minute of the last $1 minutes into the rollup,
+# by range scans of the finalized index. A minute is counted again on the next rounds
+# (an outcome committed late is finalized in the minute its transaction began); counts only
+# grow, so retention deleting the jobs later never lowers them.
+THROUGHPUT_ROLLUP: Final = (
+    """
+INSERT INTO pgq_throughput AS t (minute, queue, completed, discarded, cancelled)
+SELECT date_trunc('minute', finalized_at), queue,
+       count(*) FILTER (WHERE state = 'completed'),
+       count(*) FILTER (WHERE state = 'discarded'),
+       count(*) FILTER (WHERE state = 'cancelled')
+FROM pgq_jobs
+WHERE state IN """
+    + _FINAL
+    + """
+  AND finalized_at >= date_trunc('minute', now()) - make_interval(mins => $1)
+  AND finalized_at < date_trunc('minute', now())
+GROUP BY 1, 2
+ON CONFLICT (minute, queue) DO UPDATE
+SET completed = greatest(t.completed, EXCLUDED.completed),
+    discarded = greatest(t.discarded, EXCLUDED.discarded),
+    cancelled = greatest(t.cancelled, EXCLUDED.cancelled)
+"""
+)
+
+# The rollup keeps $1 seconds of minutes.
+THROUGHPUT_TRIM: Final = """
+DELETE FROM pgq_throughput WHERE minute < now() - make_interval(secs => $1)
+"""
+
+# Plans each statement of the current transaction for its parameters: the listing filters'
+# "$n IS NULL OR ..." would get a poor generic plan after five runs of a prepared statement.
+LOCAL_CUSTOM_PLANS: Final = "SELECT set_config('plan_cache_mode', 'force_custom_plan', true)"
+
+# The age of each queue's oldest available job (an index-only scan of the claim's index).
+OLDEST_AVAILABLE: Final = """
+SELECT queue, extract(epoch FROM now() - min(scheduled_at))::float8 AS age_s
+FROM pgq_jobs WHERE state = 'available' GROUP BY queue
+"""
+
+# Queues with a setting (paused or not).
+QUEUE_SETTINGS: Final = "SELECT name, paused_at FROM pgq_queues ORDER BY name"
+
+# Running jobs per producer id, as the jobs table has them (the rescuer's index); a producer
+# id with no row left is a worker whose jobs wait for a rescue.
+RUNNING_BY_PRODUCER: Final = """
+SELECT j.producer_id, count(*)::bigint AS n, (p.id IS NULL) AS orphaned
+FROM pgq_jobs j LEFT JOIN pgq_producers p ON p.id = j.producer_id
+WHERE j.state = 'running'
+GROUP BY j.producer_id, p.id
+"""

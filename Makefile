@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded test-all lint typecheck check bench clean
+.PHONY: help demo test test-embedded test-all lint typecheck check bench clean chromium screenshots
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -19,10 +19,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP) ## run a worker on a few hundred demo jobs (embedded Postgres unless PGQ_DSN is set)
 	$(BIN)/python docs/examples/demo.py
 
-test: $(STAMP) lint ## lint, type-check and run the whole suite against real Postgres
+test: $(STAMP) lint chromium ## lint, type-check and run the whole suite against real Postgres
 	PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest
 
-test-embedded: $(STAMP) ## the suite against the embedded server, as on a machine without PostgreSQL
+test-embedded: $(STAMP) chromium ## the suite against the embedded server, as on a machine without PostgreSQL
 	PGQ_TEST_EMBEDDED=1 PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest
 
 PYTHONS ?= 3.11 3.12 3.13
@@ -46,6 +46,16 @@ test-all: ## the suite on every Python in PYTHONS that this machine has (each in
 	echo "passed:$${passed:- none}"; echo "failed:$${failed:- none}"; echo "missing:$${missing:- none}"; \
 	[ -z "$$failed" ]
 
+# The dashboard's browser tests drive Debian's chromium; installed here when missing (as root).
+chromium: ## make sure chromium is installed (for the dashboard's browser tests)
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium for the dashboard's browser tests"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q chromium >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
+	  else echo "the dashboard's browser tests need chromium: sudo apt-get install chromium" >&2; exit 1; fi; }
+
 lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff check src tests benchmarks docs/examples migrations
 	$(BIN)/ruff format --check src tests benchmarks docs/examples migrations
@@ -61,6 +71,11 @@ $(BENCH_STAMP): pyproject.toml benchmarks/requirements.txt
 
 bench: $(BENCH_STAMP) ## measure pgq beside its peers in their own venv (see docs/performance.md)
 	benchmarks/.venv/bin/python benchmarks/run.py
+
+SCREENSHOT_DSN ?= postgresql://postgres@127.0.0.1:5432/pgq_screenshots
+
+screenshots: $(STAMP) chromium ## retake docs/dashboard/*.png (4 minutes of real traffic first)
+	$(BIN)/python -m tests.dashboard.screenshots $(SCREENSHOT_DSN) docs/dashboard
 
 clean: ## remove the virtual environment and embedded server data
 	rm -rf $(VENV) .venv-3.* .pgq-embedded

@@ -1,6 +1,6 @@
 """What the operator surface shows: the worker that ran each attempt, each producer's
-liveness bounds, and the leader's periodic schedules, recorded so a dashboard without the
-App can show them.
+liveness bounds, the leader's periodic schedules, and finished jobs per minute, recorded so
+a dashboard without the App can show them.
 
 Revision ID: pgq_0004
 Revises: pgq_0003
@@ -33,9 +33,19 @@ def upgrade() -> None:
     op.add_column("pgq_periodic", sa.Column("recorded_by", sa.Text(), nullable=True))
     op.add_column("pgq_producers", sa.Column("fence_after_s", sa.Float(), nullable=True))
     op.add_column("pgq_producers", sa.Column("stale_after_s", sa.Float(), nullable=True))
+    op.create_table(
+        "pgq_throughput",
+        sa.Column("minute", postgresql.TIMESTAMP(timezone=True), nullable=False),
+        sa.Column("queue", sa.Text(), nullable=False),
+        sa.Column("completed", sa.BigInteger(), server_default="0", nullable=False),
+        sa.Column("discarded", sa.BigInteger(), server_default="0", nullable=False),
+        sa.Column("cancelled", sa.BigInteger(), server_default="0", nullable=False),
+        sa.PrimaryKeyConstraint("minute", "queue", name=op.f("pgq_throughput_pkey")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("pgq_throughput")
     op.drop_column("pgq_producers", "stale_after_s")
     op.drop_column("pgq_producers", "fence_after_s")
     op.drop_column("pgq_periodic", "recorded_by")

@@ -44,6 +44,19 @@ class Hooks:
         self.middleware: list[Middleware] = []
         self.handlers: dict[EventName, list[Hook]] = {name: [] for name in EVENTS}
 
+    def joined(
+        self,
+        handlers: dict[EventName, list[Hook]] | None = None,
+        middleware: list[Middleware] | None = None,
+    ) -> Hooks:
+        """These hooks with pgq's own added (a worker's metrics, job log, tracing): the
+        added handlers run first, the added middleware outermost."""
+        joined = Hooks()
+        joined.middleware = [*(middleware or []), *self.middleware]
+        for name in EVENTS:
+            joined.handlers[name] = [*(handlers or {}).get(name, []), *self.handlers[name]]
+        return joined
+
     def __bool__(self) -> bool:
         return bool(self.middleware) or any(self.handlers.values())
 

@@ -21,9 +21,12 @@ from pgq._store.jobs import NewJob
 from pgq._store.listen import DoneWaiters
 from pgq._store.queues import QueueInfo, QueueStats
 from pgq._store.revision import check_schema
+from pgq._tracing import require as require_tracing
+from pgq._tracing import send_span, sent
 from pgq.app import App, JobSpec, Task, check_queue_name
 from pgq.errors import ConfigError, SerializationError
 from pgq.job import Job, JobState, R
+from pgq.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -41,6 +44,9 @@ class Client:
     max_attempts as defaults; without it, any valid task name is accepted. Every method that
     writes takes ``connection=``: an asyncpg connection, or a SQLAlchemy ``AsyncConnection``
     / ``AsyncSession``, whose transaction the write then joins.
+
+    With ``tracing=True`` (default: ``PGQ_TRACING``; needs the ``otel`` extra) each enqueue
+    is an OpenTelemetry span whose context the jobs carry, so their attempts continue it.
     """
 
     def __init__(
@@ -50,8 +56,12 @@ class Client:
         pool: Pool | None = None,
         app: App | None = None,
         check_schema: bool = True,
+        tracing: bool | None = None,
     ) -> None:
         self._dsn = resolve_dsn(dsn) if pool is None else None
+        self._tracing = WorkerSettings.from_env("tracing") if tracing is None else tracing
+        if self._tracing:
+            require_tracing()
         self._pool = pool
         self._owns_pool = pool is None
         self._app = app
@@ -187,6 +197,14 @@ class Client:
         rows = [prepare(i, spec, app) for i, spec in enumerate(specs)]
         if not rows:
             return []
+        if self._tracing:
+            with send_span(rows) as span:
+                jobs = await self._insert(rows, connection)
+                sent(span, [j.id for j in jobs])
+                return jobs
+        return await self._insert(rows, connection)
+
+    async def _insert(self, rows: list[NewJob], connection: AnyConnection | None) -> list[Job[Any]]:
         try:
             if connection is not None:
                 return await store_jobs.insert(await caller_connection(connection), rows)

@@ -190,6 +190,18 @@ leader = Table(
     Column("expires_at", TSTZ, nullable=False),
 )
 
+# Finished jobs per minute and queue, counted by the leader from the jobs it can still see
+# (a rollup: the dashboard's throughput chart reads 60 rows, not an hour of jobs).
+throughput = Table(
+    "pgq_throughput",
+    metadata,
+    Column("minute", TSTZ, primary_key=True),
+    Column("queue", Text, primary_key=True),
+    Column("completed", BigInteger, nullable=False, server_default="0"),
+    Column("discarded", BigInteger, nullable=False, server_default="0"),
+    Column("cancelled", BigInteger, nullable=False, server_default="0"),
+)
+
 queues = Table(
     "pgq_queues",
     metadata,

@@ -69,6 +69,22 @@ class WorkerSettings:
     reap_after: float = _setting(
         300.0, "seconds without a heartbeat after which a producer row is deleted"
     )
+    log_jobs: bool = _setting(
+        False, "log every job's outcome at INFO, successes too (failures are always logged)",
+        minimum=None,
+    )  # fmt: skip
+    metrics: bool = _setting(
+        True, "Prometheus metrics at /metrics on the health port (needs the metrics extra)",
+        minimum=None,
+    )  # fmt: skip
+    queue_metrics: bool = _setting(
+        False, "also export the queue gauges from this worker (one worker, or the dashboard)",
+        minimum=None,
+    )  # fmt: skip
+    tracing: bool = _setting(
+        False, "OpenTelemetry spans per attempt, continuing the enqueue's trace (otel extra)",
+        minimum=None,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -11,10 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 import pgq
 from pgq._dsn import sqlalchemy_url
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "examples"))
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+sys.path.insert(0, str(EXAMPLES))
 
-import starlette_service
-import transactional
+import starlette_service  # noqa: E402
+import transactional  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 
@@ -93,3 +94,41 @@ async def test_exactly_once_example_runs(dsn: str) -> None:
 
     recorded, final = await exactly_once.main(dsn)
     assert final == 400 and len(recorded) == 3 and recorded[-1] == 400
+
+
+async def test_under_uvicorn_the_logging_config_shows_pgqs_lines(dsn: str) -> None:
+    """docs/embedding.md: uvicorn with docs/examples/uvicorn_logging.json prints pgq's
+    INFO lines (worker start and stop) as JSON beside uvicorn's own."""
+    import json
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "uvicorn", "starlette_service:service", "--port", str(port),
+           "--log-config", str(EXAMPLES / "uvicorn_logging.json")]  # fmt: skip
+    env = {**os.environ, "PGQ_DSN": dsn, "PYTHONPATH": str(EXAMPLES)}
+    lines: list[dict[str, str]] = []
+    async with await anyio.open_process(cmd, env=env) as process:
+        assert process.stderr is not None
+        buffer = b""
+        try:
+            with anyio.fail_after(30):
+                while not any("started: emails[10]" in line.get("message", "") for line in lines):
+                    buffer += await process.stderr.receive()
+                    *complete, buffer = buffer.split(b"\n")
+                    lines += [json.loads(c) for c in complete if c.strip()]
+            process.terminate()
+            with anyio.fail_after(30):
+                async for chunk in process.stderr:
+                    buffer += chunk
+        finally:
+            if process.returncode is None:
+                process.kill()  # a failed wait must not leave uvicorn running
+    lines += [json.loads(c) for c in buffer.split(b"\n") if c.strip()]
+    loggers = {line["logger"] for line in lines}
+    assert {"pgq.worker", "uvicorn.error"} <= loggers
+    assert any(
+        line["message"].endswith("stopped") for line in lines if line["logger"] == "pgq.worker"
+    )

@@ -119,6 +119,7 @@ async def test_failures_retry_with_backoff_then_discard_keeping_every_error(
     assert done.attempted_by == worker.name
     assert {e["worker_name"] for e in done.errors} == {worker.name}
     assert {e["producer_id"] for e in done.errors} <= producer_ids
+    assert all(e["started_at"] <= e["at"] for e in done.errors)
     assert [e["attempt"] for e in done.errors] == [1, 2, 3]
     assert [e["message"] for e in done.errors] == [
         f"RuntimeError: broken on attempt {n}" for n in (1, 2, 3)

@@ -14,7 +14,10 @@ from pgq.job import FINAL_STATES, JobState
 
 SRC = Path(pgq.__file__).resolve().parent
 #: Public modules besides the package itself; every other module is an internal.
-PUBLIC_MODULES = {"app", "client", "errors", "job", "migrate", "schema", "settings", "testing"}
+PUBLIC_MODULES = {
+    "app", "client", "dashboard", "errors", "job", "logs", "migrate", "schema", "settings",
+    "testing",
+}  # fmt: skip
 
 
 def _module_name(path: Path) -> str:

@@ -19,7 +19,7 @@ def test_every_worker_setting_is_in_the_configuration_reference() -> None:
 
 def test_links_between_docs_resolve() -> None:
     for page in [*DOCS.glob("*.md"), DOCS.parent / "README.md"]:
-        for target in re.findall(r"\]\(([^)#]+\.(?:md|py))(?:#[^)]*)?\)", page.read_text()):
+        for target in re.findall(r"\]\(([^)#]+\.(?:md|py|png))(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
 
 

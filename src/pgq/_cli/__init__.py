@@ -15,15 +15,21 @@ from pgq._cli import admin, worker
 from pgq._cli.parser import build_parser
 from pgq._dsn import libpq_target, resolve_dsn
 from pgq.errors import DatabaseError, PgqError
+from pgq.logs import JsonFormatter, TextFormatter
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pgq`` console script (and of ``python -m pgq``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)-7s %(name)s: %(message)s"
-    )
+    if args.log_format not in ("text", "json"):  # from PGQ_LOG_FORMAT, which argparse trusts
+        print(
+            f"pgq: error: log format must be text or json, not {args.log_format!r}", file=sys.stderr
+        )
+        return 2
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if args.log_format == "json" else TextFormatter())
+    logging.basicConfig(level=args.log_level, handlers=[handler])
     # alembic narrates its plugin set-up at INFO; pgq prints its own one-line summary.
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
@@ -35,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(admin.enqueue, args)
         if args.command == "producers":
             return anyio.run(admin.producers, args)
+        if args.command == "dashboard":
+            from pgq._cli import dashboard  # the dashboard extra, imported only when asked
+
+            return dashboard.run(args)
         return anyio.run(admin.operate, args)
     except PgqError as exc:
         print(f"pgq: error: {_where(exc, args)}", file=sys.stderr)

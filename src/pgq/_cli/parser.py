@@ -11,6 +11,7 @@ from pgq.job import JobState
 from pgq.settings import env_name, optional_setting, parse_optional_seconds, setting_help
 
 _LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+_LOG_FORMATS = ["text", "json"]
 _DSN_HELP = (
     "PostgreSQL URL; default: PGQ_DSN, then DATABASE_URL, then the libpq variables "
     "(PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD)"
@@ -30,12 +31,20 @@ def build_parser() -> argparse.ArgumentParser:
         choices=_LOG_LEVELS,
         help="log verbosity (default: INFO, or PGQ_LOG_LEVEL)",
     )
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get("PGQ_LOG_FORMAT", "text").lower(),
+        choices=_LOG_FORMATS,
+        help="text, or json: one object per line with the job's fields (default: text, or "
+        "PGQ_LOG_FORMAT)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _migrate(sub)
     _worker(sub)
     _producers(sub)
     _stats_jobs_queues(sub)
     _enqueue(sub)
+    _dashboard(sub)
     return parser
 
 
@@ -49,6 +58,12 @@ def _command(parent: Any, name: str, help: str, *, json: bool = False) -> argpar
         default=argparse.SUPPRESS,
         choices=_LOG_LEVELS,
         help="log verbosity (as before the command)",
+    )
+    p.add_argument(
+        "--log-format",
+        default=argparse.SUPPRESS,
+        choices=_LOG_FORMATS,
+        help="text or json (as before the command)",
     )
     if json:
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -120,6 +135,14 @@ def _setting_flag(p: argparse.ArgumentParser, name: str, default: Any, text: str
             default=None,
             help=f"{text} (env {env_name(name)})",
         )
+        if default:  # on unless turned off
+            p.add_argument(
+                "--no-" + name.replace("_", "-"),
+                dest=name,
+                action="store_const",
+                const=False,
+                help=f"turn {flag} off",
+            )
     elif optional_setting(name):
         p.add_argument(
             flag,
@@ -250,3 +273,39 @@ def _env_int(name: str) -> int | None:
         return int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+
+
+def _dashboard(sub: Any) -> None:
+    p = _command(sub, "dashboard", "serve the web dashboard (needs the dashboard extra)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; another address needs --auth or "
+        "--read-only)",
+    )
+    p.add_argument("--port", type=int, default=8181, help="port to listen on (default 8181)")
+    p.add_argument(
+        "--auth",
+        default=os.environ.get("PGQ_DASHBOARD_AUTH"),
+        metavar="USER:PASSWORD",
+        help="require HTTP Basic auth (default: PGQ_DASHBOARD_AUTH; prefer the variable, "
+        "which other users cannot read in the process list)",
+    )
+    p.add_argument(
+        "--read-only", action="store_true", help="show everything, change nothing (no actions)"
+    )
+    p.add_argument(
+        "--refresh",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how often pages refresh themselves (default 5)",
+    )
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="judge producers stale past this heartbeat age (default: each worker's own "
+        "setting, as it recorded it)",
+    )

@@ -952,13 +952,12 @@ CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
 WHERE c.oid = to_regclass('pgq_jobs')
 """
 
-# Finished jobs per minute and queue over the last $1 minutes (complete minutes only), from
-# the leader's rollup.
+# Finished jobs per minute and queue over the current minute and the $1 - 1 before it,
+# from the leader's rollup.
 THROUGHPUT: Final = """
 SELECT minute, queue, completed, discarded, cancelled
 FROM pgq_throughput
-WHERE minute >= date_trunc('minute', now()) - make_interval(mins => $1)
-  AND minute < date_trunc('minute', now())
+WHERE minute > date_trunc('minute', now()) - make_interval(mins => $1)
 ORDER BY minute, queue
 """
 
@@ -967,10 +966,10 @@ CURRENT_MINUTE: Final = "SELECT date_trunc('minute', now()) AS minute"
 
 # --------------------------------------------------------------------------- throughput rollup
 
-# Count the jobs finished in each complete minute of the last $1 minutes into the rollup,
-# by range scans of the finalized index. A minute is counted again on the next rounds
-# (an outcome committed late is finalized in the minute its transaction began); counts only
-# grow, so retention deleting the jobs later never lowers them.
+# Count the jobs finished in the current minute and the $1 before it into the rollup, by
+# range scans of the finalized index. A minute is counted again on the next rounds (it is
+# still filling, or an outcome committed late: a job is finalized in the minute its
+# transaction began); counts only grow, so retention deleting the jobs never lowers them.
 THROUGHPUT_ROLLUP: Final = (
     """
 INSERT INTO pgq_throughput AS t (minute, queue, completed, discarded, cancelled)
@@ -983,7 +982,6 @@ WHERE state IN """
     + _FINAL
     + """
   AND finalized_at >= date_trunc('minute', now()) - make_interval(mins => $1)
-  AND finalized_at < date_trunc('minute', now())
 GROUP BY 1, 2
 ON CONFLICT (minute, queue) DO UPDATE
 SET completed = greatest(t.completed, EXCLUDED.completed),

@@ -84,15 +84,18 @@ async def _run_with_events(
     hooks: Hooks,
 ) -> Outcome:
     job = execution.ctx.job
-    await hooks.emit(JobEvent("job_started", job))
+    if hooks.wants("job_started"):
+        await hooks.emit(JobEvent("job_started", job))
     started = anyio.current_time()
     outcome = await _run(task, execution, limiter, hooks)
     state = JobState(outcome.state)
-    error = _serde.loads(outcome.error) if outcome.error else None
-    duration = anyio.current_time() - started
-    await hooks.emit(JobEvent("job_finished", job, state, error, duration))
-    if state is JobState.RETRYABLE:
-        await hooks.emit(JobEvent("job_retried", job, state, error, duration))
+    retried = state is JobState.RETRYABLE and hooks.wants("job_retried")
+    if hooks.wants("job_finished") or retried:
+        error = _serde.loads(outcome.error) if outcome.error else None
+        duration = anyio.current_time() - started
+        await hooks.emit(JobEvent("job_finished", job, state, error, duration))
+        if retried:
+            await hooks.emit(JobEvent("job_retried", job, state, error, duration))
     return outcome
 
 
@@ -108,7 +111,7 @@ async def _run(
     if problem is not None:
         # Enqueued by name with arguments the task does not take (a stale producer of
         # jobs): no retry can fix that.
-        log.error("job %d: %s; discarding it", job.id, problem)
+        log.debug("job %d: %s; discarding it", job.id, problem)  # the job log says so
         return Outcome.of(job, "discarded", error=error_entry(job.attempt, "arguments", problem))
     call = _make_call(task, ctx, limiter, hooks.middleware if hooks is not None else [])
     result: Any = None
@@ -188,7 +191,7 @@ def _raised(job: Job, task: Task, exc: Exception) -> Outcome:
     if isinstance(exc, Discard):
         return Outcome.of(job, "discarded", error=error_entry(job.attempt, "discard", exc.reason))
     if isinstance(exc, _TimedOut):
-        log.warning("job %d (%s) attempt %d %s", job.id, job.task, job.attempt, exc)
+        log.debug("job %d (%s) attempt %d %s", job.id, job.task, job.attempt, exc)
         return _failure(job, task, error_entry(job.attempt, "timeout", str(exc)))
     message = f"{type(exc).__name__}: {exc}"
     log.debug("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt, message)

@@ -1,20 +1,31 @@
-"""A tiny HTTP server for liveness probes: ``GET /healthz`` -> 200 or 503 with JSON."""
+"""A tiny HTTP server for probes and scrapes: ``GET /healthz`` -> 200 or 503 with JSON, and
+``GET /metrics`` -> the worker's Prometheus metrics (when it has them)."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import anyio.abc
 
+from pgq._metrics import CONTENT_TYPE as METRICS_TYPE
+
 log = logging.getLogger("pgq.health")
 
 Check = Callable[[], tuple[bool, dict[str, Any]]]
+Metrics = Callable[[], Awaitable[bytes]]
 
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
+    503: "Service Unavailable",
+}  # fmt: skip
+_JSON = "application/json"
+_NO_METRICS = (
+    "no metrics: install the metrics extra (pip install 'pgq-async[metrics]') and leave metrics on"
+)
 
 
 async def serve(
@@ -22,13 +33,17 @@ async def serve(
     *,
     host: str = "127.0.0.1",
     port: int,
+    metrics: Metrics | None = None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/healthz`` on ``host:port`` (loopback unless told otherwise) until cancelled.
-    ``task_status`` receives the bound port (useful with ``port=0``)."""
+    """Serve ``/healthz`` (and ``/metrics``) on ``host:port`` (loopback unless told
+    otherwise) until cancelled. ``task_status`` receives the bound port (for ``port=0``)."""
     listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
     bound = listener.extra(anyio.abc.SocketAttribute.local_port)
-    log.info("health endpoint on http://%s:%d/healthz", host, bound)
+    log.info(
+        "health endpoint on http://%s:%d/healthz%s",
+        host, bound, " (and /metrics)" if metrics else "",
+    )  # fmt: skip
     task_status.started(bound)
 
     async def handle(stream: anyio.abc.SocketStream) -> None:
@@ -36,11 +51,10 @@ async def serve(
             try:
                 with anyio.fail_after(5):
                     request = await _read_head(stream)
-                    status, body = _respond(request, check)
-                    payload = json.dumps(body).encode()
+                    status, content_type, payload = await _respond(request, check, metrics)
                     head = (
                         f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-                        "Content-Type: application/json\r\n"
+                        f"Content-Type: {content_type}\r\n"
                         f"Content-Length: {len(payload)}\r\n"
                         "Connection: close\r\n\r\n"
                     )
@@ -59,14 +73,28 @@ async def _read_head(stream: anyio.abc.SocketStream) -> str:
     return data.decode("latin-1").split("\n", 1)[0].strip()
 
 
-def _respond(request_line: str, check: Check) -> tuple[int, dict[str, Any]]:
+async def _respond(
+    request_line: str, check: Check, metrics: Metrics | None
+) -> tuple[int, str, bytes]:
     parts = request_line.split()
     if len(parts) < 2:
-        return 404, {"error": "bad request"}
+        return _json(404, {"error": "bad request"})
     method, path = parts[0], parts[1].split("?", 1)[0]
-    if path not in ("/healthz", "/health", "/livez"):
-        return 404, {"error": f"no such path {path}; try /healthz"}
+    if path not in ("/healthz", "/health", "/livez", "/metrics"):
+        return _json(404, {"error": f"no such path {path}; try /healthz or /metrics"})
     if method not in ("GET", "HEAD"):
-        return 405, {"error": "use GET"}
+        return _json(405, {"error": "use GET"})
+    if path == "/metrics":
+        if metrics is None:
+            return _json(404, {"error": _NO_METRICS})
+        try:
+            return 200, METRICS_TYPE, await metrics()
+        except Exception as exc:  # a scrape must never take the worker down
+            log.warning("metrics scrape failed: %s", exc)
+            return _json(500, {"error": f"metrics failed: {exc}"})
     ok, body = check()
-    return (200 if ok else 503), body
+    return _json(200 if ok else 503, body)
+
+
+def _json(status: int, body: dict[str, Any]) -> tuple[int, str, bytes]:
+    return status, _JSON, json.dumps(body).encode()

@@ -153,6 +153,8 @@ class Heartbeater:
         self._conn: asyncpg.Connection[asyncpg.Record] | None = None
         #: Heartbeats that landed, and re-registrations (rows found gone).
         self.beats = 0
+        #: Heartbeats that did not land, since the worker started.
+        self.failures = 0
         self.reregistrations = 0
 
     async def run(self) -> None:
@@ -188,6 +190,7 @@ class Heartbeater:
             if self._conn is not None:
                 self._conn.terminate()  # its state is unknown after a cut-off statement
                 self._conn = None
+            self.failures += 1
             for producer in self._producers:
                 producer.health.beat_failed(exc, self._max_failures, len(producer.running_ids()))
             return False

@@ -12,11 +12,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 import anyio.abc
 
+from pgq import _metrics
 from pgq._dsn import resolve_dsn
 from pgq._store import producers as store_producers
 from pgq._store.connections import DATABASE_ERRORS, WORKER_SESSION_SETTINGS, Pool, create_pool
@@ -33,12 +34,17 @@ from pgq._worker.leader.reaper import Reaper
 from pgq._worker.leader.rescuer import Rescuer
 from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderService, LeaderServices
+from pgq._worker.leader.throughput import Throughput
 from pgq._worker.liveness import Heartbeater, health_verdict
+from pgq._worker.observe import observers
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
 from pgq.app import App, check_queue_name
 from pgq.errors import ConfigError
 from pgq.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("pgq.worker")
 
@@ -120,6 +126,7 @@ class Worker:
         name: str | None = None,
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
+        metrics_registry: CollectorRegistry | None = None,
         **overrides: Any,
     ) -> None:
         self.app = app
@@ -141,6 +148,12 @@ class Worker:
         self.started = anyio.Event()
         #: The port /healthz is served on once started (useful with ``health_port=0``).
         self.health_port: int | None = None
+        self._observers = observers(
+            app.hooks, self.name, self.settings, self.stats, metrics_registry
+        )
+        #: The Prometheus metrics (None without the metrics extra, or with metrics off).
+        self.metrics = self._observers.metrics
+        self._pool: Pool | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -215,10 +228,12 @@ class Worker:
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
+        self._pool = pool
         try:
             parts = self._parts = self._build(pool)
             await self._serve(pool, parts, burst, task_status)
         finally:
+            self._pool = None
             with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
                 await pool.close()
             if scope.cancelled_caught:
@@ -238,7 +253,7 @@ class Worker:
                 limiter=limiter,
                 poll_interval=s.poll_interval,
                 fence_after_s=s.fencing_bound,
-                hooks=self.app.hooks,
+                hooks=self._observers.hooks,
                 worker_name=self.name,
             )
             for queue, n in self._queues.items()
@@ -252,7 +267,7 @@ class Worker:
             self.id,
             sick_queues=lambda: [p.queue for p in producers if not p.health.healthy],
             after_rescue=lambda: leader.wake(Promoter.name),
-            hooks=self.app.hooks,
+            hooks=self._observers.hooks,
         )
         reaper = Reaper(pool, s)
         retention = Retention(pool, s)
@@ -268,7 +283,7 @@ class Worker:
             )
         services: list[LeaderService] = [Promoter(pool, s.schedule_interval)]
         services += [periodic] if periodic else []
-        services += [rescuer, reaper, retention]
+        services += [rescuer, reaper, retention, Throughput(pool)]
         leader = LeaderServices(elector, services)
         control = Control(pool, producers, s, wake_leader=elector.wake)
         return _Parts(
@@ -336,6 +351,7 @@ class Worker:
         tg.start_soon(parts.elector.run)
         tg.start_soon(parts.leader.run)
         tg.start_soon(parts.control.poll_cancels)
+        tg.start_soon(self._observers.joblog.run)
         if self._health_port is not None:
             self.health_port = await tg.start(
                 functools.partial(
@@ -343,6 +359,7 @@ class Worker:
                     self.health,
                     host=self._health_host,
                     port=self._health_port,
+                    metrics=self.render_metrics if self.metrics else None,
                 )
             )
 
@@ -407,6 +424,8 @@ class Worker:
                 {n: st.snapshot() for n, st in p.leader.status.items()} if p else {}
             ),
             "heartbeats": p.heartbeater.beats if p else 0,
+            "heartbeat_failures": p.heartbeater.failures if p else 0,
+            "job_log_suppressed": self._observers.joblog.suppressed,
             "reregistrations": p.heartbeater.reregistrations if p else 0,
             "cancelled_on_request": p.control.cancelled if p else 0,
             "listen_reconnects": p.control.listen_reconnects if p else 0,
@@ -415,6 +434,17 @@ class Worker:
             "outcomes_salvaged": p.completer.salvaged if p else 0,
             "producers": [producer.stats() for producer in p.producers] if p else [],
         }
+
+    async def render_metrics(self) -> bytes:
+        """This worker's metrics in the Prometheus text format, with the queue gauges when
+        ``queue_metrics`` is set (read from the database now)."""
+        if self.metrics is None:
+            _metrics.require()
+            raise ConfigError("metrics are off for this worker (metrics=False)")
+        body = self.metrics.render()
+        if self.settings.queue_metrics and self._pool is not None:
+            body += _metrics.render_families(await _metrics.queue_families(self._pool))
+        return body
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Whether this worker is alive for a liveness probe, and why (``/healthz``)."""

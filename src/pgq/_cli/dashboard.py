@@ -1,0 +1,66 @@
+"""`pgq dashboard`: the web dashboard under uvicorn, on loopback unless told otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import anyio
+
+from pgq._dsn import mask_dsn, resolve_dsn
+from pgq._store.connections import connect
+from pgq._store.revision import check_schema
+from pgq.errors import ConfigError
+
+log = logging.getLogger("pgq.dashboard")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM; refuses an unsafe bind and a database it cannot use."""
+    try:
+        import uvicorn
+
+        from pgq.dashboard import Dashboard
+        from pgq.dashboard._security import check_bind
+    except ImportError:
+        raise ConfigError(
+            "pgq dashboard needs its extra: pip install 'pgq-async[dashboard]'"
+        ) from None
+    dashboard = Dashboard(
+        resolve_dsn(args.dsn),
+        read_only=args.read_only,
+        auth=args.auth,
+        refresh_s=args.refresh,
+        stale_after_s=args.stale_after,
+    )
+    check_bind(args.host, auth=dashboard.auth, read_only=args.read_only)
+    anyio.run(_check_database, resolve_dsn(args.dsn))
+    config = uvicorn.Config(
+        dashboard,
+        host=args.host,
+        port=args.port,
+        log_level=logging.getLevelName(logging.getLogger().level).lower(),
+        access_log=logging.getLogger().level <= logging.DEBUG,
+        log_config=None,  # uvicorn's records go to pgq's handler (text or --log-format json)
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    log.info(
+        "pgq dashboard on http://%s:%d/ (%s%s%s)",
+        args.host if ":" not in args.host else f"[{args.host}]",
+        args.port,
+        mask_dsn(resolve_dsn(args.dsn)),
+        ", read-only" if args.read_only else "",
+        ", password required" if dashboard.auth else "",
+    )
+    server.run()
+    return 0
+
+
+async def _check_database(dsn: str | None) -> None:
+    """Fail at start, with the reason, rather than on the first page."""
+    conn = await connect(dsn)
+    try:
+        await check_schema(conn)
+    finally:
+        await conn.close()

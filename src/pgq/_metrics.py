@@ -1,0 +1,187 @@
+"""Prometheus metrics (the ``metrics`` extra): a worker's job counters and histograms, its
+liveness read from its stats at scrape time, and the queue gauges read from the database.
+
+Job metrics are fed by the worker's built-in event hooks: a decided outcome, the attempt's
+duration, the pickup latency (scheduled -> started, both on the database clock). Liveness
+(heartbeat failures, producer health, rejected outcomes) is read from ``Worker.stats()``
+when scraped, so the hot path pays nothing for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from pgq._hooks import EventName, Hook, JobEvent
+from pgq._store import inspect
+from pgq._store.connections import Pool
+from pgq.errors import ConfigError
+from pgq.job import JobState
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+
+#: Seconds: from a millisecond to an hour, for attempts; to a minute, for pickup.
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
+                    120, 300, 600, 1800, 3600)  # fmt: skip
+PICKUP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+                  60)  # fmt: skip
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def available() -> bool:
+    """Whether prometheus_client is installed."""
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def require() -> None:
+    """Raise a clear error when the extra is missing."""
+    if not available():
+        raise ConfigError("metrics need the metrics extra: pip install 'pgq-async[metrics]'")
+
+
+class WorkerMetrics:
+    """One worker's metrics, in ``registry`` (a private one by default: the worker serves it
+    on its health port's ``/metrics``; pass your own to export through your app)."""
+
+    def __init__(
+        self, stats: Callable[[], dict[str, Any]], registry: CollectorRegistry | None = None
+    ) -> None:
+        require()
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.jobs = Counter(
+            "pgq_jobs", "Attempts by their outcome (the state the job went to)",
+            ["queue", "task", "outcome"], registry=r,
+        )  # fmt: skip
+        self.duration = Histogram(
+            "pgq_job_duration_seconds", "How long attempts ran", ["queue", "task"],
+            buckets=DURATION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.pickup = Histogram(
+            "pgq_pickup_latency_seconds", "From a job's scheduled time to its attempt's start",
+            ["queue"], buckets=PICKUP_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.rescued = Counter(
+            "pgq_jobs_rescued", "Jobs this worker rescued as leader, by reason", ["reason"],
+            registry=r,
+        )  # fmt: skip
+        r.register(_StatsCollector(stats))
+
+    def hooks(self) -> dict[EventName, list[Hook]]:
+        """The event hooks that feed the job metrics."""
+        return {
+            "job_started": [self._started],
+            "job_finished": [self._finished],
+            "job_rescued": [self._rescued],
+        }
+
+    def _started(self, event: JobEvent) -> None:
+        job = event.job
+        if job.scheduled_at is not None and job.attempted_at is not None:
+            wait = (job.attempted_at - job.scheduled_at).total_seconds()
+            self.pickup.labels(job.queue).observe(max(wait, 0.0))
+
+    def _finished(self, event: JobEvent) -> None:
+        job, state = event.job, event.state
+        outcome = state.value if state is not None else "unknown"
+        self.jobs.labels(job.queue, job.task, outcome).inc()
+        if event.duration_s is not None:
+            self.duration.labels(job.queue, job.task).observe(event.duration_s)
+
+    def _rescued(self, event: JobEvent) -> None:
+        self.rescued.labels(event.reason or "unknown").inc()
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+class _StatsCollector:
+    """The worker's liveness, read from its stats when scraped."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        s = self._stats()
+        producers = s["producers"]
+        yield CounterMetricFamily(
+            "pgq_heartbeat_failures", "Heartbeats that did not land",
+            value=s["heartbeat_failures"],
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "pgq_outcomes_rejected",
+            "Outcomes refused by their fencing token (the job was rescued meanwhile)",
+            value=sum(p["rejected_outcomes"] for p in producers),
+        )
+        healthy = GaugeMetricFamily(
+            "pgq_producer_healthy", "1 while the producer claims, 0 while fenced", labels=["queue"]
+        )
+        running = GaugeMetricFamily("pgq_producer_running", "Jobs running", labels=["queue"])
+        slots = GaugeMetricFamily("pgq_producer_slots", "Concurrency", labels=["queue"])
+        for p in producers:
+            healthy.add_metric([p["queue"]], 1.0 if p["healthy"] else 0.0)
+            running.add_metric([p["queue"]], p["running"])
+            slots.add_metric([p["queue"]], p["concurrency"])
+        yield from (healthy, running, slots)
+        yield GaugeMetricFamily(
+            "pgq_worker_leader", "1 while this worker leads", value=1.0 if s["leader"] else 0.0
+        )
+        yield CounterMetricFamily(
+            "pgq_outcomes_salvaged", "Outcomes written in a fallback form",
+            value=s["outcomes_salvaged"],
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "pgq_outcomes_pending", "Outcomes not yet durable", value=s["outcomes_pending"]
+        )
+
+
+async def queue_families(pool: Pool, *, count_timeout_s: float = 1.0) -> list[Metric]:
+    """The queue gauges, read from the database now: jobs by queue and state, and the age of
+    each queue's oldest available job. When counting finished jobs would take longer than
+    ``count_timeout_s``, only the unfinished states are exported."""
+    require()
+    from prometheus_client.core import GaugeMetricFamily
+
+    counts = await inspect.state_counts(pool, timeout_s=count_timeout_s)
+    oldest = await inspect.oldest_available(pool)
+    jobs = GaugeMetricFamily("pgq_queue_jobs", "Jobs by queue and state", labels=["queue", "state"])
+    for queue, by_state in sorted(counts.by_queue.items()):
+        for state in JobState:
+            if counts.exact or not state.is_final:
+                jobs.add_metric([queue, state.value], by_state[state])
+    age = GaugeMetricFamily(
+        "pgq_queue_oldest_available_seconds",
+        "Age of the oldest available job (0: none waiting)",
+        labels=["queue"],
+    )
+    for queue in sorted(counts.by_queue):
+        age.add_metric([queue], max(oldest.get(queue, 0.0), 0.0))
+    return [jobs, age]
+
+
+def render_families(families: Iterable[Metric]) -> bytes:
+    """Metric families in the Prometheus text format."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    fixed = list(families)
+
+    class _Fixed:
+        def collect(self) -> Iterator[Metric]:
+            return iter(fixed)
+
+    registry.register(_Fixed())
+    return generate_latest(registry)

@@ -1,0 +1,132 @@
+"""OpenTelemetry tracing (the ``otel`` extra): a span on enqueue and one per attempt, linked
+through the job. The enqueue's trace context (W3C ``traceparent``/``tracestate``) is stored
+in the job's metadata under ``pgq_trace``; the worker continues that trace, so an attempt's
+span is a child of the span that enqueued it, however long the job waited.
+
+Attributes follow OpenTelemetry's messaging semantic conventions (``messaging.system``,
+``messaging.operation.type`` ``send``/``process``, ``messaging.destination.name`` for the
+queue, ``messaging.message.id`` for the job id), with ``pgq.task``, ``pgq.attempt`` and
+``pgq.worker`` beside them. Spans go to the global tracer provider: configure the SDK (and
+an exporter) in the application; without one they cost next to nothing and go nowhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from pgq import _serde
+from pgq.errors import ConfigError
+from pgq.job import JobContext, Snooze
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from pgq._store.jobs import NewJob
+
+#: The metadata key that carries an enqueue's trace context.
+METADATA_KEY = "pgq_trace"
+SYSTEM = "pgq"
+
+
+def require() -> None:
+    """Raise a clear error when the extra is missing."""
+    try:
+        import opentelemetry.trace  # noqa: F401
+    except ImportError:
+        raise ConfigError("tracing needs the otel extra: pip install 'pgq-async[otel]'") from None
+
+
+def _tracer() -> Any:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from opentelemetry import trace
+
+    try:
+        ours = version("pgq-async")
+    except PackageNotFoundError:  # pragma: no cover - run from a source tree
+        ours = None
+    return trace.get_tracer("pgq", ours)
+
+
+@contextmanager
+def send_span(rows: list[NewJob]) -> Iterator[Span]:
+    """A PRODUCER span around an enqueue of ``rows``; stores its context in each row's
+    metadata (so the attempts continue the trace)."""
+    from opentelemetry import propagate, trace
+
+    queues = sorted({r.queue for r in rows})
+    name = f"send {queues[0]}" if len(queues) == 1 else "send"
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+    }
+    if len(queues) == 1:
+        attributes["messaging.destination.name"] = queues[0]
+    if len(rows) > 1:
+        attributes["messaging.batch.message_count"] = len(rows)
+    with _tracer().start_as_current_span(
+        name, kind=trace.SpanKind.PRODUCER, attributes=attributes
+    ) as span:
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if carrier:
+            for row in rows:
+                row.metadata = {**row.metadata, METADATA_KEY: carrier}
+                row.metadata_json = _serde.dumps(row.metadata, "metadata")
+        yield span
+
+
+def sent(span: Span, job_ids: list[int]) -> None:
+    """Name the job an enqueue made (a single one; a batch has no one id)."""
+    if len(job_ids) == 1:
+        span.set_attribute("messaging.message.id", str(job_ids[0]))
+
+
+Middleware = Callable[[JobContext, Callable[[], Awaitable[Any]]], Awaitable[Any]]
+
+
+def attempt_middleware(worker_name: str) -> Middleware:
+    """The outermost middleware of a worker with tracing: a CONSUMER span per attempt, a
+    child of the enqueue's span when the job carries its context, current while the task
+    runs (so the task's own spans nest under it)."""
+    require()
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace import Status, StatusCode
+
+    tracer = _tracer()
+
+    async def trace_attempt(ctx: JobContext, call_next: Callable[[], Awaitable[Any]]) -> Any:
+        job = ctx.job
+        carrier = job.metadata.get(METADATA_KEY)
+        parent = propagate.extract(carrier) if isinstance(carrier, dict) else None
+        attributes = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.type": "process",
+            "messaging.operation.name": "process",
+            "messaging.destination.name": job.queue,
+            "messaging.message.id": str(job.id),
+            "pgq.task": job.task,
+            "pgq.attempt": job.attempt,
+            "pgq.worker": worker_name,
+        }
+        with tracer.start_as_current_span(
+            f"process {job.queue}",
+            context=parent,
+            kind=trace.SpanKind.CONSUMER,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                return await call_next()
+            except Snooze:
+                raise  # not a failure: the job asked to wait
+            except BaseException as exc:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                raise
+
+    return trace_attempt

@@ -1,0 +1,106 @@
+"""A job's history, in order: enqueued, each attempt with who ran it and how it ended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pgq.job import Job, JobState
+
+#: Error kinds and how the timeline names them.
+_KIND_TITLES = {
+    "exception": "failed",
+    "timeout": "timed out",
+    "retry": "asked to retry",
+    "cancel": "cancelled",
+    "discard": "discarded by the task",
+    "arguments": "arguments do not fit the task",
+    "shutdown": "interrupted by a worker stopping",
+    "rescued": "rescued by the leader",
+    "result": "result could not be stored",
+    "outcome": "outcome could not be written",
+    "internal": "failed inside pgq",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of the timeline."""
+
+    at: datetime | None
+    title: str
+    #: ``ok``, ``bad``, ``warn`` or ``info``: how the line is coloured.
+    tone: str
+    attempt: int | None = None
+    worker: str | None = None
+    producer: str | None = None
+    started_at: datetime | None = None
+    message: str | None = None
+    traceback: str | None = None
+
+
+def timeline(job: Job[Any]) -> list[Event]:
+    """Every event of ``job`` that the database recorded, oldest first."""
+    events = [Event(job.created_at, f"enqueued on queue {job.queue}", "info")]
+    if (
+        job.scheduled_at
+        and job.created_at
+        and job.scheduled_at > job.created_at
+        and (job.attempt == 0)
+    ):
+        events.append(Event(job.scheduled_at, "due", "info"))
+    for entry in job.errors:
+        events.append(_from_error(entry))
+    last = _latest_attempt(job)
+    if last is not None:
+        events.append(last)
+    if job.state in (JobState.SCHEDULED, JobState.RETRYABLE) and job.scheduled_at:
+        events.append(Event(job.scheduled_at, "runs again", "info", attempt=job.attempt + 1))
+    return events
+
+
+def _from_error(entry: dict[str, Any]) -> Event:
+    kind = str(entry.get("kind", "exception"))
+    title = _KIND_TITLES.get(kind, kind)
+    if kind == "rescued" and entry.get("reason"):
+        title = f"rescued by the leader: {entry['reason']}"
+    return Event(
+        at=_when(entry.get("at")),
+        title=title,
+        tone="warn" if kind in ("rescued", "retry", "shutdown", "cancel") else "bad",
+        attempt=entry.get("attempt"),
+        worker=entry.get("worker_name"),
+        producer=entry.get("producer_id"),
+        started_at=_when(entry.get("started_at")),
+        message=entry.get("message"),
+        traceback=entry.get("traceback"),
+    )
+
+
+def _latest_attempt(job: Job[Any]) -> Event | None:
+    """The attempt the errors do not cover: running now, or the one that finished the job."""
+    if job.state is JobState.RUNNING:
+        return Event(
+            job.attempted_at, "running", "info", attempt=job.attempt, worker=job.attempted_by,
+            producer=str(job.producer_id) if job.producer_id else None,
+            started_at=job.attempted_at,
+        )  # fmt: skip
+    if job.state is JobState.COMPLETED:
+        return Event(
+            job.finalized_at, "completed", "ok", attempt=job.attempt, worker=job.attempted_by,
+            started_at=job.attempted_at,
+        )  # fmt: skip
+    if job.state in (JobState.DISCARDED, JobState.CANCELLED):
+        title = "discarded" if job.state is JobState.DISCARDED else "cancelled"
+        return Event(job.finalized_at, title, "bad" if title == "discarded" else "warn")
+    return None
+
+
+def _when(text: Any) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None

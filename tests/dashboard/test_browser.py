@@ -1,0 +1,169 @@
+"""The dashboard in a real browser (Debian's chromium, driven by Playwright), served by the
+`pgq dashboard` command itself: filter, open, retry, pause, bulk, live refresh, and no
+script from job content ever runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+import httpx
+import pytest
+from playwright.async_api import Browser, Dialog, Page, async_playwright, expect
+
+import pgq
+from tests.dashboard.conftest import CHROMIUM, Scene, free_port
+from tests.dashboard.seed import ATTRIBUTE, SCRIPT
+
+if TYPE_CHECKING:
+    from tests.tests_support import Conn
+
+pytestmark = pytest.mark.anyio
+
+if CHROMIUM is None and not os.environ.get("PGQ_TEST_NO_BROWSER"):
+    pytest.fail(
+        "the dashboard's browser tests need chromium: apt-get install chromium "
+        "(or set PGQ_TEST_NO_BROWSER=1 to skip them knowingly)",
+        pytrace=False,
+    )
+if CHROMIUM is None:
+    pytest.skip("PGQ_TEST_NO_BROWSER is set", allow_module_level=True)
+
+
+@dataclass
+class Served:
+    url: str
+    process: anyio.abc.Process
+
+
+@pytest.fixture
+async def served(scene: Scene, tmp_path: Path) -> AsyncIterator[Served]:
+    """`pgq dashboard` on a free loopback port, refreshing pages every half second."""
+    port = free_port()
+    log = tmp_path / "dashboard.log"
+    with log.open("wb") as out:
+        process = await anyio.open_process(
+            [sys.executable, "-m", "pgq", "dashboard", "--dsn", scene.dsn, "--port", str(port),
+             "--refresh", "0.5"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as http:
+            with anyio.fail_after(30):
+                while True:
+                    assert process.returncode is None, log.read_text()
+                    try:
+                        if (await http.get(url + "/")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        await anyio.sleep(0.1)
+        yield Served(url, process)
+    finally:
+        process.terminate()
+        with anyio.fail_after(10):
+            await process.wait()
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    async with async_playwright() as p:
+        b = await p.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1400, "height": 900})
+    page = await context.new_page()
+    dialogs: list[str] = []
+
+    async def on_dialog(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        await dialog.dismiss()
+
+    page.on("dialog", on_dialog)
+    yield page
+    await context.close()
+    assert dialogs == [], f"a script opened a dialog: {dialogs}"
+
+
+async def test_filter_open_a_job_and_retry_it(
+    served: Served, page: Page, scene: Scene, conn: Conn
+) -> None:
+    await page.goto(served.url + "/jobs")
+    await page.get_by_label("discarded").check()
+    await page.get_by_role("button", name="Filter").click()
+    rows = page.locator("table.jobs tbody tr")
+    await expect(rows).to_have_count(2)
+    await expect(rows.locator(".state")).to_have_text(["discarded", "discarded"])
+    await page.get_by_role("link", name=str(scene.jobs.discarded), exact=True).click()
+    await expect(page.locator("h1")).to_contain_text(f"Job {scene.jobs.discarded}")
+    await expect(page.locator("ol.timeline")).to_contain_text("attempt 2: failed")
+    await page.get_by_role("button", name="Retry").click()
+    await expect(page.locator(".notice")).to_contain_text("Retried 1 job(s)")
+    state = await conn.fetchval(
+        "SELECT state::text FROM pgq_jobs WHERE id = $1", scene.jobs.discarded
+    )
+    assert state == "available"
+
+
+async def test_pause_a_queue(served: Served, page: Page, conn: Conn) -> None:
+    await page.goto(served.url + "/queues")
+    row = page.locator("tr", has_text="held")
+    await row.get_by_role("button", name="Pause").click()
+    await expect(page.locator(".notice")).to_contain_text("Paused queue held")
+    await expect(page.locator("tr", has_text="held").locator(".badge-paused")).to_be_visible()
+    assert await conn.fetchval("SELECT paused_at IS NOT NULL FROM pgq_queues WHERE name = 'held'")
+
+
+async def test_bulk_retry_by_the_current_filter(
+    served: Served, page: Page, scene: Scene, conn: Conn
+) -> None:
+    await page.goto(served.url + "/jobs?state=discarded")
+    await page.get_by_role("button", name="Retry all…").click()
+    await expect(page.locator("h1")).to_have_text("Retry 2 jobs?")
+    await page.get_by_role("button", name="Retry 2 jobs").click()
+    await expect(page.locator(".notice")).to_contain_text("Retried 2 job(s)")
+    states = await conn.fetch(
+        "SELECT state::text FROM pgq_jobs WHERE id = ANY($1::bigint[])",
+        [scene.jobs.discarded, scene.jobs.xss],
+    )
+    assert [r[0] for r in states] == ["available", "available"]
+
+
+async def test_job_content_never_runs_as_script(served: Served, page: Page, scene: Scene) -> None:
+    for path in (f"/jobs/{scene.jobs.xss}", "/jobs", "/jobs?state=discarded", "/"):
+        await page.goto(served.url + path)
+        assert await page.evaluate("window.__xss") is None, path
+    await page.goto(served.url + f"/jobs/{scene.jobs.xss}")
+    # Shown as text: the args, the tag and the error message all hold the payloads.
+    await expect(page.locator("pre.json").first).to_contain_text(SCRIPT)
+    await expect(page.locator(".tag")).to_have_text([ATTRIBUTE])
+    await expect(page.locator("pre.message").first).to_contain_text(ATTRIBUTE)
+    assert await page.locator("script").count() == 1  # only htmx, from /static
+
+
+async def test_pages_refresh_themselves(served: Served, page: Page, scene: Scene) -> None:
+    await page.goto(served.url + f"/jobs/{scene.jobs.scheduled}")
+    badge = page.locator("h1 .state")
+    await expect(badge).to_have_text("scheduled")
+    await page.evaluate("window.__loaded_once = true")
+    async with pgq.Client(scene.dsn) as client:
+        await client.retry([scene.jobs.scheduled])
+    await expect(badge).to_have_text("available", timeout=15_000)
+    # The same document: refreshed in place, not reloaded.
+    assert await page.evaluate("window.__loaded_once") is True

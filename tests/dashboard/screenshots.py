@@ -35,7 +35,7 @@ PAGES = {
 async def main(dsn: str, out: Path, minutes: float = 4) -> None:
     await _recreate(dsn)
     jobs = await seed(dsn, completed=40)
-    fast = pgq.WorkerSettings(heartbeat_interval=1.0, shutdown_timeout=0.1)
+    fast = pgq.WorkerSettings(heartbeat_interval=1.0, heartbeat_timeout=0.5, shutdown_timeout=0.1)
     async with (
         pgq.Client(dsn) as client,
         pgq.Worker(app, dsn, queues={"emails": 8}, name="mail-1:2207", settings=fast),
@@ -54,7 +54,7 @@ async def _crashed_worker(dsn: str) -> None:
     """A worker process that takes a report and is killed -9: fenced on the producers page
     until the leader judges it stale and rescues its job."""
     cmd = [sys.executable, "-m", "pgq", "worker", "tests.dashboard.seed:app", "--dsn", dsn,
-           "--queue", "reports:2", "--name", "reports-2:4121", "--heartbeat-interval", "1"]  # fmt: skip
+           "--queue", "reports:2", "--name", "reports-2:4121", "--heartbeat-interval", "1", "--heartbeat-timeout", "0.5"]  # fmt: skip
     process = await anyio.open_process(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     conn = await asyncpg.connect(dsn)
     try:
@@ -68,7 +68,7 @@ async def _crashed_worker(dsn: str) -> None:
         await conn.close()
     process.kill()
     await process.wait()
-    await anyio.sleep(7)  # past its fencing bound (3 x 1 s + 2 s), well before stale_after
+    await anyio.sleep(7)  # past its fencing bound (3 x 1 s + 0.5 s), well before stale_after
 
 
 async def _traffic(client: pgq.Client, minutes: float) -> None:

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded test-all lint typecheck check bench clean chromium screenshots
+.PHONY: help demo test test-embedded test-all lint typecheck check bench clean chromium pgbouncer screenshots chaos
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -19,10 +19,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP) ## run a worker on a few hundred demo jobs (embedded Postgres unless PGQ_DSN is set)
 	$(BIN)/python docs/examples/demo.py
 
-test: $(STAMP) lint chromium ## lint, type-check and run the whole suite against real Postgres
+test: $(STAMP) lint chromium pgbouncer ## lint, type-check and run the whole suite against real Postgres
 	PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest
 
-test-embedded: $(STAMP) chromium ## the suite against the embedded server, as on a machine without PostgreSQL
+test-embedded: $(STAMP) chromium pgbouncer ## the suite against the embedded server, as on a machine without PostgreSQL
 	PGQ_TEST_EMBEDDED=1 PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest
 
 PYTHONS ?= 3.11 3.12 3.13
@@ -56,6 +56,16 @@ chromium: ## make sure chromium is installed (for the dashboard's browser tests)
 	      { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }; \
 	  else echo "the dashboard's browser tests need chromium: sudo apt-get install chromium" >&2; exit 1; fi; }
 
+# The pooler tests run Debian's PgBouncer (started by the test, on loopback).
+pgbouncer: ## make sure PgBouncer is installed (for the transaction-pooler tests)
+	@command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing pgbouncer for the transaction-pooler tests"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q pgbouncer >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q pgbouncer >/dev/null; }; \
+	  else echo "the pooler tests need PgBouncer: sudo apt-get install pgbouncer" >&2; exit 1; fi; }
+
 lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff check src tests benchmarks docs/examples migrations
 	$(BIN)/ruff format --check src tests benchmarks docs/examples migrations
@@ -71,6 +81,11 @@ $(BENCH_STAMP): pyproject.toml benchmarks/requirements.txt
 
 bench: $(BENCH_STAMP) ## measure pgq beside its peers in their own venv (see docs/performance.md)
 	benchmarks/.venv/bin/python benchmarks/run.py
+
+CHAOS_SECONDS ?= 90
+
+chaos: $(STAMP) ## the chaos harness on a cluster of its own: every fault, then the checker (CHAOS_SECONDS=90)
+	$(BIN)/python -m tests.faults.chaos_run --seconds $(CHAOS_SECONDS) --report chaos-report.json
 
 SCREENSHOT_DSN ?= postgresql://postgres@127.0.0.1:5432/pgq_screenshots
 

@@ -11,11 +11,11 @@ import asyncio
 from logging.config import fileConfig
 
 from alembic import context
-from sqlalchemy import Connection, pool, text
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy import Connection, text
 
 from pgq._dsn import resolve_dsn, sqlalchemy_url
 from pgq._store import sql
+from pgq._store.connections import sqlalchemy_engine
 from pgq.migrate import rename_old_ids
 from pgq.schema import VERSION_TABLE, metadata
 
@@ -26,12 +26,11 @@ if config.config_file_name is not None and config.attributes.get("configure_logg
 MIGRATION_LOCK = text(sql.MIGRATION_LOCK)
 
 
-def _url() -> str:
-    url = config.attributes.get("pgq_url")
-    if url is None:
-        dsn = context.get_x_argument(as_dictionary=True).get("dsn")
-        url = sqlalchemy_url(resolve_dsn(dsn))
-    return str(url)
+def _dsn() -> str | None:
+    """pgq.migrate passes the DSN; `alembic -x dsn=...` (or PGQ_DSN, DATABASE_URL) otherwise."""
+    if "pgq_dsn" in config.attributes:
+        return config.attributes["pgq_dsn"]  # type: ignore[no-any-return]
+    return resolve_dsn(context.get_x_argument(as_dictionary=True).get("dsn"))
 
 
 def _configure(**kwargs: object) -> None:
@@ -45,7 +44,7 @@ def _configure(**kwargs: object) -> None:
 
 
 def run_migrations_offline() -> None:
-    _configure(url=_url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
+    _configure(url=sqlalchemy_url(None), literal_binds=True, dialect_opts={"paramstyle": "named"})
     with context.begin_transaction():
         context.run_migrations()
 
@@ -59,7 +58,9 @@ def _run(connection: Connection) -> None:
 
 
 async def run_migrations_online() -> None:
-    engine = create_async_engine(_url(), poolclass=pool.NullPool)
+    # asyncpg opens the connection from the DSN as given: several hosts and
+    # target_session_attrs work, which SQLAlchemy's URL parser would refuse.
+    engine = sqlalchemy_engine(_dsn())
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run)

@@ -8,8 +8,9 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, overload
 
-from pgq._dsn import mask_dsn, resolve_dsn, scrub
+from pgq._dsn import mask_dsn, scrub
 from pgq._enqueue import _where, prepare
+from pgq._store.connections import Target
 from pgq.app import App, JobSpec, Task
 from pgq.errors import ConfigError, DatabaseUnavailable, SerializationError
 from pgq.job import Job, R
@@ -33,13 +34,20 @@ class SyncClient:
     ``Session`` on the ``postgresql+psycopg`` driver, and the job is written in that
     transaction: it exists, and wakes workers, only if the caller commits. Given ``app=``,
     task names and arguments are checked and each task's defaults applied, as
-    :class:`~pgq.Client` does.
+    :class:`~pgq.Client` does. Behind PgBouncer in transaction mode pass
+    ``pooler="transaction"`` (or set ``PGQ_POOLER``): psycopg then prepares no statement.
     """
 
     def __init__(
-        self, dsn: str | None = None, *, app: App | None = None, check_schema: bool = True
+        self,
+        dsn: str | None = None,
+        *,
+        app: App | None = None,
+        check_schema: bool = True,
+        pooler: str | None = None,
     ) -> None:
-        self._dsn = resolve_dsn(dsn)
+        self._target = Target.resolve(dsn, pooler)
+        self._dsn = self._target.dsn
         self._app = app
         self._check_schema = check_schema
         self._conn: psycopg.Connection[Any] | None = None
@@ -75,6 +83,8 @@ class SyncClient:
             return self._conn
         try:
             conn = psycopg.connect(self._dsn or "", autocommit=True, connect_timeout=10)
+            if self._target.pooled:
+                conn.prepare_threshold = None  # a prepared statement outlives the transaction
         except sync.CONNECTION_ERRORS as exc:
             raise DatabaseUnavailable(
                 f"cannot connect to PostgreSQL at {mask_dsn(self._dsn)}: "

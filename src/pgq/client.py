@@ -12,11 +12,10 @@ import anyio
 import asyncpg
 
 from pgq import _serde
-from pgq._dsn import resolve_dsn
 from pgq._enqueue import _where, prepare
 from pgq._store import jobs as store_jobs
 from pgq._store import queues as store_queues
-from pgq._store.connections import Connection, Db, Pool, caller_connection, create_pool
+from pgq._store.connections import Connection, Db, Pool, Target, caller_connection, create_pool
 from pgq._store.jobs import NewJob
 from pgq._store.listen import DoneWaiters
 from pgq._store.queues import QueueInfo, QueueStats
@@ -35,6 +34,9 @@ if TYPE_CHECKING:
 
 __all__ = ("Client", "QueueInfo", "QueueStats")
 
+#: How often wait() reads a job when it cannot LISTEN (behind a transaction pooler).
+WAIT_POLL_S = 0.2
+
 
 class Client:
     """Enqueues jobs, acts on them and reads them. Use as ``async with pgq.Client(dsn) as
@@ -47,6 +49,11 @@ class Client:
 
     With ``tracing=True`` (default: ``PGQ_TRACING``; needs the ``otel`` extra) each enqueue
     is an OpenTelemetry span whose context the jobs carry, so their attempts continue it.
+
+    Behind PgBouncer in transaction mode pass ``pooler="transaction"`` (or set
+    ``PGQ_POOLER``): no session state, no kept prepared statements; :meth:`wait` then polls,
+    or listens through ``listen_dsn`` (``PGQ_LISTEN_DSN``), a DSN that reaches Postgres
+    directly. A ``pool=`` you give must then have ``statement_cache_size=0``.
     """
 
     def __init__(
@@ -57,8 +64,11 @@ class Client:
         app: App | None = None,
         check_schema: bool = True,
         tracing: bool | None = None,
+        pooler: str | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
-        self._dsn = resolve_dsn(dsn) if pool is None else None
+        self._target = Target.resolve(dsn if pool is None else None, pooler, listen_dsn)
+        self._dsn = self._target.dsn if pool is None else None
         self._tracing = WorkerSettings.from_env("tracing") if tracing is None else tracing
         if self._tracing:
             require_tracing()
@@ -71,7 +81,9 @@ class Client:
     async def open(self) -> None:
         """Open the pool (unless one was given) and check the schema revision."""
         if self._pool is None:
-            self._pool = await create_pool(self._dsn, min_size=1, max_size=10)
+            self._pool = await create_pool(
+                self._dsn, min_size=1, max_size=10, **self._target.options("pgq client")
+            )
         if self._check_schema:
             try:
                 await check_schema(self._pool)
@@ -259,11 +271,15 @@ class Client:
     async def wait(self, job: Job[Any] | int, *, timeout: float | None = None) -> Job[Any]:  # noqa: ASYNC109
         """Wait until the job (a Job, or its id) is final (completed, discarded, cancelled)
         and return it, with its ``result`` (typed as its task's, given a typed Job) or its
-        ``errors``. Driven by LISTEN, not by polling. Raises TimeoutError after ``timeout``
-        seconds, LookupError for an unknown job."""
+        ``errors``. Driven by LISTEN (behind a transaction pooler without ``listen_dsn``:
+        a read every 0.2 s). Raises TimeoutError after ``timeout`` seconds, LookupError for
+        an unknown job."""
         job_id = job if isinstance(job, int) else job.id
+        if not self._target.can_listen:
+            return await self._poll_until_final(job_id, timeout)
         if self._waiters is None:
-            self._waiters = DoneWaiters(self.pool)
+            listen = self._target.listen_target() if self._target.pooled else None
+            self._waiters = DoneWaiters(self.pool, listen)
         waiters = self._waiters
         event = await waiters.event_for(job_id)
         try:
@@ -279,6 +295,16 @@ class Client:
                     event = await waiters.event_for(job_id)
         finally:
             waiters.forget(job_id, event)
+
+    async def _poll_until_final(self, job_id: int, timeout: float | None) -> Job[Any]:  # noqa: ASYNC109
+        with anyio.fail_after(timeout):
+            while True:
+                now = await self.get_job(job_id)
+                if now is None:
+                    raise LookupError(f"no job {job_id}")
+                if now.state.is_final:
+                    return now
+                await anyio.sleep(WAIT_POLL_S)
 
     # ------------------------------------------------------------------ reads
 

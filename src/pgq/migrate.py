@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from pgq._dsn import sqlalchemy_url
 from pgq._store import sql
-from pgq._store.connections import connect
+from pgq._store.connections import connect, sqlalchemy_engine
 from pgq._store.revision import OLD_REVISION_IDS, VERSION_TABLE, schema_revision
 from pgq.errors import ConfigError
 
@@ -48,7 +47,7 @@ def _config(dsn: str | None, output: io.StringIO | None = None) -> Any:
 
     cfg = Config(output_buffer=output) if output is not None else Config()
     cfg.set_main_option("script_location", str(migrations_dir()))
-    cfg.attributes["pgq_url"] = sqlalchemy_url(dsn)
+    cfg.attributes["pgq_dsn"] = dsn
     cfg.attributes["configure_logger"] = False
     return cfg
 
@@ -142,9 +141,7 @@ def rename_shared_ids(dsn: str | None) -> int:
 
 
 async def _rename_shared_ids(dsn: str | None) -> int:
-    from sqlalchemy.ext.asyncio import create_async_engine
-
-    engine = create_async_engine(sqlalchemy_url(dsn))
+    engine = sqlalchemy_engine(dsn)
     try:
         async with engine.begin() as connection:
             return await connection.run_sync(lambda c: rename_old_ids(c, shared=True))

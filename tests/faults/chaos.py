@@ -2,10 +2,10 @@
 written in the job's own transaction (``ctx.complete(connection=...)``), a nemesis injects
 faults on a schedule, and a checker reads what the database holds once the run settles.
 
-Faults here: ``kill`` (kill -9, then a new process under the same name) and ``stop``
-(SIGSTOP, then SIGCONT after a while: a zombie that wakes up). The scale-out work adds more
-(connections terminated, a partition, a server restart, a failover) through the same
-:class:`Nemesis`.
+Faults here: ``kill`` (kill -9, then a new process under the next name) and ``stop``
+(SIGSTOP, then SIGCONT after a while: a zombie that wakes up). ``python -m
+tests.faults.chaos_run`` (`make chaos`) adds connections terminated, a network partition, a
+server restart and a failover through the same :class:`Nemesis`, on a cluster of its own.
 
 The checker's violations: a job never final (lost), a job whose effect exists other than
 exactly once, an effect of an attempt that is not the one that completed the job, a job left
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import random
 import signal
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ import anyio
 import asyncpg
 
 import pgq
+from pgq._store.connections import CONNECTION_ERRORS
 from tests.faults.workers import SHORT, WorkerProcess, wait_registered
 
 #: Liveness settings for chaos runs: short, so rescues happen within a bounded run.
@@ -52,6 +54,8 @@ class Fault:
     worker: str
     at_s: float
     healed_at_s: float | None = None
+    #: Seconds from the heal to the next job completed anywhere (None: none was left to run).
+    recovery_s: float | None = None
 
 
 @dataclass
@@ -72,31 +76,48 @@ class Report:
     seed: int = 0
 
     @property
-    def violations(self) -> dict[str, list[Any]]:
-        """Every check that failed, with the jobs (or producers) it failed on."""
-        checks: dict[str, list[Any]] = {
-            "lost": self.lost,
-            "effect more than once": self.duplicated,
+    def checks(self) -> dict[str, list[Any]]:
+        """Every check, with the jobs (or producers) it failed on (empty: it held)."""
+        return {
+            "lost (never final)": self.lost,
+            "effect more than once (two accepted outcomes)": self.duplicated,
             "completed without its effect": self.missing_effect,
-            "effect of an attempt that did not complete the job": self.stray_effects,
+            "effect of a rejected attempt": self.stray_effects,
             "left running": self.left_running,
             "producer rows left behind": self.leftover_producers,
         }
-        return {name: found for name, found in checks.items() if found}
+
+    @property
+    def violations(self) -> dict[str, list[Any]]:
+        """Every check that failed, with the jobs (or producers) it failed on."""
+        return {name: found for name, found in self.checks.items() if found}
 
     def summary(self) -> str:
-        """A short table of the run."""
-        kinds: dict[str, int] = {}
+        """A short table of the run: the faults by kind with their recovery times, then the
+        checks."""
+        kinds: dict[str, list[Fault]] = {}
         for f in self.faults:
-            kinds[f.kind] = kinds.get(f.kind, 0) + 1
+            kinds.setdefault(f.kind, []).append(f)
         lines = [
             f"seed {self.seed}: jobs {self.jobs}, completed {self.completed}, rescued "
             f"{self.rescued}, settled {self.settle_s:.1f}s after the last fault",
-            "faults: " + (", ".join(f"{k} x{n}" for k, n in sorted(kinds.items())) or "none"),
+            "",
+            f"{'fault':<11} {'count':>5} {'recovery median':>16} {'recovery max':>13}",
         ]
-        lines += [f"VIOLATION {name}: {found[:10]}" for name, found in self.violations.items()]
-        lines.append("no violation" if not self.violations else "")
-        return "\n".join(line for line in lines if line)
+        for kind, faults in sorted(kinds.items()):
+            times = sorted(f.recovery_s for f in faults if f.recovery_s is not None)
+            median = f"{statistics.median(times):.2f} s" if times else "-"
+            worst = f"{times[-1]:.2f} s" if times else "-"
+            lines.append(f"{kind:<11} {len(faults):>5} {median:>16} {worst:>13}")
+        if not kinds:
+            lines.append("(no fault)")
+        lines.append("")
+        lines.append(f"{'check':<52} {'violations':>10}")
+        for name, found in self.checks.items():
+            shown = f"{len(found)}" + (f"  e.g. {found[:5]}" if found else "")
+            lines.append(f"{name:<52} {shown:>10}")
+        lines.append("no violation" if not self.violations else "VIOLATIONS FOUND")
+        return "\n".join(lines)
 
     def to_json(self) -> str:
         """The report for a file."""
@@ -108,6 +129,10 @@ class Report:
                 "rescued": self.rescued,
                 "settle_s": self.settle_s,
                 "faults": [f.__dict__ for f in self.faults],
+                "recovery_s_by_kind": {
+                    kind: [f.recovery_s for f in self.faults if f.kind == kind]
+                    for kind in sorted({f.kind for f in self.faults})
+                },
                 "violations": self.violations,
             },
             indent=2,
@@ -119,10 +144,17 @@ class Nemesis:
     replayed), one at a time, each healed before the next. A killed worker comes back as a
     new process under a new name (``chaos-0.1``): the dead one's rows are its own."""
 
-    def __init__(self, workers: list[WorkerProcess], rng: random.Random, kinds: list[str]):
+    def __init__(
+        self,
+        workers: list[WorkerProcess],
+        rng: random.Random,
+        kinds: list[str],
+        completed: Callable[[], Awaitable[int]] | None = None,
+    ):
         self.workers = workers
         self.rng = rng
         self.kinds = kinds
+        self._completed = completed
         self.faults: list[Fault] = []
         self.dead: list[WorkerProcess] = []
         self._started = time.monotonic()
@@ -147,17 +179,44 @@ class Nemesis:
             i = self.rng.randrange(len(self.workers))
             fault = Fault(kind, self.workers[i].name, time.monotonic() - self._started)
             self.faults.append(fault)
+            before = await self._count()
             await self._actions[kind](i)
             fault.healed_at_s = time.monotonic() - self._started
+            fault.recovery_s = await self._recovery(before)
+
+    async def _count(self) -> int | None:
+        if self._completed is None:
+            return None
+        with anyio.move_on_after(10):
+            while True:
+                try:
+                    return await self._completed()
+                except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                    await anyio.sleep(0.2)  # the server is restarting or failing over
+        return None
+
+    async def _recovery(self, before: int | None) -> float | None:
+        """Seconds from now (the heal) until a job completes that had not before the fault;
+        None when nothing was left to complete within 60 s."""
+        if before is None:
+            return None
+        healed = time.monotonic()
+        with anyio.move_on_after(60):
+            while True:
+                now = await self._count()
+                if now is not None and now > before:
+                    return time.monotonic() - healed
+                await anyio.sleep(0.05)
+        return None
 
     async def _kill(self, i: int) -> None:
         old = self.workers[i]
-        old.kill9()
+        await anyio.to_thread.run_sync(old.kill9)
         self.dead.append(old)
         base, _, gen = old.name.partition(".")
         new = WorkerProcess(
             f"{base}.{int(gen or 0) + 1}", old.dsn, old.log_path.parent, CHAOS_SETTINGS,
-            concurrency=old.concurrency,
+            concurrency=old.concurrency, effects_dsn=old.effects_dsn, prefix=old.prefix,
         )  # fmt: skip
         self.workers[i] = new
         new.start()
@@ -170,6 +229,34 @@ class Nemesis:
         # zombie whose completions must be refused.
         await anyio.sleep(self.rng.uniform(1.0, CHAOS_SETTINGS["stale_after"] * 2))
         worker.proc.send_signal(signal.SIGCONT)
+
+
+class Completions:
+    """Counts completed jobs, over one connection made again when it breaks (a restart, a
+    failover: the DSN may list several hosts)."""
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._conn: asyncpg.Connection[asyncpg.Record] | None = None
+
+    async def __call__(self) -> int:
+        if self._conn is None or self._conn.is_closed():
+            self._conn = await asyncpg.connect(self._dsn, timeout=5)
+        try:
+            with anyio.fail_after(5):
+                n = await self._conn.fetchval(
+                    "SELECT count(*) FROM pgq_jobs WHERE state = 'completed'"
+                )
+        except BaseException:
+            self._conn.terminate()
+            self._conn = None
+            raise
+        return int(n)
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.terminate()
+            self._conn = None
 
 
 async def prepare(dsn: str) -> None:
@@ -233,10 +320,29 @@ async def check(dsn: str, ids: list[int], worker_names: list[str]) -> Report:
     return report
 
 
+RETRYABLE: tuple[type[Exception], ...] = (
+    *CONNECTION_ERRORS,
+    asyncpg.PostgresError,
+    pgq.DatabaseError,
+)
+
+
+async def _enqueue_through_faults(client: pgq.Client, specs: list[pgq.JobSpec]) -> list[pgq.Job]:
+    """Enqueue, trying again while the server restarts or fails over, as an application
+    would. A batch whose commit was cut off may have landed anyway: its jobs are then not
+    among those the checker follows (it cannot know their ids), which hides nothing."""
+    with anyio.fail_after(120):
+        while True:
+            try:
+                return await client.enqueue_many(specs)
+            except RETRYABLE:
+                await anyio.sleep(0.5)
+
+
 async def _feed(
     client: pgq.Client, rng: random.Random, jobs: int, seconds: float, ids: list[int]
 ) -> None:
-    batches = 10
+    batches = max(10, int(seconds * 2))  # a batch every half second: work is always arriving
     for b in range(batches):
         n = jobs // batches + (1 if b < jobs % batches else 0)
         specs = [
@@ -246,7 +352,7 @@ async def _feed(
             )
             for _ in range(n)
         ]
-        ids.extend(j.id for j in await client.enqueue_many(specs))
+        ids.extend(j.id for j in await _enqueue_through_faults(client, specs))
         await anyio.sleep(seconds / batches)
 
 
@@ -261,16 +367,24 @@ async def run(
     kinds: tuple[str, ...] = ("kill", "stop"),
     extra: Callable[[Nemesis], None] | None = None,
     settle_limit_s: float = 120.0,
+    placement: Callable[[int], tuple[str, tuple[str, ...]]] | None = None,
 ) -> Report:
     """One chaos run: start the workers, enqueue the jobs, let the nemesis loose for
     ``seconds``, wait for every job to be final (or ``settle_limit_s``), stop the workers
-    cleanly, check."""
+    cleanly, check. ``placement(i)`` gives worker i's DSN and command prefix (a network
+    namespace); by default every worker runs here on ``dsn``."""
     seed = random.randrange(1 << 30) if seed is None else seed
     rng = random.Random(seed)
     await prepare(dsn)
     names = [f"chaos-{i}" for i in range(workers)]
-    procs = [WorkerProcess(n, dsn, log_dir, CHAOS_SETTINGS, concurrency=10) for n in names]
-    nemesis = Nemesis(procs, rng, list(kinds))
+    procs = []
+    for i, name in enumerate(names):
+        where, prefix = placement(i) if placement else (dsn, ())
+        procs.append(
+            WorkerProcess(name, where, log_dir, CHAOS_SETTINGS, concurrency=10, prefix=prefix)
+        )
+    completions = Completions(dsn)
+    nemesis = Nemesis(procs, rng, list(kinds), completed=completions)
     if extra is not None:
         extra(nemesis)
     try:
@@ -293,8 +407,12 @@ async def run(
                     await client.wait(job_id)
             settle_s = time.monotonic() - last_fault
     finally:
-        for p in procs:
-            p.stop()
+        await completions.close()
+        # Off the event loop, all at once: it may host the workers' forwarders, which must
+        # go on carrying their traffic while they stop.
+        async with anyio.create_task_group() as stopping:
+            for p in procs:
+                stopping.start_soon(anyio.to_thread.run_sync, p.stop)
     names = [p.name for p in procs]
     report = await check(dsn, ids, names)
     report.faults = nemesis.faults

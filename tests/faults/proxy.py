@@ -19,11 +19,13 @@ class Mode(enum.Enum):
 
 
 class Proxy:
-    """Listens on 127.0.0.1 (a free port) and forwards to ``target_host:target_port``, or to
-    a Unix socket when ``target_host`` is a socket directory (an embedded server's)."""
+    """Listens on ``listen_host`` (127.0.0.1 unless told; a free port) and forwards to
+    ``target_host:target_port``, or to a Unix socket when ``target_host`` is a socket
+    directory (an embedded server's)."""
 
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
+        self.listen_host = listen_host
         self.port = 0
         self.mode = Mode.PASS
         self._flowing = anyio.Event()
@@ -34,7 +36,7 @@ class Proxy:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+        listener = await anyio.create_tcp_listener(local_host=self.listen_host, local_port=0)
         self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
         task_status.started(self.port)
         async with listener:

@@ -51,9 +51,14 @@ class WorkerProcess:
         concurrency: int = 5,
         health_port: int | None = None,
         app: str = "fault_app:app",
+        extra_args: tuple[str, ...] = (),
+        effects_dsn: str | None = None,
+        prefix: tuple[str, ...] = (),
     ) -> None:
         self.name = name
         self.dsn = dsn
+        #: Where the app's tasks record their effects (default: where the worker connects).
+        self.effects_dsn = effects_dsn or dsn
         self.concurrency = concurrency
         self.log_path = log_dir / f"{name}.log"
         self.health_port = health_port
@@ -76,13 +81,14 @@ class WorkerProcess:
             args += [f"--{key.replace('_', '-')}", str(value)]
         if health_port is not None:
             args += ["--health-port", str(health_port)]
-        self.args = args
+        self.prefix = prefix  # e.g. `ip netns exec NAME`: where the process runs
+        self.args = [*prefix, *args, *extra_args]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {
             **os.environ,
-            "FAULT_DSN": self.dsn,
+            "FAULT_DSN": self.effects_dsn,
             "FAULT_WORKER": self.name,
             "PGQ_DSN": self.dsn,
             "PYTHONPATH": os.pathsep.join(

@@ -98,3 +98,35 @@ def test_several_hosts_are_accepted_and_masked() -> None:
     dsn = "postgresql://u:pw@db1:5432,db2:5433,[::1]:5434/app?target_session_attrs=read-write"
     assert normalize_dsn(dsn) == dsn
     assert mask_dsn(dsn) == dsn.replace(":pw@", ":***@")
+
+
+def test_a_pooler_mode_is_checked_and_keeps_no_session_state(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pgq._store.connections import Target
+
+    with pytest.raises(ConfigError, match="pooler must be 'transaction'"):
+        Target.resolve("postgresql://h/db", "statement")
+    monkeypatch.setenv("PGQ_POOLER", "Transaction")
+    pooled = Target.resolve("postgresql://h/db")
+    assert pooled.pooled and not pooled.can_listen
+    assert pooled.options("pgq worker w", {"plan_cache_mode": "force_custom_plan"}) == {
+        "server_settings": {"application_name": "pgq worker w"},
+        "statement_cache_size": 0,
+    }
+    listening = Target.resolve("postgresql://h/db", listen_dsn="postgresql://direct/db")
+    assert listening.can_listen and listening.listen_target().dsn == "postgresql://direct/db"
+    assert not listening.listen_target().pooled
+
+
+def test_a_direct_target_asks_for_a_writable_server_unless_the_dsn_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pgq._store.connections import Target
+
+    monkeypatch.delenv("PGQ_POOLER", raising=False)
+    monkeypatch.delenv("PGTARGETSESSIONATTRS", raising=False)
+    options = Target.resolve("postgresql://h1,h2/db").options("pgq client")
+    assert options["target_session_attrs"] == "read-write"
+    own = Target.resolve("postgresql://h1,h2/db?target_session_attrs=primary")
+    assert "target_session_attrs" not in own.options("pgq client")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, handlers=[handler])
     # alembic narrates its plugin set-up at INFO; pgq prints its own one-line summary.
     logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # Connection options every command shares, read where the connections are made.
+    if getattr(args, "pooler", None):
+        os.environ["PGQ_POOLER"] = args.pooler
+    if getattr(args, "listen_dsn", None):
+        os.environ["PGQ_LISTEN_DSN"] = args.listen_dsn
     try:
         if args.command == "migrate":
             return admin.migrate(args)

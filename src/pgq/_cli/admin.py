@@ -18,7 +18,7 @@ from pgq._store import jobs as store_jobs
 from pgq._store import leader as store_leader
 from pgq._store import producers as store_producers
 from pgq._store import queues as store_queues
-from pgq._store.connections import connect
+from pgq._store.connections import Target, connect
 from pgq._store.revision import check_schema
 from pgq.app import JobSpec, check_queue_name
 from pgq.client import Client
@@ -93,7 +93,8 @@ async def enqueue(args: argparse.Namespace) -> int:
 async def producers(args: argparse.Namespace) -> int:
     """`pgq producers`: every producer, its heartbeat age and status, and the leader."""
     stale_after = args.stale_after or WorkerSettings.from_env("stale_after")
-    conn = await connect(resolve_dsn(args.dsn))
+    target = Target.resolve(args.dsn)
+    conn = await connect(target.dsn, **target.options("pgq producers"))
     try:
         await check_schema(conn)
         rows = await store_producers.list_producers(conn)

@@ -8,7 +8,7 @@ import logging
 import anyio
 
 from pgq._dsn import mask_dsn, resolve_dsn
-from pgq._store.connections import connect
+from pgq._store.connections import Target, connect
 from pgq._store.revision import check_schema
 from pgq.errors import ConfigError
 
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
 async def _check_database(dsn: str | None) -> None:
     """Fail at start, with the reason, rather than on the first page."""
-    conn = await connect(dsn)
+    target = Target.resolve(dsn)
+    conn = await connect(target.dsn, **target.options("pgq dashboard"))
     try:
         await check_schema(conn)
     finally:

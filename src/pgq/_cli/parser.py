@@ -51,6 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
 def _command(parent: Any, name: str, help: str, *, json: bool = False) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
     p.add_argument("--dsn", help=_DSN_HELP)
+    p.add_argument(
+        "--pooler",
+        choices=["none", "transaction"],
+        help="'transaction' behind PgBouncer in transaction mode: no session state, no kept "
+        "prepared statements, polling instead of LISTEN (default: PGQ_POOLER, else none)",
+    )
+    p.add_argument(
+        "--listen-dsn",
+        metavar="DSN",
+        help="with --pooler transaction: a DSN that reaches Postgres directly, for LISTEN "
+        "(default: PGQ_LISTEN_DSN; without one, workers poll)",
+    )
     # Also after the command (`pgq worker app:app --log-level DEBUG`); the one before wins
     # only when this one is not given.
     p.add_argument(

@@ -5,15 +5,17 @@ AsyncSession)."""
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from pgq._dsn import mask_dsn, scrub
+from pgq._dsn import mask_dsn, normalize_dsn, resolve_dsn, scrub
 from pgq.errors import ConfigError, DatabaseUnavailable
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 log = logging.getLogger("pgq")
 
@@ -71,6 +73,11 @@ def is_transient(exc: BaseException) -> bool:
 
 def _unavailable(dsn: str | None, exc: BaseException) -> DatabaseUnavailable:
     reason = scrub(str(exc) or type(exc).__name__, dsn)
+    if isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
+        reason = (
+            "the server is a standby (read-only), and pgq writes: give the primary's "
+            "address, or every host with target_session_attrs=read-write"
+        )
     err = DatabaseUnavailable(
         f"cannot connect to PostgreSQL at {mask_dsn(dsn)}: {reason}; check that the server "
         "is running and the DSN (--dsn, PGQ_DSN or DATABASE_URL) is right"
@@ -116,6 +123,77 @@ async def connect(
 WORKER_SESSION_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 
 
+POOLERS = ("none", "transaction")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where pgq's connections go, and how: the DSN, the pooler in front of it, and a direct
+    DSN for LISTEN.
+
+    ``pooler="transaction"`` (PgBouncer, or any pooler that hands a server connection to a
+    client for one transaction) keeps no state in a session: no startup parameter but
+    ``application_name``, no prepared statement kept across transactions (asyncpg's
+    statement cache is off; each statement is parsed unnamed), and no LISTEN on a pooled
+    connection: workers poll, unless ``listen_dsn`` reaches Postgres past the pooler.
+    """
+
+    dsn: str | None
+    pooler: str = "none"
+    listen_dsn: str | None = None
+
+    @classmethod
+    def resolve(
+        cls, dsn: str | None, pooler: str | None = None, listen_dsn: str | None = None
+    ) -> Target:
+        """The target from explicit values, else ``PGQ_POOLER`` / ``PGQ_LISTEN_DSN`` (and the
+        DSN's own variables), else no pooler."""
+        mode = (pooler or os.environ.get("PGQ_POOLER") or "none").strip().lower()
+        if mode == "session":
+            mode = "none"  # a session pooler keeps the session: nothing to change
+        if mode not in POOLERS:
+            raise ConfigError(
+                f"pooler must be 'transaction' (PgBouncer's pool_mode = transaction) or "
+                f"'none', not {mode!r}"
+            )
+        listen = listen_dsn or os.environ.get("PGQ_LISTEN_DSN") or None
+        return cls(resolve_dsn(dsn), mode, normalize_dsn(listen) if listen is not None else None)
+
+    @property
+    def pooled(self) -> bool:
+        """Whether a transaction pooler stands between pgq and Postgres."""
+        return self.pooler == "transaction"
+
+    @property
+    def can_listen(self) -> bool:
+        """Whether LISTEN works: directly, or through ``listen_dsn``."""
+        return not self.pooled or self.listen_dsn is not None
+
+    def listen_target(self) -> Target:
+        """Where a LISTEN connection goes (past the pooler when ``listen_dsn`` is set)."""
+        if not self.pooled:
+            return self
+        return Target(self.listen_dsn)
+
+    def options(
+        self, application_name: str, server_settings: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """asyncpg keywords for a connection or pool of this target. Through a transaction
+        pooler, ``server_settings`` (session state) are left out: set them per transaction."""
+        settings = {"application_name": application_name[:63]}
+        if self.pooled:
+            return {"server_settings": settings, "statement_cache_size": 0}
+        options: dict[str, Any] = {"server_settings": {**(server_settings or {}), **settings}}
+        if not _names_session_attrs(self.dsn):
+            # pgq writes: with several hosts (or a primary demoted), take only a primary
+            options["target_session_attrs"] = "read-write"
+        return options
+
+
+def _names_session_attrs(dsn: str | None) -> bool:
+    return "target_session_attrs" in (dsn or "") or "PGTARGETSESSIONATTRS" in os.environ
+
+
 async def _reset(conn: Connection) -> None:
     # asyncpg's default reset costs a round trip per release (UNLISTEN *, RESET ALL, ...):
     # one per job batch on the hot path. pgq's statements leave no session state behind
@@ -140,6 +218,25 @@ async def create_pool(
         raise _unparsable(dsn, exc) from None
     assert pool is not None
     return pool
+
+
+def sqlalchemy_engine(dsn: str | None) -> AsyncEngine:
+    """A SQLAlchemy engine (asyncpg dialect, no pool) whose connections asyncpg opens from
+    ``dsn`` itself: every DSN asyncpg takes works (several hosts, ``target_session_attrs``,
+    ``sslmode``), where SQLAlchemy's URL parser would refuse a host list. Behind a
+    transaction pooler (``PGQ_POOLER``) neither asyncpg nor SQLAlchemy keeps statements."""
+    from sqlalchemy import pool
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    target = Target.resolve(dsn)
+
+    async def open_connection() -> asyncpg.Connection[asyncpg.Record]:
+        return await connect(target.dsn, **target.options("pgq migrate"))
+
+    url = "postgresql+asyncpg://"
+    if target.pooled:
+        url += "?prepared_statement_cache_size=0"
+    return create_async_engine(url, async_creator=open_connection, poolclass=pool.NullPool)
 
 
 async def caller_connection(

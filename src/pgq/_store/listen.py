@@ -14,7 +14,7 @@ import anyio.abc
 import asyncpg
 
 from pgq._store import sql
-from pgq._store.connections import CONNECTION_ERRORS, Pool, connect
+from pgq._store.connections import CONNECTION_ERRORS, Pool, Target, connect
 from pgq.errors import DatabaseUnavailable
 
 log = logging.getLogger("pgq.notifier")
@@ -158,11 +158,13 @@ def parse_control(payload: str) -> ControlEvent | None:
 
 
 class DoneWaiters:
-    """One LISTEN connection (from ``pool``) on ``pgq_done`` shared by every waiter of a
-    client: each waits for an event, set when its job's id is announced."""
+    """One LISTEN connection on ``pgq_done`` shared by every waiter of a client: each waits
+    for an event, set when its job's id is announced. The connection is the pool's, or,
+    behind a transaction pooler, one of its own to ``listen_dsn`` (past the pooler)."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, listen: Target | None = None) -> None:
         self._pool = pool
+        self._listen = listen
         self._conn: Any = None
         self._events: dict[int, list[anyio.Event]] = {}
         self._lock = anyio.Lock()
@@ -192,17 +194,38 @@ class DoneWaiters:
         async with self._lock:
             if self._conn is None or self._conn.is_closed():
                 if self._conn is not None:
-                    await self._pool.release(self._conn)
-                self._conn = await self._pool.acquire()
+                    await self._give_back(self._conn)
+                if self._listen is None:
+                    self._conn = await self._pool.acquire()
+                else:
+                    self._conn = await connect(
+                        self._listen.dsn, **self._listen.options("pgq client wait")
+                    )
                 await self._conn.add_listener(sql.CHANNEL_DONE, self._on_done)
+                # Lost (a server restart, a failover): wake every waiter, which reads its
+                # job again and, waiting on, reconnects through event_for().
+                self._conn.add_termination_listener(self._on_lost)
                 # A reconnect may have missed notifications: let every waiter re-read.
                 for events in self._events.values():
                     for e in events:
                         e.set()
 
+    def _on_lost(self, _conn: object) -> None:
+        for events in self._events.values():
+            for e in events:
+                e.set()
+
     async def close(self) -> None:
         """Give the connection back to the pool."""
         if self._conn is not None:
             conn, self._conn = self._conn, None
-            await conn.remove_listener(sql.CHANNEL_DONE, self._on_done)
+            conn.remove_termination_listener(self._on_lost)
+            if not conn.is_closed():
+                await conn.remove_listener(sql.CHANNEL_DONE, self._on_done)
+            await self._give_back(conn)
+
+    async def _give_back(self, conn: Any) -> None:
+        if self._listen is None:
             await self._pool.release(conn)
+        else:
+            await _close_quietly(conn)

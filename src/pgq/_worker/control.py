@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import anyio
 
 from pgq._store import claims, maintenance
-from pgq._store.connections import DATABASE_ERRORS, Pool
+from pgq._store.connections import DATABASE_ERRORS, Pool, Target
 from pgq._store.listen import CancelRequested, Notifier, parse_control
 from pgq._store.sql import CHANNEL_CONTROL, CHANNEL_JOBS, CHANNEL_LEADER
 from pgq._worker.completer import Completer
@@ -45,19 +45,17 @@ class Control:
         """Times the LISTEN connection was lost and made again."""
         return self._notifier.reconnects if self._notifier else 0
 
-    def notifier(self, dsn: str | None, worker_name: str) -> Notifier:
+    def notifier(self, target: Target, worker_name: str) -> Notifier:
         """The LISTEN connection that feeds this control."""
         self._notifier = Notifier(
-            dsn,
+            target.dsn,
             {
                 CHANNEL_JOBS: self.on_jobs,
                 CHANNEL_LEADER: lambda _payload: self._wake_leader(),
                 CHANNEL_CONTROL: self.on_control,
             },
             on_connect=self.wake_all,
-            connect_kwargs={
-                "server_settings": {"application_name": f"pgq listen {worker_name}"[:63]}
-            },
+            connect_kwargs=target.options(f"pgq listen {worker_name}"),
         )
         return self._notifier
 

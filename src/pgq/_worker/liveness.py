@@ -21,7 +21,7 @@ import anyio
 import asyncpg
 
 from pgq._store import producers as store
-from pgq._store.connections import connect
+from pgq._store.connections import Target, connect
 from pgq._store.producers import Beat
 from pgq.settings import WorkerSettings
 
@@ -135,14 +135,14 @@ class Heartbeater:
 
     def __init__(
         self,
-        dsn: str | None,
+        target: Target,
         producers: Sequence[Beating],
         settings: WorkerSettings,
         *,
         worker_id: uuid.UUID,
         worker_name: str,
     ) -> None:
-        self._dsn = dsn
+        self._target = target
         self._producers = producers
         self._bounds = store.Bounds(settings.fencing_bound, settings.stale_after)
         self._interval_s = settings.heartbeat_interval
@@ -178,9 +178,9 @@ class Heartbeater:
             with anyio.fail_after(self._timeout_s):
                 if self._conn is None or self._conn.is_closed():
                     self._conn = await connect(
-                        self._dsn,
+                        self._target.dsn,
                         timeout_s=self._timeout_s,
-                        server_settings={"application_name": "pgq heartbeat"},
+                        **self._target.options(f"pgq heartbeat {self._worker_name}"),
                     )
                 alive = await store.heartbeat(self._conn, [p.beat() for p in self._producers])
                 for producer in self._producers:

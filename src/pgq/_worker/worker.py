@@ -18,9 +18,14 @@ import anyio
 import anyio.abc
 
 from pgq import _metrics
-from pgq._dsn import resolve_dsn
 from pgq._store import producers as store_producers
-from pgq._store.connections import DATABASE_ERRORS, WORKER_SESSION_SETTINGS, Pool, create_pool
+from pgq._store.connections import (
+    DATABASE_ERRORS,
+    WORKER_SESSION_SETTINGS,
+    Pool,
+    Target,
+    create_pool,
+)
 from pgq._store.producers import ProducerRow
 from pgq._store.revision import check_schema
 from pgq._worker import health_server
@@ -127,13 +132,16 @@ class Worker:
         health_port: int | None = None,
         health_host: str = "127.0.0.1",
         metrics_registry: CollectorRegistry | None = None,
+        pooler: str | None = None,
+        listen_dsn: str | None = None,
         **overrides: Any,
     ) -> None:
         self.app = app
         self.settings = WorkerSettings.resolve(overrides, base=settings)
         self.name = name or os.environ.get("PGQ_WORKER_NAME") or default_worker_name()
         self.id = uuid.uuid4()
-        self._dsn = resolve_dsn(dsn)
+        self._target = Target.resolve(dsn, pooler, listen_dsn)
+        self._dsn = self._target.dsn
         self._queues = resolve_queues(app, queues, self.settings.concurrency)
         self._health_port = health_port
         self._health_host = health_host
@@ -209,10 +217,7 @@ class Worker:
             self._dsn,
             min_size=1,
             max_size=len(self._queues) + 3,
-            server_settings={
-                **WORKER_SESSION_SETTINGS,
-                "application_name": f"pgq worker {self.name}"[:63],
-            },
+            **self._target.options(f"pgq worker {self.name}", WORKER_SESSION_SETTINGS),
         )
         try:
             await check_schema(pool)
@@ -259,7 +264,9 @@ class Worker:
             for queue, n in self._queues.items()
         ]
         self._by_queue = {p.queue: p for p in producers}
-        heartbeater = Heartbeater(self._dsn, producers, s, worker_id=self.id, worker_name=self.name)
+        heartbeater = Heartbeater(
+            self._target, producers, s, worker_id=self.id, worker_name=self.name
+        )
         elector = Elector(pool, worker_id=self.id, worker_name=self.name, ttl_s=s.leader_ttl)
         rescuer = Rescuer(
             pool,
@@ -343,8 +350,8 @@ class Worker:
         return all_producers
 
     async def _start_services(self, tg: anyio.abc.TaskGroup, parts: _Parts) -> None:
-        if not self.settings.poll_only:
-            await tg.start(parts.control.notifier(self._dsn, self.name).run)
+        if not self.settings.poll_only and self._target.can_listen:
+            await tg.start(parts.control.notifier(self._target.listen_target(), self.name).run)
         tg.start_soon(parts.completer.run)
         tg.start_soon(parts.heartbeater.run)
         await parts.elector.attempt()

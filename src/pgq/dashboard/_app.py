@@ -22,8 +22,8 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
-from pgq._dsn import mask_dsn, normalize_dsn, resolve_dsn
-from pgq._store.connections import CONNECTION_ERRORS, Pool, create_pool
+from pgq._dsn import mask_dsn, normalize_dsn
+from pgq._store.connections import CONNECTION_ERRORS, Pool, Target, create_pool
 from pgq._store.revision import check_schema
 from pgq.dashboard import _security
 from pgq.dashboard._actions import Actions
@@ -57,10 +57,12 @@ class Dashboard:
         page_size: int = 50,
         scan_window: int = 100_000,
         count_timeout_s: float = 1.0,
+        pooler: str | None = None,
     ) -> None:
         if client is not None and dsn is not None:
             raise ConfigError("give the dashboard a dsn or a client, not both")
-        self._dsn = None if client is not None else resolve_dsn(dsn)
+        self._target = Target.resolve(None if client is not None else dsn, pooler)
+        self._dsn = None if client is not None else self._target.dsn
         if self._dsn is not None:
             self._dsn = normalize_dsn(self._dsn)
         self._client = client
@@ -129,7 +131,7 @@ class Dashboard:
                     self._dsn,
                     min_size=0,
                     max_size=4,
-                    server_settings={"application_name": "pgq dashboard"},
+                    **self._target.options("pgq dashboard"),
                 )
                 try:
                     await check_schema(pool)

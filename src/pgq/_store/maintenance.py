@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pgq._store import sql
-from pgq._store.connections import Connection, Db
+from pgq._store.connections import Connection, Db, Record
 from pgq.job import JobState
 
 
@@ -49,7 +49,10 @@ async def rescue(
 ) -> list[Rescued]:
     """Rescue up to ``limit`` running jobs whose producer is stale or gone, or that overran
     their deadline by ``grace``; nothing unless ``leader_id`` holds the lease."""
-    rows = await db.fetch(sql.RESCUE_JOBS, leader_id, stale_after, grace, limit)
+    return _rescued(await db.fetch(sql.RESCUE_JOBS, leader_id, stale_after, grace, limit))
+
+
+def _rescued(rows: list[Record]) -> list[Rescued]:
     return [
         Rescued(
             r["id"],
@@ -63,6 +66,35 @@ async def rescue(
         )
         for r in rows
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class SameName:
+    """A producer row of another process registered under this worker's name."""
+
+    id: uuid.UUID
+    heartbeat_at: datetime
+    fence_after_s: float | None
+    age_s: float
+
+
+async def same_name_producers(
+    db: Db, worker_name: str, own_ids: Sequence[uuid.UUID]
+) -> list[SameName]:
+    """Producer rows named ``worker_name`` that are not this worker's."""
+    rows = await db.fetch(sql.SAME_NAME_PRODUCERS, worker_name, list(own_ids))
+    return [
+        SameName(r["id"], r["heartbeat_at"], r["fence_after_s"], float(r["age_s"])) for r in rows
+    ]
+
+
+async def rescue_predecessor(db: Db, producer_ids: Sequence[uuid.UUID]) -> list[Rescued]:
+    """Rescue the running jobs of ``producer_ids`` whose heartbeat is past their fencing
+    bound (judged in the statement), then delete those rows (a row left behind, because a
+    job of it was being written, goes to the reaper)."""
+    rescued = _rescued(await db.fetch(sql.RESCUE_PREDECESSOR, list(producer_ids)))
+    await db.execute(sql.DELETE_PREDECESSOR, list(producer_ids))
+    return rescued
 
 
 @dataclass(frozen=True, slots=True)

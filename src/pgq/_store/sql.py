@@ -540,32 +540,11 @@ FROM (SELECT queue, count(*)::int AS n FROM upd GROUP BY queue) g
 # job whose outcome is being written right now; re-checking the locked row's state keeps a
 # job that just completed out. Attempts run out -> discarded, so a poison job cannot loop. A
 # job whose cancellation was requested ends cancelled here and never runs again.
-RESCUE_JOBS: Final = (
+# The write of a rescue, shared by the leader's and a restarted worker's: the candidates CTE
+# before it names the jobs (id, attempt, max_attempts, producer_id, worker_name, cancel,
+# attempted_at, reason, silent_s).
+_RESCUE_UPDATE: Final = (
     """
-WITH lease AS (
-    SELECT 1 FROM pgq_leader
-    WHERE name = 'default' AND leader_id = $1 AND expires_at > now()
-), candidates AS (
-    SELECT j.id, j.attempt, COALESCE(j.max_attempts, """
-    + _DEFAULT_MAX_ATTEMPTS
-    + """) AS max_attempts,
-           j.producer_id, p.worker_name, j.cancel_requested_at IS NOT NULL AS cancel,
-           j.attempted_at,
-           CASE WHEN p.id IS NULL THEN 'producer row missing'
-                WHEN p.heartbeat_at < now() - make_interval(secs => $2) THEN 'producer stale'
-                ELSE 'job overran its timeout' END AS reason,
-           extract(epoch FROM now() - COALESCE(p.heartbeat_at, j.attempted_at))::float8
-               AS silent_s
-    FROM pgq_jobs j
-    LEFT JOIN pgq_producers p ON p.id = j.producer_id
-    WHERE j.state = 'running' AND EXISTS (SELECT 1 FROM lease)
-      AND ((p.id IS NULL AND j.attempted_at < now() - make_interval(secs => $2))
-           OR p.heartbeat_at < now() - make_interval(secs => $2)
-           OR j.deadline_at < now() - make_interval(secs => $3))
-    ORDER BY j.id
-    LIMIT $4
-    FOR UPDATE OF j SKIP LOCKED
-)
 UPDATE pgq_jobs j
 SET state = (CASE WHEN c.cancel THEN 'cancelled'
                   WHEN c.attempt >= c.max_attempts THEN 'discarded'
@@ -601,6 +580,79 @@ RETURNING j.id, j.state::text AS state, c.reason, c.worker_name, c.silent_s, j.q
     + """, j.id::text)::text END AS done
 """
 )
+
+
+RESCUE_JOBS: Final = (
+    """
+WITH lease AS (
+    SELECT 1 FROM pgq_leader
+    WHERE name = 'default' AND leader_id = $1 AND expires_at > now()
+), candidates AS (
+    SELECT j.id, j.attempt, COALESCE(j.max_attempts, """
+    + _DEFAULT_MAX_ATTEMPTS
+    + """) AS max_attempts,
+           j.producer_id, p.worker_name, j.cancel_requested_at IS NOT NULL AS cancel,
+           j.attempted_at,
+           CASE WHEN p.id IS NULL THEN 'producer row missing'
+                WHEN p.heartbeat_at < now() - make_interval(secs => $2) THEN 'producer stale'
+                ELSE 'job overran its timeout' END AS reason,
+           extract(epoch FROM now() - COALESCE(p.heartbeat_at, j.attempted_at))::float8
+               AS silent_s
+    FROM pgq_jobs j
+    LEFT JOIN pgq_producers p ON p.id = j.producer_id
+    WHERE j.state = 'running' AND EXISTS (SELECT 1 FROM lease)
+      AND ((p.id IS NULL AND j.attempted_at < now() - make_interval(secs => $2))
+           OR p.heartbeat_at < now() - make_interval(secs => $2)
+           OR j.deadline_at < now() - make_interval(secs => $3))
+    ORDER BY j.id
+    LIMIT $4
+    FOR UPDATE OF j SKIP LOCKED
+)
+"""
+    + _RESCUE_UPDATE
+)
+
+
+# A worker restarted under its stable name: the rows of its predecessor (same name, another
+# id), with their heartbeat and fencing bound, so it can rescue their jobs as soon as that
+# bound has passed rather than after stale_after.
+SAME_NAME_PRODUCERS: Final = """
+SELECT id, heartbeat_at, fence_after_s,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS age_s
+FROM pgq_producers
+WHERE worker_name = $1 AND id <> ALL($2::uuid[])
+"""
+
+# Rescues the running jobs of the producers $1 whose heartbeat is older than their own fencing
+# bound, judged again here on the database clock: a row that has beaten since is never
+# touched (a live process of the same name keeps its jobs).
+RESCUE_PREDECESSOR: Final = (
+    """
+WITH candidates AS (
+    SELECT j.id, j.attempt, COALESCE(j.max_attempts, """
+    + _DEFAULT_MAX_ATTEMPTS
+    + """) AS max_attempts,
+           j.producer_id, p.worker_name, j.cancel_requested_at IS NOT NULL AS cancel,
+           j.attempted_at, 'worker restarted' AS reason,
+           extract(epoch FROM now() - p.heartbeat_at)::float8 AS silent_s
+    FROM pgq_jobs j
+    JOIN pgq_producers p ON p.id = j.producer_id
+    WHERE j.state = 'running' AND p.id = ANY($1::uuid[])
+      AND p.heartbeat_at < now() - make_interval(secs => p.fence_after_s)
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+)
+"""
+    + _RESCUE_UPDATE
+)
+
+# The predecessor's rows once their jobs are rescued.
+DELETE_PREDECESSOR: Final = """
+DELETE FROM pgq_producers p
+WHERE p.id = ANY($1::uuid[])
+  AND p.heartbeat_at < now() - make_interval(secs => p.fence_after_s)
+  AND NOT EXISTS (SELECT 1 FROM pgq_jobs j WHERE j.producer_id = p.id AND j.state = 'running')
+"""
 
 # Tests only (pgq.testing.drain): scheduled and retryable jobs of a queue's tasks become due
 # now, as if their time had come.

@@ -44,6 +44,7 @@ from pgq._worker.liveness import Heartbeater, health_verdict
 from pgq._worker.observe import observers
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
+from pgq._worker.successor import Successor
 from pgq.app import App, check_queue_name
 from pgq.errors import ConfigError
 from pgq.settings import WorkerSettings
@@ -104,6 +105,7 @@ class _Parts:
     retention: Retention
     periodic: Periodic | None
     control: Control
+    successor: Successor | None
 
 
 class Worker:
@@ -115,7 +117,10 @@ class Worker:
     and a setting given neither way falls back to its ``PGQ_*`` variable, then its default.
 
     ``health_port`` serves ``GET /healthz`` on ``health_host`` (loopback by default) for
-    liveness probes; ``name`` defaults to ``PGQ_WORKER_NAME``, else ``host:pid``.
+    liveness probes; ``name`` defaults to ``PGQ_WORKER_NAME``, else ``host:pid``. A name
+    given either way is taken as stable: a worker restarted under it takes over its previous
+    run's running jobs once that run's heartbeat is past its fencing bound, instead of
+    waiting for the leader's ``stale_after`` (see docs/liveness.md).
 
     Embedded: ``async with pgq.Worker(app, dsn) as worker:`` runs it in the background
     until the block ends (then stops gracefully). Standalone: ``await worker.run()``.
@@ -138,7 +143,9 @@ class Worker:
     ) -> None:
         self.app = app
         self.settings = WorkerSettings.resolve(overrides, base=settings)
-        self.name = name or os.environ.get("PGQ_WORKER_NAME") or default_worker_name()
+        given_name = name or os.environ.get("PGQ_WORKER_NAME")
+        self.name = given_name or default_worker_name()
+        self._stable_name = bool(given_name)
         self.id = uuid.uuid4()
         self._target = Target.resolve(dsn, pooler, listen_dsn)
         self._dsn = self._target.dsn
@@ -293,9 +300,17 @@ class Worker:
         services += [rescuer, reaper, retention, Throughput(pool)]
         leader = LeaderServices(elector, services)
         control = Control(pool, producers, s, wake_leader=elector.wake)
+        successor = None
+        if self._stable_name:
+            successor = Successor(
+                pool,
+                self.name,
+                lambda: [p.id for p in producers],
+                after_rescue=lambda: leader.wake(Promoter.name),
+            )
         return _Parts(
             producers, completer, heartbeater, elector, leader, rescuer, reaper, retention,
-            periodic, control,
+            periodic, control, successor,
         )  # fmt: skip
 
     async def _serve(
@@ -359,6 +374,8 @@ class Worker:
         tg.start_soon(parts.leader.run)
         tg.start_soon(parts.control.poll_cancels)
         tg.start_soon(self._observers.joblog.run)
+        if parts.successor is not None:
+            tg.start_soon(parts.successor.run)
         if self._health_port is not None:
             self.health_port = await tg.start(
                 functools.partial(
@@ -433,6 +450,8 @@ class Worker:
             "heartbeats": p.heartbeater.beats if p else 0,
             "heartbeat_failures": p.heartbeater.failures if p else 0,
             "job_log_suppressed": self._observers.joblog.suppressed,
+            "predecessor_rescued": p.successor.rescued if p and p.successor else 0,
+            "duplicate_names": len(p.successor.duplicates) if p and p.successor else 0,
             "reregistrations": p.heartbeater.reregistrations if p else 0,
             "cancelled_on_request": p.control.cancelled if p else 0,
             "listen_reconnects": p.control.listen_reconnects if p else 0,

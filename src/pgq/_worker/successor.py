@@ -1,0 +1,101 @@
+"""Fast recovery for a worker with a stable name (``--name``, ``PGQ_WORKER_NAME``): one that
+starts and finds producer rows of its own name left by a previous run rescues their running
+jobs as soon as those rows' heartbeats are older than their fencing bound (past it, a live
+predecessor has stopped claiming), instead of waiting for the leader's ``stale_after``.
+
+A row of the same name whose heartbeat moves on while this worker watches it belongs to a
+live process: two workers misconfigured with one name. That is reported (a warning and
+``Worker.stats()["duplicate_names"]``) and its jobs are never touched. The trade: a
+predecessor that was cut off rather than dead may still be running a job rescued this way,
+which then runs twice, as after any rescue (its late outcome is rejected by the token).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+
+import anyio
+
+from pgq._store import maintenance as store
+from pgq._store.connections import DATABASE_ERRORS, Pool
+
+log = logging.getLogger("pgq.worker")
+
+#: Looks at the rows before this worker leaves them to the leader's rescuer.
+MAX_ROUNDS = 20
+#: Pause after a round that left a row past its bound (a job of it was being written).
+RETRY_S = 0.5
+
+
+class Successor:
+    """Takes over the jobs of this worker name's previous run."""
+
+    def __init__(
+        self,
+        pool: Pool,
+        worker_name: str,
+        own_ids: Callable[[], list[uuid.UUID]],
+        *,
+        after_rescue: Callable[[], None],
+    ) -> None:
+        self._pool = pool
+        self._name = worker_name
+        self._own_ids = own_ids
+        self._after_rescue = after_rescue
+        #: Jobs of a previous run rescued.
+        self.rescued = 0
+        #: Producer rows of live processes with this worker's name.
+        self.duplicates: set[uuid.UUID] = set()
+        self._seen: dict[uuid.UUID, datetime] = {}
+
+    async def run(self) -> None:
+        """Watch the rows of this name until each is rescued, found alive, or the rounds
+        run out (the leader's rescuer then gets them after ``stale_after``)."""
+        for _ in range(MAX_ROUNDS):
+            try:
+                wait_s = await self.round()
+            except DATABASE_ERRORS as exc:
+                log.warning("could not look for a previous run of worker %s: %s", self._name, exc)
+                wait_s = RETRY_S
+            if wait_s is None:
+                return
+            await anyio.sleep(wait_s)
+
+    async def round(self) -> float | None:
+        """One look: rescue what is past its bound; return how long to wait for the rest
+        (None: nothing left to watch)."""
+        waits: list[float] = []
+        past: list[uuid.UUID] = []
+        for row in await store.same_name_producers(self._pool, self._name, self._own_ids()):
+            if row.id in self.duplicates or row.fence_after_s is None:
+                continue  # alive; or an older pgq's row, which records no bound
+            first = self._seen.setdefault(row.id, row.heartbeat_at)
+            if row.heartbeat_at > first:
+                self.duplicates.add(row.id)
+                log.warning(
+                    "another live worker is named %s (producer %s beat %.1f s ago): worker "
+                    "names must be unique; its jobs are left to it",
+                    self._name,
+                    row.id,
+                    row.age_s,
+                )
+            elif row.age_s > row.fence_after_s:
+                past.append(row.id)
+            else:
+                waits.append(row.fence_after_s - row.age_s + 0.05)
+        if past:
+            rescued = await store.rescue_predecessor(self._pool, past)
+            self.rescued += len(rescued)
+            if rescued:
+                log.info(
+                    "worker %s took over %d job(s) of its previous run (silent %.1f s)",
+                    self._name,
+                    len(rescued),
+                    max(r.silent_s for r in rescued),
+                )
+                self._after_rescue()
+            waits.append(RETRY_S)  # look again: a row stays while a job of it was locked
+        return min(waits) if waits else None

@@ -82,7 +82,12 @@ class SyncClient:
         if self._conn is not None and not self._conn.closed:
             return self._conn
         try:
-            conn = psycopg.connect(self._dsn or "", autocommit=True, connect_timeout=10)
+            conn = psycopg.connect(
+                self._dsn or "",
+                autocommit=True,
+                connect_timeout=10,
+                **self._target.libpq_options("pgq sync client"),
+            )
             if self._target.pooled:
                 conn.prepare_threshold = None  # a prepared statement outlives the transaction
         except sync.CONNECTION_ERRORS as exc:

@@ -36,6 +36,8 @@ __all__ = ("Client", "QueueInfo", "QueueStats")
 
 #: How often wait() reads a job when it cannot LISTEN (behind a transaction pooler).
 WAIT_POLL_S = 0.2
+#: How often wait() reads a job while it LISTENs, in case a notification was lost.
+WAIT_RECHECK_S = 10.0
 
 
 class Client:
@@ -67,8 +69,8 @@ class Client:
         pooler: str | None = None,
         listen_dsn: str | None = None,
     ) -> None:
-        self._target = Target.resolve(dsn if pool is None else None, pooler, listen_dsn)
-        self._dsn = self._target.dsn if pool is None else None
+        self._target = Target.resolve(dsn, pooler, listen_dsn, connects=pool is None)
+        self._dsn = self._target.dsn
         self._tracing = WorkerSettings.from_env("tracing") if tracing is None else tracing
         if self._tracing:
             require_tracing()
@@ -290,7 +292,10 @@ class Client:
                         raise LookupError(f"no job {job_id}")
                     if now.state.is_final:
                         return now
-                    await event.wait()
+                    # Bounded: a LISTEN connection that dies silently (a partition) sets
+                    # nothing; reading the job again every so often still ends the wait.
+                    with anyio.move_on_after(WAIT_RECHECK_S):
+                        await event.wait()
                     waiters.forget(job_id, event)
                     event = await waiters.event_for(job_id)
         finally:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from pgq._store import sql
-from pgq._store.connections import connect, sqlalchemy_engine
+from pgq._store.connections import Target, connect, sqlalchemy_engine
 from pgq._store.revision import OLD_REVISION_IDS, VERSION_TABLE, schema_revision
 from pgq.errors import ConfigError
 
@@ -177,7 +177,8 @@ async def _check_ready(dsn: str | None) -> None:
     # alembic's own connection errors arrive as long SQLAlchemy tracebacks: fail first,
     # with pgq's one-line message. And a database whose pgq schema the project's own alembic
     # environment manages must not get a second copy from pgq's (type already exists).
-    conn = await connect(dsn)
+    target = Target.resolve(dsn)  # the DSN env.py will use, and the same session options
+    conn = await connect(target.dsn, **target.options("pgq migrate"))
     try:
         found = await schema_revision(conn)
     finally:

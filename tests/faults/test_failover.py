@@ -55,6 +55,17 @@ async def test_a_standby_alone_is_refused_with_the_reason(migrated: Cluster) -> 
             pass
 
 
+async def test_clients_pass_over_a_standby_listed_first(migrated: Cluster) -> None:
+    standby_first = (
+        f"postgresql://postgres@127.0.0.1:{migrated.standby_port},"
+        f"127.0.0.1:{migrated.primary_port}/postgres"
+    )
+    async with pgq.Client(standby_first) as client:
+        assert (await client.enqueue("effect", {"seconds": 0})).id > 0
+    with pgq.SyncClient(standby_first) as sync:
+        assert sync.enqueue("effect", {"seconds": 0}).id > 0
+
+
 async def test_workers_carry_on_through_a_failover_to_the_promoted_standby(
     migrated: Cluster, workers: list[WorkerProcess], tmp_path: Path
 ) -> None:

@@ -425,3 +425,45 @@ def test_a_task_whose_parameters_could_never_be_given_is_refused() -> None:
 
         @app.task  # type: ignore[arg-type]
         async def no_context() -> None: ...
+
+
+async def test_wait_survives_the_loss_of_its_listen_connection(
+    client: pgq.Client, conn: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    job = await client.enqueue("email", {"to": "a@example.com"})
+    result: list[pgq.Job] = []
+
+    async def waiting() -> None:
+        result.append(await client.wait(job.id, timeout=30))
+
+    async def listening_pid() -> int | None:
+        pid: int | None = await conn.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+        )
+        return pid
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiting)
+        with anyio.fail_after(10):
+            while (pid := await listening_pid()) is None:  # noqa: ASYNC110 - another session
+                await anyio.sleep(0.02)
+        await conn.execute("SELECT pg_terminate_backend($1)", pid)
+        with anyio.fail_after(10):  # the waiter listens again on a new connection
+            while await listening_pid() in (None, pid):  # noqa: ASYNC110 - another session
+                await anyio.sleep(0.02)
+        await client.cancel(job.id)
+    assert result[0].state == pgq.JobState.CANCELLED
+    await client.close()  # no error from the connection that was lost
+
+
+async def test_a_client_on_its_own_pool_reads_no_dsn(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "mysql://not-for-pgq/db")
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        async with pgq.Client(pool=pool) as c:
+            assert (await c.enqueue("email", {})).id > 0
+    finally:
+        await pool.close()

@@ -144,10 +144,16 @@ class Target:
 
     @classmethod
     def resolve(
-        cls, dsn: str | None, pooler: str | None = None, listen_dsn: str | None = None
+        cls,
+        dsn: str | None,
+        pooler: str | None = None,
+        listen_dsn: str | None = None,
+        *,
+        connects: bool = True,
     ) -> Target:
         """The target from explicit values, else ``PGQ_POOLER`` / ``PGQ_LISTEN_DSN`` (and the
-        DSN's own variables), else no pooler."""
+        DSN's own variables), else no pooler. ``connects=False``: the caller brings its own
+        pool or client, and no DSN is looked for."""
         mode = (pooler or os.environ.get("PGQ_POOLER") or "none").strip().lower()
         if mode == "session":
             mode = "none"  # a session pooler keeps the session: nothing to change
@@ -157,7 +163,8 @@ class Target:
                 f"'none', not {mode!r}"
             )
         listen = listen_dsn or os.environ.get("PGQ_LISTEN_DSN") or None
-        return cls(resolve_dsn(dsn), mode, normalize_dsn(listen) if listen is not None else None)
+        own = resolve_dsn(dsn) if connects else None
+        return cls(own, mode, normalize_dsn(listen) if listen is not None else None)
 
     @property
     def pooled(self) -> bool:
@@ -186,6 +193,13 @@ class Target:
         options: dict[str, Any] = {"server_settings": {**(server_settings or {}), **settings}}
         if not _names_session_attrs(self.dsn):
             # pgq writes: with several hosts (or a primary demoted), take only a primary
+            options["target_session_attrs"] = "read-write"
+        return options
+
+    def libpq_options(self, application_name: str) -> dict[str, Any]:
+        """The same for libpq (psycopg): what it should ask of the server."""
+        options: dict[str, Any] = {"application_name": application_name[:63]}
+        if not self.pooled and not _names_session_attrs(self.dsn):
             options["target_session_attrs"] = "read-write"
         return options
 

@@ -3,6 +3,7 @@ client's wait for finished jobs, and the typed payloads of the control channel."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -192,9 +193,10 @@ class DoneWaiters:
 
     async def _listening(self) -> None:
         async with self._lock:
-            if self._conn is None or self._conn.is_closed():
+            if self._conn is None or _gone(self._conn):
                 if self._conn is not None:
-                    await self._give_back(self._conn)
+                    conn, self._conn = self._conn, None
+                    await self._give_back(conn)
                 if self._listen is None:
                     self._conn = await self._pool.acquire()
                 else:
@@ -211,6 +213,11 @@ class DoneWaiters:
                         e.set()
 
     def _on_lost(self, _conn: object) -> None:
+        # A pool's connection that dies is detached and given back by the pool itself: only
+        # the reference goes. The next event_for() connects again.
+        if self._listen is not None and self._conn is not None:
+            self._conn.terminate()
+        self._conn = None
         for events in self._events.values():
             for e in events:
                 e.set()
@@ -219,13 +226,24 @@ class DoneWaiters:
         """Give the connection back to the pool."""
         if self._conn is not None:
             conn, self._conn = self._conn, None
+            if _gone(conn):
+                return await self._give_back(conn)
             conn.remove_termination_listener(self._on_lost)
-            if not conn.is_closed():
-                await conn.remove_listener(sql.CHANNEL_DONE, self._on_done)
+            await conn.remove_listener(sql.CHANNEL_DONE, self._on_done)
             await self._give_back(conn)
+        return None
 
     async def _give_back(self, conn: Any) -> None:
-        if self._listen is None:
-            await self._pool.release(conn)
-        else:
+        if self._listen is not None:
             await _close_quietly(conn)
+            return
+        with contextlib.suppress(asyncpg.InterfaceError):  # already detached and given back
+            await self._pool.release(conn)
+
+
+def _gone(conn: Any) -> bool:
+    """Whether ``conn`` is closed, or a pool's proxy already detached from it."""
+    try:
+        return bool(conn.is_closed())
+    except asyncpg.InterfaceError:
+        return True

@@ -88,12 +88,15 @@ async def same_name_producers(
     ]
 
 
-async def rescue_predecessor(db: Db, producer_ids: Sequence[uuid.UUID]) -> list[Rescued]:
+async def rescue_predecessor(
+    db: Db, producer_ids: Sequence[uuid.UUID], margin_s: float
+) -> list[Rescued]:
     """Rescue the running jobs of ``producer_ids`` whose heartbeat is past their fencing
-    bound (judged in the statement), then delete those rows (a row left behind, because a
-    job of it was being written, goes to the reaper)."""
-    rescued = _rescued(await db.fetch(sql.RESCUE_PREDECESSOR, list(producer_ids)))
-    await db.execute(sql.DELETE_PREDECESSOR, list(producer_ids))
+    bound plus ``margin_s`` (judged in the statement, the rows locked), then delete those
+    rows (a row left behind, because a job of it was being written, goes to the reaper)."""
+    ids = list(producer_ids)
+    rescued = _rescued(await db.fetch(sql.RESCUE_PREDECESSOR, ids, margin_s))
+    await db.execute(sql.DELETE_PREDECESSOR, ids, margin_s)
     return rescued
 
 

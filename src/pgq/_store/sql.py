@@ -624,11 +624,18 @@ WHERE worker_name = $1 AND id <> ALL($2::uuid[])
 """
 
 # Rescues the running jobs of the producers $1 whose heartbeat is older than their own fencing
-# bound, judged again here on the database clock: a row that has beaten since is never
-# touched (a live process of the same name keeps its jobs).
+# bound plus $2 seconds (the heartbeat's round trip: a worker's own clock starts when it
+# sends), judged again here on the database clock with the producer rows locked: a
+# heartbeat that committed first is seen, one that comes later waits for this statement. A
+# live process of the same name, beating, keeps its jobs.
 RESCUE_PREDECESSOR: Final = (
     """
-WITH candidates AS (
+WITH predecessors AS (
+    SELECT p.id, p.worker_name, p.heartbeat_at FROM pgq_producers p
+    WHERE p.id = ANY($1::uuid[])
+      AND p.heartbeat_at < now() - make_interval(secs => p.fence_after_s + $2)
+    FOR UPDATE
+), candidates AS (
     SELECT j.id, j.attempt, COALESCE(j.max_attempts, """
     + _DEFAULT_MAX_ATTEMPTS
     + """) AS max_attempts,
@@ -636,9 +643,8 @@ WITH candidates AS (
            j.attempted_at, 'worker restarted' AS reason,
            extract(epoch FROM now() - p.heartbeat_at)::float8 AS silent_s
     FROM pgq_jobs j
-    JOIN pgq_producers p ON p.id = j.producer_id
-    WHERE j.state = 'running' AND p.id = ANY($1::uuid[])
-      AND p.heartbeat_at < now() - make_interval(secs => p.fence_after_s)
+    JOIN predecessors p ON p.id = j.producer_id
+    WHERE j.state = 'running'
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 )
@@ -650,7 +656,7 @@ WITH candidates AS (
 DELETE_PREDECESSOR: Final = """
 DELETE FROM pgq_producers p
 WHERE p.id = ANY($1::uuid[])
-  AND p.heartbeat_at < now() - make_interval(secs => p.fence_after_s)
+  AND p.heartbeat_at < now() - make_interval(secs => p.fence_after_s + $2)
   AND NOT EXISTS (SELECT 1 FROM pgq_jobs j WHERE j.producer_id = p.id AND j.state = 'running')
 """
 

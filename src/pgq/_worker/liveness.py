@@ -70,9 +70,12 @@ class ProducerHealth:
             return False
         return True
 
-    def beat_ok(self, now: float) -> None:
-        """A heartbeat landed: reset the failure count and unfence."""
-        self._alive_at = anyio.current_time()
+    def beat_ok(self, now: float, sent_at: float) -> None:
+        """A heartbeat sent at ``sent_at`` (this loop's clock) landed: reset the failure
+        count and unfence. The proof of life dates from the sending, not the reply: the
+        database stamped the row when the statement began, and peers judge from that stamp,
+        so the fencing bound must not start later here than there."""
+        self._alive_at = sent_at
         self.last_ok_at = now
         if self.consecutive_failures or not self.healthy:
             log.info("queue %s: heartbeat ok again; claiming resumes", self._queue)
@@ -174,6 +177,7 @@ class Heartbeater:
 
     async def beat(self) -> bool:
         """One heartbeat; returns whether it succeeded."""
+        sent_at = anyio.current_time()
         try:
             with anyio.fail_after(self._timeout_s):
                 if self._conn is None or self._conn.is_closed():
@@ -197,7 +201,7 @@ class Heartbeater:
         self.beats += 1
         now = time.time()
         for producer in self._producers:
-            producer.health.beat_ok(now)
+            producer.health.beat_ok(now, sent_at)
         return True
 
     async def _reregister(

@@ -3,6 +3,10 @@ starts and finds producer rows of its own name left by a previous run rescues th
 jobs as soon as those rows' heartbeats are older than their fencing bound (past it, a live
 predecessor has stopped claiming), instead of waiting for the leader's ``stale_after``.
 
+"Older than the fencing bound" adds this worker's ``heartbeat_timeout`` as a margin (the
+predecessor's clock starts when it sends a heartbeat, the row's stamp when the statement
+begins), judged in SQL with the producer rows locked.
+
 A row of the same name whose heartbeat moves on while this worker watches it belongs to a
 live process: two workers misconfigured with one name. That is reported (a warning and
 ``Worker.stats()["duplicate_names"]``) and its jobs are never touched. The trade: a
@@ -39,10 +43,12 @@ class Successor:
         worker_name: str,
         own_ids: Callable[[], list[uuid.UUID]],
         *,
+        margin_s: float,
         after_rescue: Callable[[], None],
     ) -> None:
         self._pool = pool
         self._name = worker_name
+        self._margin_s = margin_s
         self._own_ids = own_ids
         self._after_rescue = after_rescue
         #: Jobs of a previous run rescued.
@@ -82,12 +88,12 @@ class Successor:
                     row.id,
                     row.age_s,
                 )
-            elif row.age_s > row.fence_after_s:
+            elif row.age_s > row.fence_after_s + self._margin_s:
                 past.append(row.id)
             else:
-                waits.append(row.fence_after_s - row.age_s + 0.05)
+                waits.append(row.fence_after_s + self._margin_s - row.age_s + 0.05)
         if past:
-            rescued = await store.rescue_predecessor(self._pool, past)
+            rescued = await store.rescue_predecessor(self._pool, past, self._margin_s)
             self.rescued += len(rescued)
             if rescued:
                 log.info(

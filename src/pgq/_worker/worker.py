@@ -306,6 +306,7 @@ class Worker:
                 pool,
                 self.name,
                 lambda: [p.id for p in producers],
+                margin_s=s.heartbeat_timeout,
                 after_rescue=lambda: leader.wake(Promoter.name),
             )
         return _Parts(

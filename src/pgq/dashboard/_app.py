@@ -61,8 +61,8 @@ class Dashboard:
     ) -> None:
         if client is not None and dsn is not None:
             raise ConfigError("give the dashboard a dsn or a client, not both")
-        self._target = Target.resolve(None if client is not None else dsn, pooler)
-        self._dsn = None if client is not None else self._target.dsn
+        self._target = Target.resolve(dsn, pooler, connects=client is None)
+        self._dsn = self._target.dsn
         if self._dsn is not None:
             self._dsn = normalize_dsn(self._dsn)
         self._client = client

@@ -7,7 +7,7 @@ heartbeat, and the leader looks every `rescue_interval`.
 
 `python benchmarks/kill_reclaim.py restart [TRIALS]`: no peer; the killed worker is started
 again at once, under its stable name (`--name`: it takes over once its predecessor's
-heartbeat is past the fencing bound) and, in turn, under a fresh dynamic name (host:pid: its
+heartbeat is past the fencing bound plus heartbeat_timeout) and, in turn, under a fresh dynamic name (host:pid: its
 jobs wait for the leader's stale_after, and the lease for leader_ttl).
 """
 
@@ -145,7 +145,8 @@ async def restarts(trials: int) -> None:
         for stable in (True, False):
             seconds = await restart_trial(n, stable)
             kind = "stable name" if stable else "dynamic name"
-            bound = s.fencing_bound if stable else s.stale_after
+            # a stable name waits for the fencing bound plus its heartbeat_timeout as a margin
+            bound = s.fencing_bound + s.heartbeat_timeout if stable else s.stale_after
             print(
                 f"trial {n + 1}, {kind}: re-claimed {seconds:.1f}s after kill -9 and restart "
                 f"(the wait it is bound by: {bound:g}s after the last heartbeat)",

@@ -12,7 +12,7 @@ from pgq._hooks import JobEvent
 from pgq._sync import SyncClient
 from pgq._worker.worker import Worker
 from pgq.app import App, Backoff, JobSpec, Task
-from pgq.client import Client, QueueInfo, QueueStats
+from pgq.client import Client, QueueInfo, QueueLimits, QueueStats
 from pgq.errors import (
     AttemptSuperseded,
     ConfigError,
@@ -45,6 +45,7 @@ __all__ = (
     "JobState",
     "PgqError",
     "QueueInfo",
+    "QueueLimits",
     "QueueStats",
     "Retry",
     "SchemaMismatch",

@@ -13,8 +13,10 @@ import asyncpg
 
 from pgq import _serde
 from pgq._enqueue import _where, prepare
+from pgq._store import claims as store_claims
 from pgq._store import jobs as store_jobs
 from pgq._store import queues as store_queues
+from pgq._store.claims import QueueLimits
 from pgq._store.connections import Connection, Db, Pool, Target, caller_connection, create_pool
 from pgq._store.jobs import NewJob
 from pgq._store.listen import DoneWaiters
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 
     AnyConnection = Connection | AsyncConnection | AsyncSession
 
-__all__ = ("Client", "QueueInfo", "QueueStats")
+__all__ = ("Client", "QueueInfo", "QueueLimits", "QueueStats")
 
 #: How often wait() reads a job when it cannot LISTEN (behind a transaction pooler).
 WAIT_POLL_S = 0.2
@@ -261,6 +263,44 @@ class Client:
     async def resume_queue(self, name: str, *, connection: AnyConnection | None = None) -> None:
         """Undo :meth:`pause_queue` and wake the queue's workers."""
         await store_queues.resume(await self._db(connection), _queue_or_star(name))
+
+    async def set_queue_limits(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: tuple[int, float] | None = None,
+        connection: AnyConnection | None = None,
+    ) -> None:
+        """Limit queue ``name`` across every worker, live: at most ``concurrency`` of its jobs
+        running at once, at most ``rate[0]`` started in any ``rate[1]`` seconds (a sliding
+        window). None clears that limit; both None clear the queue's limits. Enforced by the
+        claim, under a lock on the queue's row (see docs/flow-control.md)."""
+        if name == "*":
+            raise ConfigError("limits apply to one queue at a time, not '*'")
+        check_queue_name(name)
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise ConfigError(
+                f"concurrency must be a whole number of at least 1, not {concurrency!r}"
+            )
+        if rate is not None:
+            count, period = rate
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ConfigError(
+                    f"a rate's count must be a whole number of at least 1, not {count!r}"
+                )
+            if isinstance(period, bool) or not isinstance(period, int | float) or not period > 0:
+                raise ConfigError(
+                    f"a rate's period must be a number of seconds above 0, not {period!r}"
+                )
+            rate = (count, float(period))
+        await store_queues.set_limits(await self._db(connection), name, concurrency, rate)
+
+    async def queue_limits(self, name: str) -> QueueLimits:
+        """The limits stored for queue ``name`` (all None: unlimited)."""
+        return await store_claims.queue_limits(self.pool, check_queue_name(name))
 
     # ------------------------------------------------------------------ waiting
 

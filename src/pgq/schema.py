@@ -208,6 +208,19 @@ queues = Table(
     Column("name", Text, primary_key=True),
     Column("paused_at", TSTZ),
     Column("created_at", TSTZ, nullable=False, server_default=func.now()),
+    # Flow control (docs/flow-control.md): at most `concurrency` running across all workers,
+    # at most `rate_count` started per `rate_period_s` seconds (a sliding window).
+    Column("concurrency", Integer),
+    Column("rate_count", Integer),
+    Column("rate_period_s", Float),
+)
+
+rate_log = Table(
+    "pgq_rate_log",
+    metadata,
+    Column("queue", Text, nullable=False),
+    Column("started_at", TSTZ, nullable=False),
+    Index("pgq_rate_log_idx", "queue", "started_at"),
 )
 
 __all__ = (

@@ -275,8 +275,45 @@ async def _chosen_jobs(client: Client, args: argparse.Namespace) -> list[int]:
     return ids
 
 
+async def _limit(client: Client, args: argparse.Namespace) -> int:
+    name = check_queue_name(args.name)
+    if args.clear or args.concurrency is not None or args.rate is not None:
+        rate = None if args.rate is None else _rate(args.rate)
+        if args.clear and (args.concurrency is not None or rate is not None):
+            raise ConfigError("--clear removes every limit: give it alone")
+        await client.set_queue_limits(name, concurrency=args.concurrency, rate=rate)
+    limits = await client.queue_limits(name)
+    rate_text = (
+        f"{limits.rate_count}/{limits.rate_period_s:g}s"
+        if limits.rate_count is not None
+        else "none"
+    )
+    text = f"queue {name}: concurrency {limits.concurrency or 'unlimited'}, rate {rate_text}"
+    data = {
+        "queue": name,
+        "concurrency": limits.concurrency,
+        "rate_count": limits.rate_count,
+        "rate_period_s": limits.rate_period_s,
+    }
+    return emit(args, data, lambda: text)
+
+
+def _rate(text: str) -> tuple[int, float]:
+    count, slash, seconds = text.partition("/")
+    try:
+        if not slash:
+            raise ValueError(text)
+        return int(count), float(seconds)
+    except ValueError:
+        raise ConfigError(
+            f"--rate takes COUNT/SECONDS, e.g. 100/60 (100 jobs a minute), not {text!r}"
+        ) from None
+
+
 async def _queues(client: Client, args: argparse.Namespace) -> int:
     action = args.queues_command
+    if action == "limit":
+        return await _limit(client, args)
     if action in ("pause", "resume"):
         if args.name != "*":
             check_queue_name(args.name)

@@ -226,7 +226,9 @@ def _stats_jobs_queues(sub: Any) -> None:
         )
 
     queues = sub.add_parser(
-        "queues", help="list, pause or resume queues", description="List, pause or resume queues."
+        "queues",
+        help="list, pause, resume or limit queues",
+        description="List, pause, resume or limit queues.",
     )
     actions = queues.add_subparsers(dest="queues_command", metavar="ACTION", required=True)
     _command(actions, "list", "every queue with its backlog, producers and pause state", json=True)
@@ -238,6 +240,24 @@ def _stats_jobs_queues(sub: Any) -> None:
         p.add_argument(
             "--force", action="store_true", help="even a queue no job or worker names yet"
         )
+    _queue_limit(actions)
+
+
+def _queue_limit(actions: Any) -> None:
+    p = _command(
+        actions,
+        "limit",
+        "set a queue's limits across every worker, live (no option: show them)",
+        json=True,
+    )
+    p.add_argument("name", metavar="QUEUE")
+    p.add_argument("--concurrency", type=int, metavar="N", help="at most N of its jobs running")
+    p.add_argument(
+        "--rate",
+        metavar="COUNT/SECONDS",
+        help="at most COUNT jobs started in any SECONDS (e.g. 100/60)",
+    )
+    p.add_argument("--clear", action="store_true", help="remove the queue's limits")
 
 
 def _enqueue(sub: Any) -> None:

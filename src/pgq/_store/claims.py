@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pgq._store import sql
-from pgq._store.connections import Db
+from pgq._store.connections import Db, Pool
 from pgq._store.rows import job_from_row
 from pgq.job import Job
 
@@ -41,6 +41,63 @@ async def claim(
         worker_name,
     )
     return [job_from_row(r) for r in rows]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """A queue's flow-control limits: at most ``concurrency`` jobs running across all
+    workers, at most ``rate_count`` started per ``rate_period_s`` seconds (sliding)."""
+
+    concurrency: int | None = None
+    rate_count: int | None = None
+    rate_period_s: float | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether any limit is set."""
+        return self.concurrency is not None or self.rate_count is not None
+
+
+async def queue_limits(db: Db, queue: str) -> QueueLimits:
+    """The limits stored for ``queue`` (none when it has no row)."""
+    row = await db.fetchrow(sql.QUEUE_LIMITS, queue)
+    if row is None:
+        return QueueLimits()
+    return QueueLimits(row["concurrency"], row["rate_count"], row["rate_period_s"])
+
+
+async def claim_limited(
+    pool: Pool, plan: ClaimPlan, producer_id: uuid.UUID, worker_name: str, limit: int
+) -> tuple[list[Job], bool]:
+    """Claim from a queue with limits: under its row's lock, at most ``limit`` jobs and no
+    more than its limits leave (running jobs of every worker, starts within the window).
+    Returns the jobs, and whether the limits held the claim back."""
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(sql.LOCK_LIMITED_QUEUE, plan.queue)
+        limits = QueueLimits(*row) if row is not None else QueueLimits()
+        period = limits.rate_period_s or 0.0
+        usage = await conn.fetchrow(sql.LIMIT_USAGE, plan.queue, period)
+        assert usage is not None  # one row, always
+        budget = limit
+        if limits.concurrency is not None:
+            budget = min(budget, limits.concurrency - usage["running"])
+        if limits.rate_count is not None:
+            budget = min(budget, limits.rate_count - usage["started"])
+        if budget <= 0:
+            return [], True
+        rows = await conn.fetch(
+            sql.CLAIM_LIMITED,
+            plan.queue,
+            plan.tasks,
+            budget,
+            producer_id,
+            plan.timeouts,
+            plan.max_attempts,
+            worker_name,
+        )
+        if rows and limits.rate_count is not None:
+            await conn.execute(sql.LOG_STARTS, plan.queue, len(rows), period)
+    return [job_from_row(r) for r in rows], budget < limit
 
 
 class OutcomeRow(Protocol):

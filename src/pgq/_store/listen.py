@@ -133,7 +133,14 @@ class QueuePaused:
     queue: str
 
 
-ControlEvent = CancelRequested | QueuePaused
+@dataclass(frozen=True, slots=True)
+class LimitsChanged:
+    """Queue ``queue``'s flow-control limits were set or cleared."""
+
+    queue: str
+
+
+ControlEvent = CancelRequested | QueuePaused | LimitsChanged
 
 
 def parse_control(payload: str) -> ControlEvent | None:
@@ -152,6 +159,8 @@ def parse_control(payload: str) -> ControlEvent | None:
         return CancelRequested(job_id)
     if kind == "pause" and isinstance(queue, str):
         return QueuePaused(queue)
+    if kind == "limits" and isinstance(queue, str):
+        return LimitsChanged(queue)
     return None
 
 

@@ -25,6 +25,14 @@ async def resume(db: Db, name: str) -> None:
     await db.execute(sql.RESUME_QUEUE, name)
 
 
+async def set_limits(
+    db: Db, name: str, concurrency: int | None, rate: tuple[int, float] | None
+) -> None:
+    """Store queue ``name``'s limits (None: no such limit) and tell its workers."""
+    count, period = rate if rate is not None else (None, None)
+    await db.execute(sql.SET_QUEUE_LIMITS, name, concurrency, count, period)
+
+
 @dataclass(slots=True)
 class QueueInfo:
     """A queue as ``pgq queues list`` shows it."""

@@ -210,13 +210,18 @@ WHERE unique_key = ANY($1::text[]) AND pgq_unique_active(state, unique_states)
 # producers claim side by side. Each claim draws the attempt's fencing token. The deadline
 # comes from the task's timeout ($5, parallel to $2) for the rescuer of hung jobs; a job
 # enqueued without max_attempts takes the task's ($6).
+# The claim of a queue without limits. A queue that is paused, or that has limits (which only
+# CLAIM_LIMITED, under the queue's lock, may claim from), yields nothing here: a producer
+# that has not yet heard of new limits cannot exceed them.
 CLAIM_JOBS: Final = (
     """
 WITH locked AS (
     SELECT id AS locked_id FROM pgq_jobs
     WHERE state = 'available' AND queue = $1 AND task = ANY($2::text[])
       AND NOT EXISTS (SELECT 1 FROM pgq_queues
-                      WHERE name IN ($1, '*') AND paused_at IS NOT NULL)
+                      WHERE name IN ($1, '*')
+                        AND (paused_at IS NOT NULL
+                             OR concurrency IS NOT NULL OR rate_count IS NOT NULL))
     ORDER BY priority DESC, scheduled_at, id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
@@ -232,6 +237,79 @@ WHERE j.id = locked.locked_id
 RETURNING """
     + JOB_COLUMNS
     + """
+"""
+)
+
+# As CLAIM_JOBS, under the queue's lock (no limits guard), on the clock of this statement,
+# which runs after the lock was taken: the rate limit's window is judged on the same clock.
+CLAIM_LIMITED: Final = (
+    """
+WITH locked AS (
+    SELECT id AS locked_id FROM pgq_jobs
+    WHERE state = 'available' AND queue = $1 AND task = ANY($2::text[])
+      AND NOT EXISTS (SELECT 1 FROM pgq_queues
+                      WHERE name IN ($1, '*') AND paused_at IS NOT NULL)
+    ORDER BY priority DESC, scheduled_at, id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE pgq_jobs j
+SET state = 'running', attempt = j.attempt + 1, attempted_at = statement_timestamp(), producer_id = $4,
+    attempt_token = gen_random_uuid(), attempted_by = $7,
+    deadline_at = statement_timestamp() + make_interval(
+        secs => ($5::float8[])[array_position($2::text[], j.task)]),
+    max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
+FROM locked
+WHERE j.id = locked.locked_id
+RETURNING """
+    + JOB_COLUMNS
+    + """
+"""
+)
+
+# Flow control (docs/flow-control.md). A limited queue is claimed in one transaction that
+# first locks the queue's row (the serialisation point: one claimer of that queue at a
+# time, across all workers), then reads, in a statement of its own and so with a snapshot
+# taken after the lock, how many of its jobs run and how many started within the rate's
+# window, then claims at most what both leave (CLAIM_LIMITED) and logs the starts.
+QUEUE_LIMITS: Final = """
+SELECT concurrency, rate_count, rate_period_s FROM pgq_queues WHERE name = $1
+"""
+
+LOCK_LIMITED_QUEUE: Final = """
+SELECT concurrency, rate_count, rate_period_s FROM pgq_queues WHERE name = $1 FOR UPDATE
+"""
+
+LIMIT_USAGE: Final = """
+SELECT (SELECT count(*) FROM pgq_jobs WHERE queue = $1 AND state = 'running')::int AS running,
+       (SELECT count(*) FROM pgq_rate_log
+        WHERE queue = $1 AND started_at > statement_timestamp() - make_interval(secs => $2)
+       )::int AS started
+"""
+
+# The claimed starts, and the log's entries older than the window dropped.
+LOG_STARTS: Final = """
+WITH gone AS (
+    DELETE FROM pgq_rate_log
+    WHERE queue = $1 AND started_at <= statement_timestamp() - make_interval(secs => $3)
+)
+INSERT INTO pgq_rate_log (queue, started_at)
+SELECT $1, statement_timestamp() FROM generate_series(1, $2)
+"""
+
+# Limits of a queue (NULL: none), set live; the queue's workers are told.
+SET_QUEUE_LIMITS: Final = (
+    """
+WITH upsert AS (
+    INSERT INTO pgq_queues (name, concurrency, rate_count, rate_period_s)
+    VALUES ($1, $2, $3, $4)
+    ON CONFLICT (name) DO UPDATE
+    SET concurrency = $2, rate_count = $3, rate_period_s = $4
+    RETURNING name
+)
+SELECT pg_notify("""
+    + _CONTROL
+    + """, json_build_object('kind', 'limits', 'queue', name)::text) FROM upsert
 """
 )
 

@@ -10,7 +10,7 @@ import anyio
 
 from pgq._store import claims, maintenance
 from pgq._store.connections import DATABASE_ERRORS, Pool, Target
-from pgq._store.listen import CancelRequested, Notifier, parse_control
+from pgq._store.listen import CancelRequested, LimitsChanged, Notifier, parse_control
 from pgq._store.sql import CHANNEL_CONTROL, CHANNEL_JOBS, CHANNEL_LEADER
 from pgq._worker.completer import Completer
 from pgq._worker.executor import CANCEL
@@ -70,6 +70,10 @@ class Control:
         event = parse_control(payload)
         if isinstance(event, CancelRequested):
             self.cancel({event.job_id})
+        elif isinstance(event, LimitsChanged):
+            for producer in self._producers:
+                if producer.queue == event.queue:
+                    producer.limits_changed()
 
     def wake_all(self) -> None:
         """Fetch now, everywhere (notifications may have been missed)."""

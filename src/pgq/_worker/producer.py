@@ -13,7 +13,7 @@ import anyio.abc
 
 from pgq._hooks import Hooks
 from pgq._store import claims
-from pgq._store.claims import ClaimPlan
+from pgq._store.claims import ClaimPlan, QueueLimits
 from pgq._store.connections import DATABASE_ERRORS, Pool
 from pgq._store.producers import Beat
 from pgq._worker.executor import SHUTDOWN, Execution, execute, internal_failure, interrupted
@@ -24,6 +24,12 @@ from pgq.app import Task
 from pgq.job import Job
 
 log = logging.getLogger("pgq.producer")
+
+#: While a queue's limits hold its claims back, look again this often: a slot frees when
+#: another worker's outcome is written, which nothing announces.
+LIMIT_RECHECK_S = 0.1
+#: An idle producer of an unlimited queue reads the queue's limits again this often.
+LIMITS_REFRESH_S = 10.0
 
 #: Receives each attempt's outcome (the worker's completer).
 OutcomeSink = Callable[[Outcome], None]
@@ -78,6 +84,11 @@ class Producer:
         self._empty = anyio.Event()
         self._empty.set()
         self._stopping = False
+        # The queue's flow-control limits as last read (None: to be read before a claim).
+        self._limits: QueueLimits | None = None
+        self._limits_read_at = 0.0
+        # Set while the queue's limits hold claims back: look again soon, not after a poll.
+        self._held_back = False
         #: True while a claim is in flight.
         self.fetching = False
         # Counters, reported in each heartbeat and in Worker.stats().
@@ -91,6 +102,11 @@ class Producer:
 
     def wake(self) -> None:
         """Fetch now (new jobs were announced, or the producer became healthy)."""
+        self._wake.set()
+
+    def limits_changed(self) -> None:
+        """The queue's limits were set or cleared: read them before the next claim."""
+        self._limits = None
         self._wake.set()
 
     def stop_fetching(self) -> None:
@@ -118,6 +134,9 @@ class Producer:
 
     def counted(self, outcome: Outcome, accepted: bool) -> None:
         """Count an outcome of this producer's as the database took it."""
+        if self._held_back:
+            # Written: the job no longer counts against the queue's limit. Claim again now.
+            self._wake.set()
         if not accepted:
             self.rejected_outcomes += 1
         elif outcome.state == "completed":
@@ -171,7 +190,8 @@ class Producer:
                     await self._slot.wait()
                 continue
             if not more:
-                with anyio.move_on_after(self._poll_interval):
+                pause = LIMIT_RECHECK_S if self._held_back else self._poll_interval
+                with anyio.move_on_after(pause):
                     await self._wake.wait()
                 if self._stopping:
                     continue
@@ -209,11 +229,29 @@ class Producer:
             # Shielded: a claim cut off between the server's commit and our reading of the
             # rows would leave jobs running that nobody runs (until rescued).
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
-                jobs = await claims.claim(self._pool, self.plan, self.id, self._worker_name, limit)
+                jobs = await self._claim(limit)
         finally:
             self.fetching = False
         self.fetches += 1
         self.claimed += len(jobs)
+        return jobs
+
+    async def _claim(self, limit: int) -> list[Job]:
+        now = anyio.current_time()
+        if self._limits is None:
+            self._limits = await claims.queue_limits(self._pool, self.queue)
+            self._limits_read_at = now
+        if self._limits.limited:
+            jobs, self._held_back = await claims.claim_limited(
+                self._pool, self.plan, self.id, self._worker_name, limit
+            )
+            return jobs
+        self._held_back = False
+        jobs = await claims.claim(self._pool, self.plan, self.id, self._worker_name, limit)
+        if not jobs and now - self._limits_read_at > LIMITS_REFRESH_S:
+            # Limits set while no notification could reach us (poll_only, a lost LISTEN):
+            # the unlimited claim yields nothing on a limited queue, so look again.
+            self._limits = None
         return jobs
 
     def _start(self, tg: anyio.abc.TaskGroup, jobs: list[Job]) -> None:

@@ -1,0 +1,116 @@
+"""Flow control across worker processes: a queue's global concurrency and rate limits hold at
+every instant of a drain (sampled from the database throughout), whatever the number of
+workers, and slots held by a worker killed with kill -9 come back through the rescuer."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import anyio
+import asyncpg
+import pytest
+
+import pgq
+from tests.faults.test_faults import all_completed, assert_exactly_once, enqueue, running_under
+from tests.faults.workers import SHORT, WorkerProcess, wait_registered
+from tests.tests_support import until
+
+pytestmark = [pytest.mark.anyio, pytest.mark.faults, pytest.mark.timeout(180)]
+
+
+async def start_workers(
+    db: asyncpg.Connection[asyncpg.Record], dsn: str, tmp_path: Path, n: int
+) -> list[WorkerProcess]:
+    procs = [WorkerProcess(f"fc-{i}", dsn, tmp_path, SHORT, concurrency=5) for i in range(n)]
+    for p in procs:
+        p.start()
+    await wait_registered(db, *(p.name for p in procs))
+    return procs
+
+
+async def sample_running_until_done(
+    db: asyncpg.Connection[asyncpg.Record], ids: list[int], limit_s: float
+) -> list[int]:
+    """The number of the queue's running jobs, read every few milliseconds until every job
+    of ``ids`` has completed."""
+    samples: list[int] = []
+    with anyio.fail_after(limit_s):
+        while True:
+            row = await db.fetchrow(
+                "SELECT count(*) FILTER (WHERE state = 'running') AS running,"
+                " count(*) FILTER (WHERE state = 'completed' AND id = ANY($1)) AS done"
+                " FROM pgq_jobs WHERE queue = 'default'",
+                ids,
+            )
+            assert row is not None
+            samples.append(row["running"])
+            if row["done"] == len(ids):
+                return samples
+            await anyio.sleep(0.005)
+
+
+async def test_a_global_concurrency_limit_holds_at_every_instant_across_workers(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    async with pgq.Client(dsn) as client:
+        await client.set_queue_limits("default", concurrency=4)
+    workers += await start_workers(db, dsn, tmp_path, 3)  # 15 slots between them
+    ids = await enqueue(dsn, 60, 0.1)
+    samples = await sample_running_until_done(db, ids, 90)
+    assert max(samples) <= 4
+    assert max(samples) == 4  # the limit was used, not just respected
+    await assert_exactly_once(db, ids)
+
+
+async def test_slots_held_by_a_killed_worker_come_back_through_the_rescuer(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    async with pgq.Client(dsn) as client:
+        await client.set_queue_limits("default", concurrency=4)
+    procs = await start_workers(db, dsn, tmp_path, 3)
+    workers += procs
+    ids = await enqueue(dsn, 24, 1.0)
+
+    async def victim_holds_slots() -> bool:
+        return await running_under(db, "fc-0") >= 1
+
+    await until(victim_holds_slots, limit_s=30)
+    procs[0].kill9()
+    samples = await sample_running_until_done(db, ids, 90)
+    assert max(samples) <= 4  # the dead worker's jobs count until they are rescued
+    rescued = await db.fetchval(
+        "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1) AND errors::text LIKE '%rescued%'", ids
+    )
+    assert rescued >= 1
+    assert await all_completed(db, ids)
+
+
+async def test_a_rate_limit_holds_in_every_window_across_workers(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    async with pgq.Client(dsn) as client:
+        await client.set_queue_limits("default", rate=(5, 1.0))
+    workers += await start_workers(db, dsn, tmp_path, 3)
+    ids = await enqueue(dsn, 20, 0.01)
+    await until(lambda: all_completed(db, ids), limit_s=60)
+    starts = sorted(
+        r[0] for r in await db.fetch("SELECT attempted_at FROM pgq_jobs WHERE id = ANY($1)", ids)
+    )
+    window = timedelta(seconds=1)
+    busiest = max(sum(1 for t in starts if s <= t < s + window) for s in starts)
+    assert busiest <= 5
+    assert starts[-1] - starts[0] >= timedelta(seconds=3)  # 20 starts at 5 a second
+
+
+async def test_limits_are_checked_and_cleared(client: pgq.Client) -> None:
+    with pytest.raises(pgq.ConfigError, match="not '\\*'"):
+        await client.set_queue_limits("*", concurrency=1)
+    with pytest.raises(pgq.ConfigError, match="at least 1"):
+        await client.set_queue_limits("emails", concurrency=0)
+    with pytest.raises(pgq.ConfigError, match="above 0"):
+        await client.set_queue_limits("emails", rate=(10, 0))
+    await client.set_queue_limits("emails", concurrency=3, rate=(10, 60))
+    assert await client.queue_limits("emails") == pgq.QueueLimits(3, 10, 60.0)
+    await client.set_queue_limits("emails")
+    assert not (await client.queue_limits("emails")).limited

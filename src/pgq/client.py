@@ -279,21 +279,21 @@ class Client:
         if name == "*":
             raise ConfigError("limits apply to one queue at a time, not '*'")
         check_queue_name(name)
-        if concurrency is not None and (
-            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-        ):
-            raise ConfigError(
-                f"concurrency must be a whole number of at least 1, not {concurrency!r}"
-            )
+        if concurrency is not None:
+            _check_count("concurrency", concurrency)
         if rate is not None:
+            if not isinstance(rate, tuple | list) or len(rate) != 2:
+                raise ConfigError(f"rate must be (count, seconds), e.g. (100, 60), not {rate!r}")
             count, period = rate
-            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            _check_count("a rate's count", count)
+            if (
+                isinstance(period, bool)
+                or not isinstance(period, int | float)
+                or not 0 < period <= MAX_RATE_PERIOD_S
+            ):
                 raise ConfigError(
-                    f"a rate's count must be a whole number of at least 1, not {count!r}"
-                )
-            if isinstance(period, bool) or not isinstance(period, int | float) or not period > 0:
-                raise ConfigError(
-                    f"a rate's period must be a number of seconds above 0, not {period!r}"
+                    f"a rate's period must be a number of seconds above 0 and at most "
+                    f"{MAX_RATE_PERIOD_S:,} (a year), not {period!r}"
                 )
             rate = (count, float(period))
         await store_queues.set_limits(await self._db(connection), name, concurrency, rate)
@@ -395,6 +395,15 @@ class Client:
         """Per queue: counts by state, oldest available job's age, last minute's throughput."""
         async with self.pool.acquire() as conn:
             return await store_queues.stats(conn)
+
+
+#: The longest rate period a queue may have (a year, in seconds).
+MAX_RATE_PERIOD_S = 365 * 24 * 3600
+
+
+def _check_count(what: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        raise ConfigError(f"{what} must be a whole number from 1 to {2**31 - 1:,}, not {value!r}")
 
 
 def _queue_or_star(name: str) -> str:

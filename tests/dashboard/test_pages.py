@@ -226,3 +226,12 @@ async def test_a_database_that_is_down_is_a_503_without_the_password() -> None:
     assert page.status_code == 503
     assert "s3cret-pw" not in page.text
     assert "127.0.0.1:1" in page.text
+
+
+async def test_queues_page_shows_flow_control_limits(
+    http: httpx.AsyncClient, scene: Scene, dsn: str
+) -> None:
+    async with pgq.Client(dsn) as client:
+        await client.set_queue_limits("emails", concurrency=3, rate=(100, 60))
+    body = html.unescape((await http.get("/queues")).text)
+    assert "3 at once, 100 per 60 s" in body

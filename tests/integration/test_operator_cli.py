@@ -208,3 +208,16 @@ async def run_cli(
     return subprocess.CompletedProcess(
         out.args, out.returncode, out.stdout.decode(), out.stderr.decode()
     )
+
+
+def test_queue_limits_from_the_shell(dsn: str) -> None:
+    shown = as_json(dsn, "queues", "limit", "emails", "--concurrency", "3", "--rate", "100/60")
+    assert shown == {"queue": "emails", "concurrency": 3, "rate_count": 100, "rate_period_s": 60.0}
+    listed = {q["name"]: q for q in as_json(dsn, "queues", "list")}
+    assert listed["emails"]["concurrency"] == 3 and listed["emails"]["rate_count"] == 100
+    kept = as_json(dsn, "queues", "limit", "emails", "--rate", "50/10")  # concurrency stays
+    assert kept["concurrency"] == 3 and kept["rate_count"] == 50
+    bad = pgq_cli(dsn, "queues", "limit", "emails", "--rate", "100")
+    assert bad.returncode == 1 and "--rate takes COUNT/SECONDS" in bad.stderr
+    cleared = as_json(dsn, "queues", "limit", "emails", "--clear")
+    assert cleared["concurrency"] is None and cleared["rate_count"] is None

@@ -277,11 +277,19 @@ async def _chosen_jobs(client: Client, args: argparse.Namespace) -> list[int]:
 
 async def _limit(client: Client, args: argparse.Namespace) -> int:
     name = check_queue_name(args.name)
-    if args.clear or args.concurrency is not None or args.rate is not None:
-        rate = None if args.rate is None else _rate(args.rate)
-        if args.clear and (args.concurrency is not None or rate is not None):
-            raise ConfigError("--clear removes every limit: give it alone")
-        await client.set_queue_limits(name, concurrency=args.concurrency, rate=rate)
+    if args.clear and (args.concurrency is not None or args.rate is not None):
+        raise ConfigError("--clear removes every limit: give it alone")
+    if args.clear:
+        await client.set_queue_limits(name)
+    elif args.concurrency is not None or args.rate is not None:
+        # A limit not given keeps its stored value: --rate alone leaves --concurrency be.
+        now = await client.queue_limits(name)
+        kept = (now.rate_count, now.rate_period_s) if now.rate_count is not None else None
+        await client.set_queue_limits(
+            name,
+            concurrency=args.concurrency if args.concurrency is not None else now.concurrency,
+            rate=_rate(args.rate) if args.rate is not None else kept,  # type: ignore[arg-type]
+        )
     limits = await client.queue_limits(name)
     rate_text = (
         f"{limits.rate_count}/{limits.rate_period_s:g}s"
@@ -296,6 +304,13 @@ async def _limit(client: Client, args: argparse.Namespace) -> int:
         "rate_period_s": limits.rate_period_s,
     }
     return emit(args, data, lambda: text)
+
+
+def _limits_text(concurrency: int | None, count: int | None, period: float | None) -> str:
+    parts = [f"{concurrency} at once"] if concurrency is not None else []
+    if count is not None and period is not None:
+        parts.append(f"{count}/{period:g}s")
+    return ", ".join(parts) or "-"
 
 
 def _rate(text: str) -> tuple[int, float]:
@@ -342,6 +357,9 @@ async def _queues(client: Client, args: argparse.Namespace) -> int:
             "available": q.available,
             "running": q.running,
             "producers": q.producers,
+            "concurrency": q.concurrency,
+            "rate_count": q.rate_count,
+            "rate_period_s": q.rate_period_s,
         }
         for q in queues
     ]
@@ -352,8 +370,9 @@ async def _queues(client: Client, args: argparse.Namespace) -> int:
             str(q.available),
             str(q.running),
             str(q.producers),
+            _limits_text(q.concurrency, q.rate_count, q.rate_period_s),
         ]
         for q in queues
     ]
-    headers = ["QUEUE", "STATUS", "AVAILABLE", "RUNNING", "PRODUCERS"]
+    headers = ["QUEUE", "STATUS", "AVAILABLE", "RUNNING", "PRODUCERS", "LIMITS"]
     return emit(args, data, lambda: render_table(headers, rows) if queues else "no queues")

@@ -68,10 +68,11 @@ async def queue_limits(db: Db, queue: str) -> QueueLimits:
 
 async def claim_limited(
     pool: Pool, plan: ClaimPlan, producer_id: uuid.UUID, worker_name: str, limit: int
-) -> tuple[list[Job], bool]:
+) -> tuple[list[Job], bool, QueueLimits]:
     """Claim from a queue with limits: under its row's lock, at most ``limit`` jobs and no
     more than its limits leave (running jobs of every worker, starts within the window).
-    Returns the jobs, and whether the limits held the claim back."""
+    Returns the jobs, whether the limits held the claim back (it took all they allowed,
+    less than ``limit``), and the limits as read under the lock."""
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(sql.LOCK_LIMITED_QUEUE, plan.queue)
         limits = QueueLimits(*row) if row is not None else QueueLimits()
@@ -84,7 +85,7 @@ async def claim_limited(
         if limits.rate_count is not None:
             budget = min(budget, limits.rate_count - usage["started"])
         if budget <= 0:
-            return [], True
+            return [], True, limits
         rows = await conn.fetch(
             sql.CLAIM_LIMITED,
             plan.queue,
@@ -97,7 +98,8 @@ async def claim_limited(
         )
         if rows and limits.rate_count is not None:
             await conn.execute(sql.LOG_STARTS, plan.queue, len(rows), period)
-    return [job_from_row(r) for r in rows], budget < limit
+    held_back = budget < limit and len(rows) == budget
+    return [job_from_row(r) for r in rows], held_back, limits
 
 
 class OutcomeRow(Protocol):

@@ -12,6 +12,7 @@ import asyncpg
 
 from pgq._store import jobs as store_jobs
 from pgq._store import sql
+from pgq._store.claims import QueueLimits
 from pgq._store.connections import Db, Pool
 from pgq._store.rows import job_from_row
 from pgq.job import Job, JobState
@@ -225,6 +226,14 @@ async def oldest_available(db: Db) -> dict[str, float]:
 async def paused_queues(db: Db) -> dict[str, datetime | None]:
     """Every queue with a setting, and when it was paused (None: not paused)."""
     return {r["name"]: r["paused_at"] for r in await db.fetch(sql.QUEUE_SETTINGS)}
+
+
+async def queue_limits(db: Db) -> dict[str, QueueLimits]:
+    """The limits of every queue that has some."""
+    return {
+        r["name"]: QueueLimits(r["concurrency"], r["rate_count"], r["rate_period_s"])
+        for r in await db.fetch(sql.LIMITED_QUEUES)
+    }
 
 
 @dataclass(frozen=True, slots=True)

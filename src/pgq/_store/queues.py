@@ -43,6 +43,10 @@ class QueueInfo:
     available: int
     running: int
     producers: int
+    #: Flow-control limits (docs/flow-control.md); None: no such limit.
+    concurrency: int | None = None
+    rate_count: int | None = None
+    rate_period_s: float | None = None
 
 
 async def list_queues(db: Db) -> list[QueueInfo]:
@@ -55,6 +59,9 @@ async def list_queues(db: Db) -> list[QueueInfo]:
             r["available"],
             r["running"],
             r["producers"],
+            r["concurrency"],
+            r["rate_count"],
+            r["rate_period_s"],
         )
         for r in await db.fetch(sql.LIST_QUEUES)
     ]

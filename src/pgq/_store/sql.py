@@ -892,7 +892,8 @@ SELECT n.name, q.paused_at,
            AS available,
        (SELECT count(*) FROM pgq_jobs j WHERE j.queue = n.name AND j.state = 'running')
            AS running,
-       (SELECT count(*) FROM pgq_producers p WHERE p.queue = n.name) AS producers
+       (SELECT count(*) FROM pgq_producers p WHERE p.queue = n.name) AS producers,
+       q.concurrency, q.rate_count, q.rate_period_s
 FROM names n LEFT JOIN pgq_queues q ON q.name = n.name
 ORDER BY n.name
 """
@@ -1143,6 +1144,12 @@ FROM pgq_jobs WHERE state = 'available' GROUP BY queue
 
 # Queues with a setting (paused or not).
 QUEUE_SETTINGS: Final = "SELECT name, paused_at FROM pgq_queues ORDER BY name"
+
+# Queues with flow-control limits (docs/flow-control.md).
+LIMITED_QUEUES: Final = """
+SELECT name, concurrency, rate_count, rate_period_s FROM pgq_queues
+WHERE concurrency IS NOT NULL OR rate_count IS NOT NULL
+"""
 
 # Running jobs per producer id, as the jobs table has them (the rescuer's index); a producer
 # id with no row left is a worker whose jobs wait for a rescue.

@@ -76,9 +76,10 @@ class Control:
                     producer.limits_changed()
 
     def wake_all(self) -> None:
-        """Fetch now, everywhere (notifications may have been missed)."""
+        """Fetch now, everywhere (notifications may have been missed: a change of limits
+        among them)."""
         for producer in self._producers:
-            producer.wake()
+            producer.limits_changed()  # wakes it too
 
     def cancel(self, job_ids: set[int]) -> None:
         """Stop the running jobs among ``job_ids``: each ends ``cancelled``."""

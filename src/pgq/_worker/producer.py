@@ -84,9 +84,11 @@ class Producer:
         self._empty = anyio.Event()
         self._empty.set()
         self._stopping = False
-        # The queue's flow-control limits as last read (None: to be read before a claim).
+        # The queue's flow-control limits as last read (None: to be read before a claim),
+        # and a count of the changes announced, so that a read overtaken by one is not kept.
         self._limits: QueueLimits | None = None
         self._limits_read_at = 0.0
+        self._limits_changes = 0
         # Set while the queue's limits hold claims back: look again soon, not after a poll.
         self._held_back = False
         #: True while a claim is in flight.
@@ -105,8 +107,10 @@ class Producer:
         self._wake.set()
 
     def limits_changed(self) -> None:
-        """The queue's limits were set or cleared: read them before the next claim."""
+        """The queue's limits were set or cleared (or a notification may have been missed):
+        read them before the next claim."""
         self._limits = None
+        self._limits_changes += 1
         self._wake.set()
 
     def stop_fetching(self) -> None:
@@ -238,13 +242,18 @@ class Producer:
 
     async def _claim(self, limit: int) -> list[Job]:
         now = anyio.current_time()
-        if self._limits is None:
-            self._limits = await claims.queue_limits(self._pool, self.queue)
-            self._limits_read_at = now
-        if self._limits.limited:
-            jobs, self._held_back = await claims.claim_limited(
+        limits = self._limits
+        if limits is None:
+            changes = self._limits_changes
+            limits = await claims.queue_limits(self._pool, self.queue)
+            if changes == self._limits_changes:  # else read again next time
+                self._limits, self._limits_read_at = limits, now
+        if limits.limited:
+            jobs, self._held_back, under_lock = await claims.claim_limited(
                 self._pool, self.plan, self.id, self._worker_name, limit
             )
+            if not under_lock.limited:  # cleared meanwhile: back to the single statement
+                self._limits = under_lock
             return jobs
         self._held_back = False
         jobs = await claims.claim(self._pool, self.plan, self.id, self._worker_name, limit)

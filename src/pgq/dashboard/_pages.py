@@ -162,6 +162,7 @@ class Pages:
         rows = _queue_rows(counts, paused, oldest, producers, {})
         return self._d.render(request, "queues.html", {
             **await self._common(request, pool), "title": "Queues", "rows": rows,
+            "limits": await inspect.queue_limits(pool),
             "schedules": await maintenance.list_periodic(pool),
         })  # fmt: skip
 

@@ -209,53 +209,24 @@ WHERE unique_key = ANY($1::text[]) AND pgq_unique_active(state, unique_states)
 # priority then schedule order, unless the queue (or '*') is paused. SKIP LOCKED lets many
 # producers claim side by side. Each claim draws the attempt's fencing token. The deadline
 # comes from the task's timeout ($5, parallel to $2) for the rescuer of hung jobs; a job
-# enqueued without max_attempts takes the task's ($6).
-# The claim of a queue without limits. A queue that is paused, or that has limits (which only
-# CLAIM_LIMITED, under the queue's lock, may claim from), yields nothing here: a producer
-# that has not yet heard of new limits cannot exceed them.
-CLAIM_JOBS: Final = (
-    """
+# enqueued without max_attempts takes the task's ($6). Times are the statement's clock:
+# after the queue's lock in a limited claim, the same as now() in a claim of its own.
+_CLAIM_WITH = """
 WITH locked AS (
     SELECT id AS locked_id FROM pgq_jobs
     WHERE state = 'available' AND queue = $1 AND task = ANY($2::text[])
       AND NOT EXISTS (SELECT 1 FROM pgq_queues
                       WHERE name IN ($1, '*')
-                        AND (paused_at IS NOT NULL
-                             OR concurrency IS NOT NULL OR rate_count IS NOT NULL))
+                        AND """
+_CLAIM_UPDATE = (
+    """)
     ORDER BY priority DESC, scheduled_at, id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 UPDATE pgq_jobs j
-SET state = 'running', attempt = j.attempt + 1, attempted_at = now(), producer_id = $4,
-    attempt_token = gen_random_uuid(), attempted_by = $7,
-    deadline_at = now() + make_interval(
-        secs => ($5::float8[])[array_position($2::text[], j.task)]),
-    max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
-FROM locked
-WHERE j.id = locked.locked_id
-RETURNING """
-    + JOB_COLUMNS
-    + """
-"""
-)
-
-# As CLAIM_JOBS, under the queue's lock (no limits guard), on the clock of this statement,
-# which runs after the lock was taken: the rate limit's window is judged on the same clock.
-CLAIM_LIMITED: Final = (
-    """
-WITH locked AS (
-    SELECT id AS locked_id FROM pgq_jobs
-    WHERE state = 'available' AND queue = $1 AND task = ANY($2::text[])
-      AND NOT EXISTS (SELECT 1 FROM pgq_queues
-                      WHERE name IN ($1, '*') AND paused_at IS NOT NULL)
-    ORDER BY priority DESC, scheduled_at, id
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE pgq_jobs j
-SET state = 'running', attempt = j.attempt + 1, attempted_at = statement_timestamp(), producer_id = $4,
-    attempt_token = gen_random_uuid(), attempted_by = $7,
+SET state = 'running', attempt = j.attempt + 1, attempted_at = statement_timestamp(),
+    producer_id = $4, attempt_token = gen_random_uuid(), attempted_by = $7,
     deadline_at = statement_timestamp() + make_interval(
         secs => ($5::float8[])[array_position($2::text[], j.task)]),
     max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
@@ -266,6 +237,18 @@ RETURNING """
     + """
 """
 )
+
+# The claim of a queue without limits. A queue that is paused, or that has limits (which only
+# CLAIM_LIMITED, under the queue's lock, may claim from), yields nothing here: a producer
+# that has not yet heard of new limits does not claim past them.
+CLAIM_JOBS: Final = (
+    _CLAIM_WITH
+    + "(paused_at IS NOT NULL OR concurrency IS NOT NULL OR rate_count IS NOT NULL)"
+    + _CLAIM_UPDATE
+)
+
+# The claim of a limited queue, under the queue's row lock (see below): paused stops it.
+CLAIM_LIMITED: Final = _CLAIM_WITH + "paused_at IS NOT NULL" + _CLAIM_UPDATE
 
 # Flow control (docs/flow-control.md). A limited queue is claimed in one transaction that
 # first locks the queue's row (the serialisation point: one claimer of that queue at a

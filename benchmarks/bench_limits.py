@@ -17,8 +17,7 @@ import sys
 import time
 
 import anyio
-import asyncpg
-from common import fresh_database
+from common import fresh_database, reset_jobs
 
 import pgq
 from pgq import migrate
@@ -33,21 +32,13 @@ async def noop(ctx: pgq.JobContext, i: int) -> None:
 
 
 async def fill(dsn: str) -> None:
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("TRUNCATE pgq_jobs")
-    finally:
-        await conn.close()
+    await reset_jobs(dsn)
     async with pgq.Client(dsn, app=app) as client:
         for start in range(0, N, 5_000):
             await client.enqueue_many(
                 [pgq.JobSpec(noop, {"i": i}) for i in range(start, start + 5_000)]
             )
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("VACUUM ANALYZE pgq_jobs")
-    finally:
-        await conn.close()
+    await reset_jobs(dsn, analyze=True)
 
 
 async def drain(dsn: str, mode: str) -> float:

@@ -16,9 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
-import asyncpg
 import httpx
-from common import fresh_database
+from common import fresh_database, reset_jobs
 
 import pgq
 from pgq import migrate
@@ -36,16 +35,13 @@ async def noop(ctx: pgq.JobContext, i: int) -> None:
 async def fill(dsn: str) -> None:
     """A table of exactly N available jobs with fresh statistics, so that every run starts
     alike (this machine's test server runs without autovacuum)."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        await conn.execute("TRUNCATE pgq_jobs")
-    finally:
-        await conn.close()
+    await reset_jobs(dsn)
     async with pgq.Client(dsn, app=app) as client:
         for start in range(0, N, 5_000):
             await client.enqueue_many(
                 [pgq.JobSpec(noop, {"i": i}) for i in range(start, start + 5_000)]
             )
+    await reset_jobs(dsn, analyze=True)
 
 
 async def drain(dsn: str, scrape: bool = False, **options: Any) -> float:

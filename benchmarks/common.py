@@ -104,6 +104,17 @@ async def private_server(settings: dict[str, str]) -> AsyncIterator[str]:
         shutil.rmtree(data, ignore_errors=True)
 
 
+async def reset_jobs(dsn: str, *, analyze: bool = False) -> None:
+    """Empty pgq's jobs table (``analyze``: instead, give it fresh statistics). This
+    machine's test server runs without autovacuum: a run that starts from a table whose
+    statistics are stale can get a claim plan many times slower."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("VACUUM ANALYZE pgq_jobs" if analyze else "TRUNCATE pgq_jobs")
+    finally:
+        await conn.close()
+
+
 async def pgq_migrate(dsn: str) -> None:
     """Install pgq's schema with `pgq migrate` in a process of its own, as a deployment
     does: the measuring process then holds what an application's would (asyncpg and pgq,

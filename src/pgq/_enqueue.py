@@ -15,7 +15,7 @@ from pgq import _serde
 from pgq._store.jobs import NewJob
 from pgq.app import App, JobSpec, Task, check_queue_name, check_task_name
 from pgq.errors import ConfigError, SerializationError
-from pgq.job import DEFAULT_QUEUE, JobState, unique_mask
+from pgq.job import DEFAULT_QUEUE, Job, JobState, unique_mask
 
 #: States a unique key is taken in unless a spec says otherwise: until the job is final.
 DEFAULT_UNIQUE_STATES = tuple(s for s in JobState if not s.is_final)
@@ -76,10 +76,60 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
         metadata = dict(spec.metadata)
         metadata_json = _serde.dumps(metadata, "metadata")
     key, states = _unique(index, spec, name, queue, args)
-    return NewJob(
+    row = NewJob(
         queue, name, args, _serde.dumps(args, "args"), priority, max_attempts, spec.run_at,
         delay_s, tags, metadata, metadata_json, key, states,
     )  # fmt: skip
+    if spec.limit_key is not None or (defaults is not None and defaults.limit_key_arg):
+        row.limit_key = _limit_key(index, spec, defaults, args)
+    if spec.depends_on is not None or spec.on_parent_failure is not None:
+        row.depends_on, row.on_parent_failure = _dependencies(index, spec)
+    return row
+
+
+#: The longest limit key (it is part of an index entry, which PostgreSQL caps near 2.7 kB).
+MAX_LIMIT_KEY = 1000
+
+
+def _limit_key(
+    index: int, spec: JobSpec[Any], defaults: Task | None, args: dict[str, Any]
+) -> str | None:
+    key: object = spec.limit_key
+    if key is None and defaults is not None and defaults.limit_key_arg is not None:
+        value = args.get(defaults.limit_key_arg)
+        # A string stays itself; another value is its JSON text (42 and "42" are one key).
+        key = value if value is None or isinstance(value, str) else _serde.dumps(value, "args")
+    if key is None:
+        return None
+    if not isinstance(key, str):
+        raise ConfigError(f"{_where(index)}limit_key must be a string, got {key!r}")
+    if len(key) > MAX_LIMIT_KEY or "\x00" in key:
+        raise ConfigError(
+            f"{_where(index)}limit_key must be at most {MAX_LIMIT_KEY} characters without NUL "
+            f"(got {len(key)}); nothing was enqueued"
+        )
+    return key
+
+
+def _dependencies(index: int, spec: JobSpec[Any]) -> tuple[tuple[int, ...] | None, str]:
+    mode = spec.on_parent_failure or "cancel"
+    if mode not in ("cancel", "run"):
+        raise ConfigError(
+            f"{_where(index)}on_parent_failure must be 'cancel' or 'run', got {mode!r}"
+        )
+    if spec.depends_on is None:
+        return None, mode
+    if isinstance(spec.depends_on, (str, bytes, Job, int)):
+        raise ConfigError(f"{_where(index)}depends_on takes a list of jobs or job ids")
+    ids: dict[int, None] = {}
+    for parent in spec.depends_on:
+        parent_id = parent.id if isinstance(parent, Job) else parent
+        if type(parent_id) is not int or not 1 <= parent_id < 2**63:
+            raise ConfigError(f"{_where(index)}depends_on takes jobs or job ids, got {parent!r}")
+        ids[parent_id] = None
+    if not ids:
+        return None, mode
+    return tuple(ids), mode
 
 
 def _check_int(index: int, option: str, value: object, low: int) -> None:

@@ -141,6 +141,42 @@ class SyncClient:
         (job,) = self.enqueue_many([spec.with_options(**options)], connection=connection)
         return job
 
+    def enqueue_chain(
+        self, specs: Iterable[JobSpec[Any]], *, connection: SyncConnection | None = None
+    ) -> list[Job[Any]]:
+        """Jobs that run one after another, as :meth:`pgq.Client.enqueue_chain`."""
+        from pgq._store import sync
+
+        rows = [prepare(i, spec, self._app) for i, spec in enumerate(specs)]
+        with self._lock:
+            conn = (
+                sync.caller_connection_sync(connection)
+                if connection is not None
+                else self._connect()
+            )
+            return sync.insert_chain(conn, rows)
+
+    def enqueue_group(
+        self,
+        members: Iterable[JobSpec[Any]],
+        callback: JobSpec[Any],
+        *,
+        connection: SyncConnection | None = None,
+    ) -> tuple[list[Job[Any]], Job[Any]]:
+        """Members side by side and a callback after them, as
+        :meth:`pgq.Client.enqueue_group`."""
+        from pgq._store import sync
+
+        rows = [prepare(i, spec, self._app) for i, spec in enumerate(members)]
+        last = prepare(len(rows), callback, self._app)
+        with self._lock:
+            conn = (
+                sync.caller_connection_sync(connection)
+                if connection is not None
+                else self._connect()
+            )
+            return sync.insert_group(conn, rows, last)
+
     def enqueue_many(
         self, specs: Iterable[JobSpec[Any]], *, connection: SyncConnection | None = None
     ) -> list[Job[Any]]:
@@ -159,7 +195,9 @@ class SyncClient:
                 return sync.insert(sync.caller_connection_sync(connection), rows)
             with self._lock:
                 conn = self._connect()
-                if len(rows) > 1 and all(r.unique_key is None for r in rows):
+                if len(rows) > 1 and all(
+                    r.unique_key is None and r.depends_on is None for r in rows
+                ):
                     return sync.copy(conn, rows)
                 return sync.insert(conn, rows)
         except psycopg.errors.ProgramLimitExceeded as exc:

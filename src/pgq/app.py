@@ -17,7 +17,7 @@ from pgq import _serde
 from pgq._cron import TimeSchedule, make_schedule
 from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
 from pgq.errors import ConfigError, UnknownTaskError
-from pgq.job import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, JobContext, JobState
+from pgq.job import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, Job, JobContext, JobState
 
 #: A task's parameters after the context, and its result.
 P = ParamSpec("P", default=...)
@@ -83,6 +83,7 @@ class Task(Generic[P, R]):
         "backoff",
         "fn",
         "is_async",
+        "limit_key_arg",
         "max_attempts",
         "name",
         "priority",
@@ -101,6 +102,7 @@ class Task(Generic[P, R]):
         timeout: float | None,
         priority: int,
         backoff: Backoff,
+        limit_key_arg: str | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ConfigError(f"task {name!r}: max_attempts must be at least 1")
@@ -114,8 +116,14 @@ class Task(Generic[P, R]):
         self.timeout = timeout
         self.priority = priority
         self.backoff = backoff
+        #: The argument whose value is a job's limit key unless the enqueue gives one.
+        self.limit_key_arg = limit_key_arg
         self.is_async = inspect.iscoroutinefunction(fn)
         self._read_signature()
+        if limit_key_arg is not None and not (limit_key_arg in self._names or self._var_keyword):
+            raise ConfigError(
+                f"task {name!r}: limit_key_arg={limit_key_arg!r} is not one of its parameters"
+            )
 
     def _read_signature(self) -> None:
         """What the job's arguments must be: they arrive as keyword arguments after the
@@ -209,6 +217,14 @@ class JobSpec(Generic[R]):
     unique_period: float | None = None
     #: States the key is unique across; default: all but completed, discarded, cancelled.
     unique_states: Sequence[JobState | str] | None = None
+    #: The key the queue's per-key limits count the job under (default: the argument the
+    #: task names with ``limit_key_arg``, if any).
+    limit_key: str | None = None
+    #: Jobs (or their ids) this one waits for: it runs once every one has completed.
+    depends_on: Sequence[Job[Any] | int] | None = None
+    #: What a parent that ends discarded or cancelled means: "cancel" this job (and its own
+    #: dependents), or "run" it anyway.
+    on_parent_failure: str | None = None
 
     def with_options(
         self,
@@ -224,13 +240,17 @@ class JobSpec(Generic[R]):
         unique: bool | None = None,
         unique_period: float | None = None,
         unique_states: Sequence[JobState | str] | None = None,
+        limit_key: str | None = None,
+        depends_on: Sequence[Job[Any] | int] | None = None,
+        on_parent_failure: str | None = None,
     ) -> JobSpec[R]:
         """A copy with the options given (None: keep this spec's)."""
         given: dict[str, Any] = {
             "queue": queue, "priority": priority, "delay": delay, "run_at": run_at,
             "max_attempts": max_attempts, "tags": tags, "metadata": metadata,
             "unique_key": unique_key, "unique": unique, "unique_period": unique_period,
-            "unique_states": unique_states,
+            "unique_states": unique_states, "limit_key": limit_key, "depends_on": depends_on,
+            "on_parent_failure": on_parent_failure,
         }  # fmt: skip
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
 
@@ -385,6 +405,7 @@ class App:
         timeout: float | None = None,
         priority: int = 0,
         backoff: Backoff | None = None,
+        limit_key_arg: str | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -398,12 +419,15 @@ class App:
         timeout: float | None = None,
         priority: int = 0,
         backoff: Backoff | None = None,
+        limit_key_arg: str | None = None,
     ) -> Any:
         """Register a task. Its first parameter receives a :class:`~pgq.JobContext`; the
         job's args are passed as keyword arguments. ``async def`` tasks run on the event
         loop; plain ``def`` tasks run in a bounded pool of worker threads.
 
         ``timeout`` is in seconds; ``backoff`` shapes retries after failures.
+        ``limit_key_arg`` names the argument whose value is a job's limit key (for the
+        queue's per-key limits) when the enqueue gives none.
         """
 
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
@@ -415,6 +439,7 @@ class App:
                 timeout=timeout,
                 priority=priority,
                 backoff=backoff or Backoff(),
+                limit_key_arg=limit_key_arg,
             )
             if task.name in self._tasks:
                 raise ConfigError(f"task {task.name!r} is registered twice; pass name= to one")

@@ -142,6 +142,9 @@ class Client:
         unique: bool | None = None,
         unique_period: float | None = None,
         unique_states: Sequence[JobState | str] | None = None,
+        limit_key: str | None = None,
+        depends_on: Sequence[Job[Any] | int] | None = None,
+        on_parent_failure: str | None = None,
         connection: AnyConnection | None = None,
     ) -> Job[R]: ...
 
@@ -163,6 +166,9 @@ class Client:
         unique: bool | None = None,
         unique_period: float | None = None,
         unique_states: Sequence[JobState | str] | None = None,
+        limit_key: str | None = None,
+        depends_on: Sequence[Job[Any] | int] | None = None,
+        on_parent_failure: str | None = None,
         connection: AnyConnection | None = None,
     ) -> Job[R]: ...
 
@@ -190,6 +196,11 @@ class Client:
         args, per ``unique_period`` seconds when given), a job whose key is already held by
         a job in ``unique_states`` is not enqueued: the existing job is returned with
         ``duplicate=True``.
+
+        ``limit_key`` is the key the queue's per-key limits count the job under.
+        ``depends_on`` (jobs or ids) makes the job wait, ``pending``, until every one of
+        them has completed; if one ends discarded or cancelled, the job is cancelled (or,
+        with ``on_parent_failure="run"``, runs anyway). See docs/flow-control.md.
         """
         if isinstance(task, JobSpec):
             if args is not None:
@@ -225,11 +236,51 @@ class Client:
             if connection is not None:
                 return await store_jobs.insert(await caller_connection(connection), rows)
             async with self.pool.acquire() as conn:
-                if len(rows) > 1 and all(r.unique_key is None for r in rows):
+                if len(rows) > 1 and all(
+                    r.unique_key is None and r.depends_on is None for r in rows
+                ):
                     return await store_jobs.copy(conn, rows)
                 return await store_jobs.insert(conn, rows)
         except asyncpg.ProgramLimitExceededError as exc:
             raise _too_large(rows, exc) from exc
+
+    async def enqueue_chain(
+        self, specs: Iterable[JobSpec[Any]], *, connection: AnyConnection | None = None
+    ) -> list[Job[Any]]:
+        """Enqueue jobs that run one after another: each waits for the one before it to
+        complete (and is cancelled if it fails for good, unless its spec says
+        ``on_parent_failure="run"``). All are written in one transaction; returns them in
+        order. A task reads its predecessor's result from ``ctx.parents``."""
+        rows = [prepare(i, spec, self._app) for i, spec in enumerate(specs)]
+        try:
+            if connection is not None:
+                return await store_jobs.insert_chain(await caller_connection(connection), rows)
+            async with self.pool.acquire() as conn:
+                return await store_jobs.insert_chain(conn, rows)
+        except asyncpg.ProgramLimitExceededError as exc:
+            raise _too_large(rows, exc) from exc
+
+    async def enqueue_group(
+        self,
+        members: Iterable[JobSpec[Any]],
+        callback: JobSpec[Any],
+        *,
+        connection: AnyConnection | None = None,
+    ) -> tuple[list[Job[Any]], Job[Any]]:
+        """Enqueue ``members``, which run side by side, and ``callback``, which runs once all
+        of them have completed (with ``on_parent_failure="run"`` on its spec: once all have
+        finished, however they ended). The callback reads the members, results included,
+        from ``ctx.parents`` in the order given. Written in one transaction."""
+        rows = [prepare(i, spec, self._app) for i, spec in enumerate(members)]
+        last = prepare(len(rows), callback, self._app)
+        try:
+            if connection is not None:
+                conn = await caller_connection(connection)
+                return await store_jobs.insert_group(conn, rows, last)
+            async with self.pool.acquire() as own:
+                return await store_jobs.insert_group(own, rows, last)
+        except asyncpg.ProgramLimitExceededError as exc:
+            raise _too_large([*rows, last], exc) from exc
 
     # ------------------------------------------------------------------ actions
 
@@ -270,33 +321,27 @@ class Client:
         *,
         concurrency: int | None = None,
         rate: tuple[int, float] | None = None,
+        key_concurrency: int | None = None,
+        key_rate: tuple[int, float] | None = None,
         connection: AnyConnection | None = None,
     ) -> None:
         """Limit queue ``name`` across every worker, live: at most ``concurrency`` of its jobs
         running at once, at most ``rate[0]`` started in any ``rate[1]`` seconds (a sliding
-        window). None clears that limit; both None clear the queue's limits. Enforced by the
-        claim, under a lock on the queue's row (see docs/flow-control.md)."""
+        window); ``key_concurrency`` and ``key_rate`` are the same limits for each limit key
+        of its jobs (``limit_key=`` at enqueue, or the task's ``limit_key_arg``). None
+        clears that limit; all None clear the queue's limits. Enforced by the claim, under a
+        lock on the queue's row (see docs/flow-control.md)."""
         if name == "*":
             raise ConfigError("limits apply to one queue at a time, not '*'")
         check_queue_name(name)
         if concurrency is not None:
             _check_count("concurrency", concurrency)
-        if rate is not None:
-            if not isinstance(rate, tuple | list) or len(rate) != 2:
-                raise ConfigError(f"rate must be (count, seconds), e.g. (100, 60), not {rate!r}")
-            count, period = rate
-            _check_count("a rate's count", count)
-            if (
-                isinstance(period, bool)
-                or not isinstance(period, int | float)
-                or not 0 < period <= MAX_RATE_PERIOD_S
-            ):
-                raise ConfigError(
-                    f"a rate's period must be a number of seconds above 0 and at most "
-                    f"{MAX_RATE_PERIOD_S:,} (a year), not {period!r}"
-                )
-            rate = (count, float(period))
-        await store_queues.set_limits(await self._db(connection), name, concurrency, rate)
+        if key_concurrency is not None:
+            _check_count("key_concurrency", key_concurrency)
+        count, period = _check_rate("rate", rate)
+        key_count, key_period = _check_rate("key_rate", key_rate)
+        limits = QueueLimits(concurrency, count, period, key_concurrency, key_count, key_period)
+        await store_queues.set_limits(await self._db(connection), name, limits)
 
     async def queue_limits(self, name: str) -> QueueLimits:
         """The limits stored for queue ``name`` (all None: unlimited)."""
@@ -399,6 +444,25 @@ class Client:
 
 #: The longest rate period a queue may have (a year, in seconds).
 MAX_RATE_PERIOD_S = 365 * 24 * 3600
+
+
+def _check_rate(option: str, rate: object) -> tuple[int | None, float | None]:
+    if rate is None:
+        return None, None
+    if not isinstance(rate, tuple | list) or len(rate) != 2:
+        raise ConfigError(f"{option} must be (count, seconds), e.g. (100, 60), not {rate!r}")
+    count, period = rate
+    _check_count(f"a {option}'s count", count)
+    if (
+        isinstance(period, bool)
+        or not isinstance(period, int | float)
+        or not 0 < period <= MAX_RATE_PERIOD_S
+    ):
+        raise ConfigError(
+            f"a {option}'s period must be a number of seconds above 0 and at most "
+            f"{MAX_RATE_PERIOD_S:,} (a year), not {period!r}"
+        )
+    return count, float(period)
 
 
 def _check_count(what: str, value: object) -> None:

@@ -25,7 +25,8 @@ DEFAULT_MAX_ATTEMPTS = 20
 
 
 class JobState(enum.StrEnum):
-    """Where a job is in its life. ``completed``, ``discarded`` and ``cancelled`` are final.
+    """Where a job is in its life. ``completed``, ``discarded`` and ``cancelled`` are final;
+    ``pending`` waits for the jobs it depends on.
 
     The order of the members is the order of the database enum ``pgq_job_state`` and gives
     each state its bit in a unique-states mask (bit *i* for the *i*-th state): new states are
@@ -39,6 +40,8 @@ class JobState(enum.StrEnum):
     COMPLETED = "completed"
     DISCARDED = "discarded"
     CANCELLED = "cancelled"
+    #: Waiting for the jobs it depends on (``depends_on``) to complete.
+    PENDING = "pending"
 
     @property
     def is_final(self) -> bool:
@@ -104,6 +107,10 @@ class Job(Generic[R]):
     attempt_token: uuid.UUID | None = None
     #: The name of the worker that runs (or last ran) the job.
     attempted_by: str | None = None
+    #: The key the queue's per-key limits count this job under (docs/flow-control.md).
+    limit_key: str | None = None
+    #: The ids of the jobs this one waits for, in the order given (None: no dependencies).
+    depends_on: list[int] | None = None
 
 
 def _seconds(delay: float | timedelta | None) -> float | None:
@@ -181,15 +188,20 @@ class Settling(Protocol):
         """The same from a plain ``def`` task, on a synchronous connection."""
         ...
 
+    async def parents(self, job: Job) -> list[Job]:
+        """The jobs ``job`` depends on, in its ``depends_on`` order."""
+        ...
+
 
 class JobContext:
     """What a task receives first: its job, a logger bound to it, cancellation state, and the
     means to settle its attempt inside its own transaction (:meth:`complete` and siblings)."""
 
-    __slots__ = ("_cancel", "_log", "_settled", "_settler", "job")
+    __slots__ = ("_cancel", "_log", "_parents", "_settled", "_settler", "job")
 
     def __init__(self, job: Job, settler: Settling | None = None) -> None:
         self.job = job
+        self._parents: list[Job] = []
         # A plain flag: a task's thread reads it, the event loop sets it (atomic under the GIL).
         self._cancel = False
         self._log: JobLogger | None = None
@@ -224,6 +236,14 @@ class JobContext:
     def metadata(self) -> Mapping[str, Any]:
         """The job's metadata, as enqueued."""
         return self.job.metadata
+
+    @property
+    def parents(self) -> list[Job]:
+        """The jobs this one depended on (``depends_on``), in the order given, as they were
+        when this attempt started: a group's callback reads its members' results here
+        (``[p.result for p in ctx.parents]``). Empty for a job without dependencies. A
+        parent deleted since (by retention) is missing from the list."""
+        return self._parents
 
     @property
     def log(self) -> JobLogger:

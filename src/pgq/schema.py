@@ -28,6 +28,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 
 from pgq._store.revision import SCHEMA_REVISION, VERSION_TABLE
+from pgq._store.sql import CHANNEL_DONE, CHANNEL_JOBS
 from pgq.job import FINAL_STATES, JobState
 
 #: The job states in the database enum's order: JobState's, the one definition.
@@ -83,6 +84,14 @@ jobs = Table(
     Column("unique_states", Integer),
     # Set by client.cancel() on a running job; its worker cancels it (NOTIFY, or its poll).
     Column("cancel_requested_at", TSTZ),
+    # Partitioned limits (docs/flow-control.md): the key the queue's per-key limits count by.
+    Column("limit_key", Text),
+    # Dependencies: the parents, in the order given; how many are not yet finished; what a
+    # failed parent means ('cancel' or 'run'); and, on a parent, that some job waits for it.
+    Column("depends_on", ARRAY(BigInteger)),
+    Column("deps_left", Integer),
+    Column("on_parent_failure", Text),
+    Column("has_dependents", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint(f"(finalized_at IS NOT NULL) = (state IN ({_FINAL_SQL}))", name="finalized_at"),
     CheckConstraint("attempt >= 0 AND max_attempts >= 1", name="attempts"),
     CheckConstraint("char_length(queue) BETWEEN 1 AND 128", name="queue_length"),
@@ -113,6 +122,24 @@ Index(
     jobs.c.producer_id,
     postgresql_where=jobs.c.state == literal_column("'running'"),
 )
+# Partitioned limits: the keys of a queue's available jobs (a skip scan), and each key's
+# next jobs. Rows without a key are not in it: plain queues write nothing here.
+Index(
+    "pgq_jobs_limit_key_idx",
+    jobs.c.queue,
+    jobs.c.limit_key,
+    jobs.c.priority.desc(),
+    jobs.c.scheduled_at,
+    jobs.c.id,
+    postgresql_where=text("state = 'available' AND limit_key IS NOT NULL"),
+)
+# Dependencies: the jobs that wait for a parent.
+Index(
+    "pgq_jobs_depends_on_idx",
+    jobs.c.depends_on,
+    postgresql_using="gin",
+    postgresql_where=text("depends_on IS NOT NULL"),
+)
 # Retention and operator listings: finished jobs by state and age.
 Index(
     "pgq_jobs_finalized_idx",
@@ -141,6 +168,72 @@ Index(
     unique=True,
     postgresql_where=text("unique_key IS NOT NULL AND pgq_unique_active(state, unique_states)"),
 )
+
+# Dependencies: when a job with dependents finishes (or is deleted unfinished), each
+# dependent has one parent fewer to wait for (and becomes due at none) if the parent
+# completed or the dependent runs anyway, and is cancelled otherwise. A trigger, so every
+# path that finishes a job (outcomes, rescue, cancel, operator actions, a task's own
+# transaction) releases dependents in the same transaction; its WHEN clause reads only the
+# row, so jobs without dependents pay nothing. The row-level locks of the UPDATEs order
+# two parents finishing at once: the second sees the first's decrement.
+RELEASE_FUNCTION = (
+    """CREATE FUNCTION pgq_release_dependents() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    parent bigint;
+    outcome text;
+    told bigint;
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        parent := OLD.id;
+        outcome := 'deleted';
+    ELSE
+        parent := NEW.id;
+        outcome := NEW.state::text;
+    END IF;
+    WITH released AS (
+        UPDATE pgq_jobs c
+        SET deps_left = c.deps_left - 1,
+            state = CASE WHEN c.deps_left > 1 THEN c.state
+                         WHEN c.scheduled_at > now() THEN 'scheduled'
+                         ELSE 'available' END
+        WHERE c.depends_on @> ARRAY[parent] AND c.state = 'pending'
+          AND (outcome = 'completed' OR c.on_parent_failure = 'run')
+        RETURNING c.queue, c.state
+    )
+    SELECT count(pg_notify('"""
+    + CHANNEL_JOBS
+    + """', q.queue)) INTO told
+    FROM (SELECT DISTINCT queue FROM released WHERE state = 'available') q;
+    WITH cancelled AS (
+        UPDATE pgq_jobs c
+        SET state = 'cancelled', finalized_at = now(), deps_left = 0,
+            errors = c.errors || jsonb_build_array(jsonb_build_object(
+                'attempt', c.attempt, 'kind', 'dependency',
+                'message', 'parent job ' || parent || ' was ' || outcome,
+                'traceback', NULL, 'at', now()))
+        WHERE c.depends_on @> ARRAY[parent] AND c.state = 'pending'
+          AND outcome <> 'completed' AND c.on_parent_failure <> 'run'
+        RETURNING c.id
+    )
+    SELECT count(pg_notify('"""
+    + CHANNEL_DONE
+    + """', cancelled.id::text)) INTO told FROM cancelled;
+    RETURN NULL;
+END
+$$"""
+)
+RELEASE_ON_FINISH = f"""CREATE TRIGGER pgq_jobs_parent_finished AFTER UPDATE OF state ON pgq_jobs
+FOR EACH ROW
+WHEN (NEW.has_dependents AND NEW.state IN ({_FINAL_SQL}) AND OLD.state NOT IN ({_FINAL_SQL}))
+EXECUTE FUNCTION pgq_release_dependents()"""
+RELEASE_ON_DELETE = f"""CREATE TRIGGER pgq_jobs_parent_deleted AFTER DELETE ON pgq_jobs
+FOR EACH ROW
+WHEN (OLD.has_dependents AND OLD.state NOT IN ({_FINAL_SQL}))
+EXECUTE FUNCTION pgq_release_dependents()"""
+event.listen(jobs, "after_create", DDL(RELEASE_FUNCTION))  # type: ignore[no-untyped-call]
+event.listen(jobs, "after_create", DDL(RELEASE_ON_FINISH))  # type: ignore[no-untyped-call]
+event.listen(jobs, "after_create", DDL(RELEASE_ON_DELETE))  # type: ignore[no-untyped-call]
+event.listen(jobs, "after_drop", DDL("DROP FUNCTION IF EXISTS pgq_release_dependents"))  # type: ignore[no-untyped-call]
 
 # Periodic schedules: the last slot the leader enqueued, so a slot is enqueued once.
 periodic = Table(
@@ -213,6 +306,10 @@ queues = Table(
     Column("concurrency", Integer),
     Column("rate_count", Integer),
     Column("rate_period_s", Float),
+    # The same limits for each limit key of the queue's jobs.
+    Column("key_concurrency", Integer),
+    Column("key_rate_count", Integer),
+    Column("key_rate_period_s", Float),
 )
 
 rate_log = Table(
@@ -220,6 +317,7 @@ rate_log = Table(
     metadata,
     Column("queue", Text, nullable=False),
     Column("started_at", TSTZ, nullable=False),
+    Column("limit_key", Text),
     Index("pgq_rate_log_idx", "queue", "started_at"),
 )
 

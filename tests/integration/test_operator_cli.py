@@ -212,12 +212,25 @@ async def run_cli(
 
 def test_queue_limits_from_the_shell(dsn: str) -> None:
     shown = as_json(dsn, "queues", "limit", "emails", "--concurrency", "3", "--rate", "100/60")
-    assert shown == {"queue": "emails", "concurrency": 3, "rate_count": 100, "rate_period_s": 60.0}
+    assert shown == {
+        "queue": "emails", "concurrency": 3, "rate_count": 100, "rate_period_s": 60.0,
+        "key_concurrency": None, "key_rate_count": None, "key_rate_period_s": None,
+    }  # fmt: skip
     listed = {q["name"]: q for q in as_json(dsn, "queues", "list")}
     assert listed["emails"]["concurrency"] == 3 and listed["emails"]["rate_count"] == 100
     kept = as_json(dsn, "queues", "limit", "emails", "--rate", "50/10")  # concurrency stays
     assert kept["concurrency"] == 3 and kept["rate_count"] == 50
     bad = pgq_cli(dsn, "queues", "limit", "emails", "--rate", "100")
     assert bad.returncode == 1 and "--rate takes COUNT/SECONDS" in bad.stderr
+    keyed = as_json(dsn, "queues", "limit", "emails", "--key-concurrency", "2", "--key-rate", "5/1")
+    assert (keyed["concurrency"], keyed["rate_count"]) == (3, 50)  # kept
+    assert (keyed["key_concurrency"], keyed["key_rate_count"], keyed["key_rate_period_s"]) == (
+        2, 5, 1.0,
+    )  # fmt: skip
+    text = pgq_cli(dsn, "queues", "list")
+    assert "3 at once, 50/10s; per key: 2 at once, 5/1s" in text.stdout
+    bad_key = pgq_cli(dsn, "queues", "limit", "emails", "--key-rate", "x/1")
+    assert bad_key.returncode == 1 and "--key-rate takes COUNT/SECONDS" in bad_key.stderr
     cleared = as_json(dsn, "queues", "limit", "emails", "--clear")
     assert cleared["concurrency"] is None and cleared["rate_count"] is None
+    assert cleared["key_concurrency"] is None and cleared["key_rate_count"] is None

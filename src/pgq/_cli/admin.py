@@ -18,6 +18,7 @@ from pgq._store import jobs as store_jobs
 from pgq._store import leader as store_leader
 from pgq._store import producers as store_producers
 from pgq._store import queues as store_queues
+from pgq._store.claims import QueueLimits
 from pgq._store.connections import Target, connect
 from pgq._store.revision import check_schema
 from pgq.app import JobSpec, check_queue_name
@@ -277,43 +278,46 @@ async def _chosen_jobs(client: Client, args: argparse.Namespace) -> list[int]:
 
 async def _limit(client: Client, args: argparse.Namespace) -> int:
     name = check_queue_name(args.name)
-    if args.clear and (args.concurrency is not None or args.rate is not None):
+    given = {
+        "concurrency": args.concurrency,
+        "rate": _rate("--rate", args.rate) if args.rate is not None else None,
+        "key_concurrency": args.key_concurrency,
+        "key_rate": _rate("--key-rate", args.key_rate) if args.key_rate is not None else None,
+    }
+    changed = {k: v for k, v in given.items() if v is not None}
+    if args.clear and changed:
         raise ConfigError("--clear removes every limit: give it alone")
     if args.clear:
         await client.set_queue_limits(name)
-    elif args.concurrency is not None or args.rate is not None:
+    elif changed:
         # A limit not given keeps its stored value: --rate alone leaves --concurrency be.
         now = await client.queue_limits(name)
-        kept = (now.rate_count, now.rate_period_s) if now.rate_count is not None else None
-        await client.set_queue_limits(
-            name,
-            concurrency=args.concurrency if args.concurrency is not None else now.concurrency,
-            rate=_rate(args.rate) if args.rate is not None else kept,  # type: ignore[arg-type]
-        )
+        kept: dict[str, Any] = {
+            "concurrency": now.concurrency,
+            "rate": (now.rate_count, now.rate_period_s) if now.rate_count is not None else None,
+            "key_concurrency": now.key_concurrency,
+            "key_rate": (now.key_rate_count, now.key_rate_period_s)
+            if now.key_rate_count is not None
+            else None,
+        }
+        await client.set_queue_limits(name, **(kept | changed))
     limits = await client.queue_limits(name)
-    rate_text = (
-        f"{limits.rate_count}/{limits.rate_period_s:g}s"
-        if limits.rate_count is not None
-        else "none"
-    )
-    text = f"queue {name}: concurrency {limits.concurrency or 'unlimited'}, rate {rate_text}"
-    data = {
-        "queue": name,
+    text = f"queue {name}: {limits.describe() if limits.limited else 'no limits'}"
+    return emit(args, {"queue": name, **_limits_data(limits)}, lambda: text)
+
+
+def _limits_data(limits: QueueLimits) -> dict[str, Any]:
+    return {
         "concurrency": limits.concurrency,
         "rate_count": limits.rate_count,
         "rate_period_s": limits.rate_period_s,
+        "key_concurrency": limits.key_concurrency,
+        "key_rate_count": limits.key_rate_count,
+        "key_rate_period_s": limits.key_rate_period_s,
     }
-    return emit(args, data, lambda: text)
 
 
-def _limits_text(concurrency: int | None, count: int | None, period: float | None) -> str:
-    parts = [f"{concurrency} at once"] if concurrency is not None else []
-    if count is not None and period is not None:
-        parts.append(f"{count}/{period:g}s")
-    return ", ".join(parts) or "-"
-
-
-def _rate(text: str) -> tuple[int, float]:
+def _rate(option: str, text: str) -> tuple[int, float]:
     count, slash, seconds = text.partition("/")
     try:
         if not slash:
@@ -321,7 +325,7 @@ def _rate(text: str) -> tuple[int, float]:
         return int(count), float(seconds)
     except ValueError:
         raise ConfigError(
-            f"--rate takes COUNT/SECONDS, e.g. 100/60 (100 jobs a minute), not {text!r}"
+            f"{option} takes COUNT/SECONDS, e.g. 100/60 (100 jobs a minute), not {text!r}"
         ) from None
 
 
@@ -357,9 +361,7 @@ async def _queues(client: Client, args: argparse.Namespace) -> int:
             "available": q.available,
             "running": q.running,
             "producers": q.producers,
-            "concurrency": q.concurrency,
-            "rate_count": q.rate_count,
-            "rate_period_s": q.rate_period_s,
+            **_limits_data(q.limits),
         }
         for q in queues
     ]
@@ -370,7 +372,7 @@ async def _queues(client: Client, args: argparse.Namespace) -> int:
             str(q.available),
             str(q.running),
             str(q.producers),
-            _limits_text(q.concurrency, q.rate_count, q.rate_period_s),
+            q.limits.describe(),
         ]
         for q in queues
     ]

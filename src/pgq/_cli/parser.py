@@ -257,6 +257,17 @@ def _queue_limit(actions: Any) -> None:
         metavar="COUNT/SECONDS",
         help="at most COUNT jobs started in any SECONDS (e.g. 100/60)",
     )
+    p.add_argument(
+        "--key-concurrency",
+        type=int,
+        metavar="N",
+        help="at most N running per limit key (per customer, say)",
+    )
+    p.add_argument(
+        "--key-rate",
+        metavar="COUNT/SECONDS",
+        help="at most COUNT started per limit key in any SECONDS",
+    )
     p.add_argument("--clear", action="store_true", help="remove the queue's limits")
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pgq._store import sql
-from pgq._store.connections import Db, Pool
-from pgq._store.rows import job_from_row
+from pgq._store.connections import Connection, Db, Pool
+from pgq._store.rows import RowLike, job_from_row
 from pgq.job import Job
 
 
@@ -46,36 +46,71 @@ async def claim(
 @dataclass(frozen=True, slots=True)
 class QueueLimits:
     """A queue's flow-control limits: at most ``concurrency`` jobs running across all
-    workers, at most ``rate_count`` started per ``rate_period_s`` seconds (sliding)."""
+    workers, at most ``rate_count`` started per ``rate_period_s`` seconds (sliding); and the
+    same for each limit key of its jobs (``key_*``)."""
 
     concurrency: int | None = None
     rate_count: int | None = None
     rate_period_s: float | None = None
+    key_concurrency: int | None = None
+    key_rate_count: int | None = None
+    key_rate_period_s: float | None = None
 
     @property
     def limited(self) -> bool:
         """Whether any limit is set."""
-        return self.concurrency is not None or self.rate_count is not None
+        return self.concurrency is not None or self.rate_count is not None or self.keyed
+
+    @property
+    def keyed(self) -> bool:
+        """Whether a per-key limit is set."""
+        return self.key_concurrency is not None or self.key_rate_count is not None
+
+    def describe(self) -> str:
+        """The limits in a few words ("4 at once, 100/60s; per key: 1 at once"), or "-"."""
+        whole = _describe(self.concurrency, self.rate_count, self.rate_period_s)
+        per_key = _describe(self.key_concurrency, self.key_rate_count, self.key_rate_period_s)
+        if per_key:
+            return f"{whole}; per key: {per_key}" if whole else f"per key: {per_key}"
+        return whole or "-"
+
+
+def _describe(concurrency: int | None, count: int | None, period: float | None) -> str:
+    parts = [f"{concurrency} at once"] if concurrency is not None else []
+    if count is not None and period is not None:
+        parts.append(f"{count}/{period:g}s")
+    return ", ".join(parts)
+
+
+def limits_from_row(row: RowLike) -> QueueLimits:
+    """The limits in a row with the columns of ``sql.QUEUE_LIMITS``."""
+    return QueueLimits(
+        row["concurrency"],
+        row["rate_count"],
+        row["rate_period_s"],
+        row["key_concurrency"],
+        row["key_rate_count"],
+        row["key_rate_period_s"],
+    )
 
 
 async def queue_limits(db: Db, queue: str) -> QueueLimits:
     """The limits stored for ``queue`` (none when it has no row)."""
     row = await db.fetchrow(sql.QUEUE_LIMITS, queue)
-    if row is None:
-        return QueueLimits()
-    return QueueLimits(row["concurrency"], row["rate_count"], row["rate_period_s"])
+    return limits_from_row(row) if row is not None else QueueLimits()
 
 
 async def claim_limited(
     pool: Pool, plan: ClaimPlan, producer_id: uuid.UUID, worker_name: str, limit: int
 ) -> tuple[list[Job], bool, QueueLimits]:
     """Claim from a queue with limits: under its row's lock, at most ``limit`` jobs and no
-    more than its limits leave (running jobs of every worker, starts within the window).
-    Returns the jobs, whether the limits held the claim back (it took all they allowed,
-    less than ``limit``), and the limits as read under the lock."""
+    more than its limits leave (running jobs of every worker, starts within the window;
+    with per-key limits, the same for each key). Returns the jobs, whether the limits held
+    the claim back (jobs were left that a limit kept), and the limits as read under the
+    lock."""
     async with pool.acquire() as conn, conn.transaction():
         row = await conn.fetchrow(sql.LOCK_LIMITED_QUEUE, plan.queue)
-        limits = QueueLimits(*row) if row is not None else QueueLimits()
+        limits = limits_from_row(row) if row is not None else QueueLimits()
         period = limits.rate_period_s or 0.0
         usage = await conn.fetchrow(sql.LIMIT_USAGE, plan.queue, period)
         assert usage is not None  # one row, always
@@ -86,20 +121,53 @@ async def claim_limited(
             budget = min(budget, limits.rate_count - usage["started"])
         if budget <= 0:
             return [], True, limits
-        rows = await conn.fetch(
-            sql.CLAIM_LIMITED,
-            plan.queue,
-            plan.tasks,
-            budget,
-            producer_id,
-            plan.timeouts,
-            plan.max_attempts,
-            worker_name,
-        )
-        if rows and limits.rate_count is not None:
-            await conn.execute(sql.LOG_STARTS, plan.queue, len(rows), period)
-    held_back = budget < limit and len(rows) == budget
+        args = (plan.tasks, budget, producer_id, plan.timeouts, plan.max_attempts, worker_name)
+        keys_held = False
+        if limits.keyed:
+            rooms = await _key_rooms(conn, plan.queue, limits, budget)
+            keys_held = rooms.held
+            rows = await conn.fetch(
+                sql.CLAIM_KEYED, plan.queue, *args, rooms.keys, rooms.rooms, rooms.keyless
+            )
+        else:
+            rows = await conn.fetch(sql.CLAIM_LIMITED, plan.queue, *args)
+        if rows and (limits.rate_count is not None or limits.key_rate_count is not None):
+            window = max(period, limits.key_rate_period_s or 0.0)
+            await conn.execute(sql.LOG_STARTS, plan.queue, [r["limit_key"] for r in rows], window)
+    held_back = (budget < limit and len(rows) == budget) or (keys_held and len(rows) < budget)
     return [job_from_row(r) for r in rows], held_back, limits
+
+
+@dataclass(slots=True)
+class _Rooms:
+    """How many jobs each key may start now: keys with room (and the room of each), the
+    room of the jobs without a key, and whether some key with jobs waiting had none."""
+
+    keys: list[str]
+    rooms: list[int]
+    keyless: int
+    held: bool
+
+
+async def _key_rooms(conn: Connection, queue: str, limits: QueueLimits, budget: int) -> _Rooms:
+    rows = await conn.fetch(sql.KEY_USAGE, queue, limits.key_rate_period_s or 0.0)
+    out = _Rooms([], [], 0, False)
+    for r in rows:
+        room = budget
+        if limits.key_concurrency is not None:
+            room = min(room, limits.key_concurrency - r["running"])
+        if limits.key_rate_count is not None:
+            room = min(room, limits.key_rate_count - r["started"])
+        if r["key"] is None:
+            # Whether keyless jobs wait is unknown here; if some run or started, they may.
+            out.keyless = max(room, 0)
+            out.held = out.held or (room <= 0 and (r["running"] > 0 or r["started"] > 0))
+        elif room > 0:
+            out.keys.append(r["key"])
+            out.rooms.append(room)
+        else:
+            out.held = True
+    return out
 
 
 class OutcomeRow(Protocol):

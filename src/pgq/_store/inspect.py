@@ -12,7 +12,7 @@ import asyncpg
 
 from pgq._store import jobs as store_jobs
 from pgq._store import sql
-from pgq._store.claims import QueueLimits
+from pgq._store.claims import QueueLimits, limits_from_row
 from pgq._store.connections import Db, Pool
 from pgq._store.rows import job_from_row
 from pgq.job import Job, JobState
@@ -230,10 +230,7 @@ async def paused_queues(db: Db) -> dict[str, datetime | None]:
 
 async def queue_limits(db: Db) -> dict[str, QueueLimits]:
     """The limits of every queue that has some."""
-    return {
-        r["name"]: QueueLimits(r["concurrency"], r["rate_count"], r["rate_period_s"])
-        for r in await db.fetch(sql.LIMITED_QUEUES)
-    }
+    return {r["name"]: limits_from_row(r) for r in await db.fetch(sql.LIMITED_QUEUES)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from pgq import _serde
 from pgq._store import sql
 from pgq._store.connections import Connection, Db
 from pgq._store.rows import RowLike, job_from_row
+from pgq.errors import ConfigError
 from pgq.job import Job, JobState
 
 
@@ -31,6 +32,10 @@ class NewJob:
     metadata_json: str
     unique_key: str | None
     unique_states: int | None
+    limit_key: str | None = None
+    #: The parents' ids (distinct, in the order given), None without dependencies.
+    depends_on: tuple[int, ...] | None = None
+    on_parent_failure: str = "cancel"
 
     def values(self) -> tuple[Any, ...]:
         """The parameters of one row of the enqueue statements (tags as JSON text: SQL
@@ -47,6 +52,7 @@ class NewJob:
             self.metadata_json,
             self.unique_key,
             self.unique_states,
+            self.limit_key,
         )
 
     def job(
@@ -73,18 +79,102 @@ class NewJob:
             self.metadata,
             None,  # result
             self.unique_key,
+            False,  # duplicate
+            None,  # attempt_token
+            None,  # attempted_by
+            self.limit_key,
+            list(self.depends_on) if self.depends_on is not None else None,
         )
 
 
 async def insert(conn: Connection, rows: list[NewJob]) -> list[Job]:
     """Enqueue ``rows`` with one INSERT; a row whose unique key is taken comes back as the
-    job holding it, marked ``duplicate``. Works on any connection, in its transaction."""
+    job holding it, marked ``duplicate``. Works on any connection, in its transaction.
+    Rows with dependencies are written one statement each, in one transaction."""
+    if any(r.depends_on is not None for r in rows):
+        async with conn.transaction():
+            return [await _insert_one(conn, r) for r in rows]
     statement, params = insert_statement(rows)
     jobs, duplicates = assemble(rows, await conn.fetch(statement, *params))
     if duplicates:
         holders = await conn.fetch(sql.EXISTING_UNIQUE, [k for _, k in duplicates])
         fill_duplicates(rows, jobs, duplicates, holders)
     return [j for j in jobs if j is not None]
+
+
+async def _insert_one(conn: Connection, row: NewJob) -> Job:
+    if row.depends_on is None:
+        (job,) = await insert(conn, [row])
+        return job
+    rec = await conn.fetchrow(
+        sql.ENQUEUE_DEPENDENT, *row.values(), list(row.depends_on), row.on_parent_failure
+    )
+    assert rec is not None  # one row, always
+    return dependent_job(row, rec, await _holder(conn, row, rec))
+
+
+async def _holder(conn: Connection, row: NewJob, rec: RowLike) -> RowLike | None:
+    if rec["id"] is not None or rec["found"] < len(row.depends_on or ()):
+        return None
+    holders = await conn.fetch(sql.EXISTING_UNIQUE, [row.unique_key])
+    return holders[0] if holders else None
+
+
+def dependent_job(row: NewJob, rec: RowLike, holder: RowLike | None) -> Job:
+    """The job ``ENQUEUE_DEPENDENT`` wrote (or the one holding its unique key)."""
+    parents = row.depends_on or ()
+    if rec["found"] < len(parents):
+        raise ConfigError(
+            f"depends_on names jobs that do not exist (of {list(parents)}, "
+            f"{len(parents) - rec['found']} not found): enqueue the parents first, and keep "
+            "them until their dependents are enqueued; nothing was enqueued"
+        )
+    if rec["id"] is None:  # the unique key is taken
+        if holder is not None:
+            job = job_from_row(holder)
+        else:
+            job = Job(
+                0, row.queue, row.task, row.args, JobState.COMPLETED, unique_key=row.unique_key
+            )
+        job.duplicate = True
+        return job
+    return row.job(rec["id"], JobState(rec["state"]), rec["scheduled_at"], rec["created_at"])
+
+
+async def insert_chain(conn: Connection, rows: list[NewJob]) -> list[Job]:
+    """Enqueue ``rows``, each depending on the one before, in one transaction."""
+    jobs: list[Job] = []
+    async with conn.transaction():
+        for row in rows:
+            if jobs:
+                chain_after(row, jobs[-1])
+            jobs.append(await _insert_one(conn, row))
+    return jobs
+
+
+async def insert_group(
+    conn: Connection, members: list[NewJob], callback: NewJob
+) -> tuple[list[Job], Job]:
+    """Enqueue ``members`` and ``callback``, which depends on all of them, in one
+    transaction."""
+    if not members:
+        raise ConfigError("a group needs at least one member")
+    async with conn.transaction():
+        jobs = await insert(conn, members)
+        group_after(callback, jobs)
+        return jobs, await _insert_one(conn, callback)
+
+
+def chain_after(row: NewJob, previous: Job) -> None:
+    """Make ``row`` depend on ``previous`` too."""
+    row.depends_on = tuple(dict.fromkeys([*(row.depends_on or ()), previous.id]))
+
+
+def group_after(callback: NewJob, members: list[Job]) -> None:
+    """Make ``callback`` depend on every member (first) and its own parents."""
+    callback.depends_on = tuple(
+        dict.fromkeys([*(j.id for j in members), *(callback.depends_on or ())])
+    )
 
 
 def insert_statement(rows: list[NewJob]) -> tuple[str, list[Any]]:
@@ -171,7 +261,7 @@ def copy_plan(rows: list[NewJob]) -> tuple[bool, dict[str, datetime | None]]:
     for r in rows:
         if r.run_at is None and not r.delay_s:
             due[r.queue] = None
-            plain = plain and not r.tags and not r.metadata
+            plain = plain and not r.tags and not r.metadata and r.limit_key is None
             continue
         plain = False
         if r.run_at is not None:
@@ -201,7 +291,7 @@ def copy_records(
             records.append(
                 (
                     job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts,
-                    state.value, scheduled_at, r.tags, r.metadata_json,
+                    state.value, scheduled_at, r.tags, r.metadata_json, r.limit_key,
                 )
             )  # fmt: skip
         jobs.append(r.job(job_id, state, scheduled_at, now))
@@ -212,6 +302,11 @@ async def get(db: Db, job_id: int) -> Job | None:
     """The job with ``job_id``, or None."""
     row = await db.fetchrow(sql.GET_JOB, job_id)
     return job_from_row(row) if row is not None else None
+
+
+async def parents(db: Db, parent_ids: Sequence[int]) -> list[Job]:
+    """The jobs with ``parent_ids``, in that order (those that no longer exist left out)."""
+    return [job_from_row(r) for r in await db.fetch(sql.PARENT_JOBS, list(parent_ids))]
 
 
 async def list_jobs(

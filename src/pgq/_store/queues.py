@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from pgq._store import sql
+from pgq._store.claims import QueueLimits, limits_from_row
 from pgq._store.connections import Db
 from pgq.job import JobState
 
@@ -25,12 +26,18 @@ async def resume(db: Db, name: str) -> None:
     await db.execute(sql.RESUME_QUEUE, name)
 
 
-async def set_limits(
-    db: Db, name: str, concurrency: int | None, rate: tuple[int, float] | None
-) -> None:
+async def set_limits(db: Db, name: str, limits: QueueLimits) -> None:
     """Store queue ``name``'s limits (None: no such limit) and tell its workers."""
-    count, period = rate if rate is not None else (None, None)
-    await db.execute(sql.SET_QUEUE_LIMITS, name, concurrency, count, period)
+    await db.execute(
+        sql.SET_QUEUE_LIMITS,
+        name,
+        limits.concurrency,
+        limits.rate_count,
+        limits.rate_period_s,
+        limits.key_concurrency,
+        limits.key_rate_count,
+        limits.key_rate_period_s,
+    )
 
 
 @dataclass(slots=True)
@@ -43,10 +50,8 @@ class QueueInfo:
     available: int
     running: int
     producers: int
-    #: Flow-control limits (docs/flow-control.md); None: no such limit.
-    concurrency: int | None = None
-    rate_count: int | None = None
-    rate_period_s: float | None = None
+    #: Flow-control limits (docs/flow-control.md).
+    limits: QueueLimits = field(default_factory=QueueLimits)
 
 
 async def list_queues(db: Db) -> list[QueueInfo]:
@@ -59,9 +64,7 @@ async def list_queues(db: Db) -> list[QueueInfo]:
             r["available"],
             r["running"],
             r["producers"],
-            r["concurrency"],
-            r["rate_count"],
-            r["rate_period_s"],
+            limits_from_row(r),
         )
         for r in await db.fetch(sql.LIST_QUEUES)
     ]

@@ -39,4 +39,6 @@ def job_from_row(row: RowLike) -> Job:
         unique_key=row["unique_key"],
         attempt_token=row["attempt_token"],
         attempted_by=row["attempted_by"],
+        limit_key=row["limit_key"],
+        depends_on=row["depends_on"],
     )

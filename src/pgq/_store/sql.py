@@ -44,7 +44,8 @@ JOB_COLUMNS: Final = """
        CASE WHEN created_at IS NOT NULL
             THEN LEAST(GREATEST(created_at, '0001-01-02Z'), '9999-12-30Z') END AS created_at,
        producer_id, errors::text AS errors, tags, metadata::text AS metadata,
-       result::text AS result, unique_key, attempt_token, attempted_by
+       result::text AS result, unique_key, attempt_token, attempted_by, limit_key,
+       depends_on
 """
 
 # --------------------------------------------------------------------------- schema check
@@ -80,22 +81,22 @@ MIGRATION_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtext('pgq migrations')
 _ENQUEUE_ROWS = """
 WITH ins AS (
     INSERT INTO pgq_jobs (queue, task, args, state, priority, max_attempts, scheduled_at,
-                          tags, metadata, unique_key, unique_states)
+                          tags, metadata, unique_key, unique_states, limit_key)
     SELECT r.queue, r.task, r.args::jsonb,
            CASE WHEN r.sched > now() THEN 'scheduled' ELSE 'available' END::pgq_job_state,
            r.priority, r.max_attempts, r.sched,
            CASE WHEN r.tags = '[]' THEN '{}'::text[]
                 ELSE ARRAY(SELECT jsonb_array_elements_text(r.tags::jsonb)) END,
-           r.metadata::jsonb, r.unique_key, r.unique_states
+           r.metadata::jsonb, r.unique_key, r.unique_states, r.limit_key
     FROM (
         SELECT u.*, COALESCE(u.run_at, now() + make_interval(secs => COALESCE(u.delay_s, 0)))
                     AS sched
         FROM unnest($1::text[], $2::text[], $3::text[], $4::int[], $5::int[],
                     $6::timestamptz[], $7::float8[], $8::text[], $9::text[], $10::text[],
-                    $11::int[])
+                    $11::int[], $12::text[])
              WITH ORDINALITY
              AS u(queue, task, args, priority, max_attempts, run_at, delay_s, tags, metadata,
-                  unique_key, unique_states, ord)
+                  unique_key, unique_states, limit_key, ord)
         ORDER BY u.ord
     ) r
 """
@@ -129,13 +130,13 @@ ENQUEUE_ONE: Final = (
     """
 WITH ins AS (
     INSERT INTO pgq_jobs (queue, task, args, state, priority, max_attempts, scheduled_at,
-                          tags, metadata, unique_key, unique_states)
+                          tags, metadata, unique_key, unique_states, limit_key)
     SELECT $1, $2, $3::jsonb,
            CASE WHEN s.sched > now() THEN 'scheduled' ELSE 'available' END::pgq_job_state,
            $4, $5, s.sched,
            CASE WHEN $8 = '[]' THEN '{}'::text[]
                 ELSE ARRAY(SELECT jsonb_array_elements_text($8::jsonb)) END,
-           $9::jsonb, $10, $11
+           $9::jsonb, $10, $11, $12
     FROM (SELECT COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($7::float8, 0)))
                  AS sched) s
 """
@@ -148,6 +149,78 @@ SELECT id, state::text AS state, scheduled_at, created_at, unique_key,
     + _JOBS
     + """, queue)::text END AS notified
 FROM ins
+"""
+)
+
+# One job that depends on others ($13: the parents' ids, distinct; $14: 'cancel' or 'run',
+# what a parent that fails means). Marking each parent as having dependents locks its row
+# until this transaction ends, so a parent cannot finish unseen between this read of its
+# state and the commit: one finishing first is read as finished, one finishing after fires
+# the release trigger, which then sees this job. The job waits ('pending') for the parents
+# not yet finished; a parent already discarded or cancelled cancels it at once (unless it
+# runs anyway). No row is written when a parent does not exist (found < the ids given).
+ENQUEUE_DEPENDENT: Final = (
+    """
+WITH parents AS (
+    UPDATE pgq_jobs SET has_dependents = true
+    WHERE id = ANY($13::bigint[])
+    RETURNING id, state
+), verdict AS (
+    SELECT count(*) AS found,
+           count(*) FILTER (WHERE state NOT IN """
+    + _FINAL
+    + """) AS waiting,
+           count(*) FILTER (WHERE state IN ('discarded', 'cancelled')) AS failed,
+           min(id) FILTER (WHERE state IN ('discarded', 'cancelled')) AS failed_id
+    FROM parents
+), ins AS (
+    INSERT INTO pgq_jobs (queue, task, args, state, priority, max_attempts, scheduled_at,
+                          tags, metadata, unique_key, unique_states, limit_key, depends_on,
+                          deps_left, on_parent_failure, finalized_at, errors)
+    SELECT $1, $2, $3::jsonb,
+           CASE WHEN v.failed > 0 AND $14 = 'cancel' THEN 'cancelled'
+                WHEN v.waiting > 0 THEN 'pending'
+                WHEN s.sched > now() THEN 'scheduled'
+                ELSE 'available' END::pgq_job_state,
+           $4, $5, s.sched,
+           CASE WHEN $8 = '[]' THEN '{}'::text[]
+                ELSE ARRAY(SELECT jsonb_array_elements_text($8::jsonb)) END,
+           $9::jsonb, $10, $11, $12, $13::bigint[],
+           CASE WHEN v.failed > 0 AND $14 = 'cancel' THEN 0 ELSE v.waiting END, $14,
+           CASE WHEN v.failed > 0 AND $14 = 'cancel' THEN now() END,
+           CASE WHEN v.failed > 0 AND $14 = 'cancel'
+                THEN jsonb_build_array(jsonb_build_object(
+                    'attempt', 0, 'kind', 'dependency',
+                    'message', 'parent job ' || v.failed_id || ' had failed before it was enqueued',
+                    'traceback', NULL, 'at', now()))
+                ELSE '[]'::jsonb END
+    FROM (SELECT COALESCE($6::timestamptz, now() + make_interval(secs => COALESCE($7::float8, 0)))
+                 AS sched) s,
+         verdict v
+    WHERE v.found = cardinality($13::bigint[])
+"""
+    + _UNIQUE_ARBITER
+    + """
+    RETURNING id, queue, state, scheduled_at, created_at, unique_key
+)
+SELECT v.found, ins.id, ins.state::text AS state, ins.scheduled_at, ins.created_at,
+       ins.unique_key,
+       CASE WHEN ins.state = 'available' THEN pg_notify("""
+    + _JOBS
+    + """, ins.queue)::text END AS notified
+FROM verdict v LEFT JOIN ins ON true
+"""
+)
+
+# The parents of a job, in the order it gave them (what a group's callback reads).
+PARENT_JOBS: Final = (
+    """
+SELECT """
+    + JOB_COLUMNS
+    + """
+FROM pgq_jobs JOIN unnest($1::bigint[]) WITH ORDINALITY AS p(parent_id, ord)
+     ON pgq_jobs.id = p.parent_id
+ORDER BY p.ord
 """
 )
 
@@ -183,6 +256,7 @@ COPY_JOBS_COLUMNS: Final = (
     "scheduled_at",
     "tags",
     "metadata",
+    "limit_key",
 )
 
 # The same COPY for synchronous code (psycopg writes the rows in COPY's text format).
@@ -218,24 +292,28 @@ WITH locked AS (
       AND NOT EXISTS (SELECT 1 FROM pgq_queues
                       WHERE name IN ($1, '*')
                         AND """
-_CLAIM_UPDATE = (
-    """)
-    ORDER BY priority DESC, scheduled_at, id
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE pgq_jobs j
+_CLAIM_SET = (
+    """UPDATE pgq_jobs j
 SET state = 'running', attempt = j.attempt + 1, attempted_at = statement_timestamp(),
     producer_id = $4, attempt_token = gen_random_uuid(), attempted_by = $7,
     deadline_at = statement_timestamp() + make_interval(
         secs => ($5::float8[])[array_position($2::text[], j.task)]),
     max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
 FROM locked
-WHERE j.id = locked.locked_id
+WHERE j.id = locked.locked_id AND j.state = 'available'
 RETURNING """
     + JOB_COLUMNS
     + """
 """
+)
+_CLAIM_UPDATE = (
+    """)
+    ORDER BY priority DESC, scheduled_at, id
+    LIMIT $3
+    FOR UPDATE SKIP LOCKED
+)
+"""
+    + _CLAIM_SET
 )
 
 # The claim of a queue without limits. A queue that is paused, or that has limits (which only
@@ -243,7 +321,8 @@ RETURNING """
 # that has not yet heard of new limits does not claim past them.
 CLAIM_JOBS: Final = (
     _CLAIM_WITH
-    + "(paused_at IS NOT NULL OR concurrency IS NOT NULL OR rate_count IS NOT NULL)"
+    + "(paused_at IS NOT NULL OR concurrency IS NOT NULL OR rate_count IS NOT NULL"
+    + " OR key_concurrency IS NOT NULL OR key_rate_count IS NOT NULL)"
     + _CLAIM_UPDATE
 )
 
@@ -256,11 +335,13 @@ CLAIM_LIMITED: Final = _CLAIM_WITH + "paused_at IS NOT NULL" + _CLAIM_UPDATE
 # taken after the lock, how many of its jobs run and how many started within the rate's
 # window, then claims at most what both leave (CLAIM_LIMITED) and logs the starts.
 QUEUE_LIMITS: Final = """
-SELECT concurrency, rate_count, rate_period_s FROM pgq_queues WHERE name = $1
+SELECT concurrency, rate_count, rate_period_s, key_concurrency, key_rate_count, key_rate_period_s
+FROM pgq_queues WHERE name = $1
 """
 
 LOCK_LIMITED_QUEUE: Final = """
-SELECT concurrency, rate_count, rate_period_s FROM pgq_queues WHERE name = $1 FOR UPDATE
+SELECT concurrency, rate_count, rate_period_s, key_concurrency, key_rate_count, key_rate_period_s
+FROM pgq_queues WHERE name = $1 FOR UPDATE
 """
 
 LIMIT_USAGE: Final = """
@@ -270,24 +351,93 @@ SELECT (SELECT count(*) FROM pgq_jobs WHERE queue = $1 AND state = 'running')::i
        )::int AS started
 """
 
-# The claimed starts, and the log's entries older than the window dropped.
+# Per-key limits: every key with available jobs, found by a skip scan of the key index
+# (one index probe per key, however many jobs each holds), with its running jobs and its
+# starts within the key rate's window ($2 seconds); then the jobs without a key, as one
+# more key (NULL). The keys come in key order; the claim orders the jobs it takes.
+KEY_USAGE: Final = """
+WITH RECURSIVE keys(k) AS (
+    (SELECT limit_key FROM pgq_jobs
+     WHERE queue = $1 AND state = 'available' AND limit_key IS NOT NULL
+     ORDER BY limit_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT limit_key FROM pgq_jobs
+            WHERE queue = $1 AND state = 'available' AND limit_key > keys.k
+            ORDER BY limit_key LIMIT 1)
+    FROM keys WHERE keys.k IS NOT NULL
+), running AS (
+    SELECT limit_key, count(*)::int AS n FROM pgq_jobs
+    WHERE queue = $1 AND state = 'running' GROUP BY limit_key
+), started AS (
+    SELECT limit_key, count(*)::int AS n FROM pgq_rate_log
+    WHERE queue = $1 AND started_at > statement_timestamp() - make_interval(secs => $2)
+    GROUP BY limit_key
+)
+SELECT k.k AS key, COALESCE(r.n, 0) AS running, COALESCE(s.n, 0) AS started
+FROM keys k
+LEFT JOIN running r ON r.limit_key = k.k
+LEFT JOIN started s ON s.limit_key = k.k
+WHERE k.k IS NOT NULL
+UNION ALL
+SELECT NULL,
+       COALESCE((SELECT n FROM running WHERE limit_key IS NULL), 0),
+       COALESCE((SELECT n FROM started WHERE limit_key IS NULL), 0)
+"""
+
+# The claim of a queue with per-key limits, under the queue's row lock: for each key with
+# room ($8, its room $9, in the same order) its next jobs, at most its room each (through
+# the key index); for the jobs without a key, at most $10 (through the fetch index, past
+# any keyed jobs ahead of them); of all these, the first $3 by priority then schedule.
+# No other claimer takes this queue's jobs while the lock is held; a job changed meanwhile
+# (cancelled, say) is left alone by the state check of the UPDATE.
+CLAIM_KEYED: Final = (
+    """
+WITH locked AS (
+    SELECT c.id AS locked_id FROM (
+        SELECT j.id, j.priority, j.scheduled_at
+        FROM unnest($8::text[], $9::int[]) AS b(key, room)
+        CROSS JOIN LATERAL (
+            SELECT id, priority, scheduled_at FROM pgq_jobs
+            WHERE queue = $1 AND state = 'available' AND limit_key = b.key
+              AND task = ANY($2::text[])
+            ORDER BY priority DESC, scheduled_at, id
+            LIMIT b.room
+        ) j
+        UNION ALL
+        (SELECT id, priority, scheduled_at FROM pgq_jobs
+         WHERE queue = $1 AND state = 'available' AND limit_key IS NULL
+           AND task = ANY($2::text[]) AND $10::int > 0
+         ORDER BY priority DESC, scheduled_at, id
+         LIMIT $10)
+    ) c
+    WHERE NOT EXISTS (SELECT 1 FROM pgq_queues WHERE name IN ($1, '*') AND paused_at IS NOT NULL)
+    ORDER BY c.priority DESC, c.scheduled_at, c.id
+    LIMIT $3
+)
+"""
+    + _CLAIM_SET
+)
+
+# The claimed starts (with their keys), and the log's entries older than the longest
+# window ($3 seconds) dropped.
 LOG_STARTS: Final = """
 WITH gone AS (
     DELETE FROM pgq_rate_log
     WHERE queue = $1 AND started_at <= statement_timestamp() - make_interval(secs => $3)
 )
-INSERT INTO pgq_rate_log (queue, started_at)
-SELECT $1, statement_timestamp() FROM generate_series(1, $2)
+INSERT INTO pgq_rate_log (queue, limit_key, started_at)
+SELECT $1, k, statement_timestamp() FROM unnest($2::text[]) AS k
 """
 
 # Limits of a queue (NULL: none), set live; the queue's workers are told.
 SET_QUEUE_LIMITS: Final = (
     """
 WITH upsert AS (
-    INSERT INTO pgq_queues (name, concurrency, rate_count, rate_period_s)
-    VALUES ($1, $2, $3, $4)
+    INSERT INTO pgq_queues (name, concurrency, rate_count, rate_period_s, key_concurrency, key_rate_count, key_rate_period_s)
+    VALUES ($1, $2, $3, $4, $5, $6, $7)
     ON CONFLICT (name) DO UPDATE
-    SET concurrency = $2, rate_count = $3, rate_period_s = $4
+    SET concurrency = $2, rate_count = $3, rate_period_s = $4,
+        key_concurrency = $5, key_rate_count = $6, key_rate_period_s = $7
     RETURNING name
 )
 SELECT pg_notify("""
@@ -876,7 +1026,8 @@ SELECT n.name, q.paused_at,
        (SELECT count(*) FROM pgq_jobs j WHERE j.queue = n.name AND j.state = 'running')
            AS running,
        (SELECT count(*) FROM pgq_producers p WHERE p.queue = n.name) AS producers,
-       q.concurrency, q.rate_count, q.rate_period_s
+       q.concurrency, q.rate_count, q.rate_period_s, q.key_concurrency, q.key_rate_count,
+       q.key_rate_period_s
 FROM names n LEFT JOIN pgq_queues q ON q.name = n.name
 ORDER BY n.name
 """
@@ -1130,8 +1281,10 @@ QUEUE_SETTINGS: Final = "SELECT name, paused_at FROM pgq_queues ORDER BY name"
 
 # Queues with flow-control limits (docs/flow-control.md).
 LIMITED_QUEUES: Final = """
-SELECT name, concurrency, rate_count, rate_period_s FROM pgq_queues
+SELECT name, concurrency, rate_count, rate_period_s, key_concurrency, key_rate_count, key_rate_period_s
+FROM pgq_queues
 WHERE concurrency IS NOT NULL OR rate_count IS NOT NULL
+   OR key_concurrency IS NOT NULL OR key_rate_count IS NOT NULL
 """
 
 # Running jobs per producer id, as the jobs table has them (the rescuer's index); a producer

@@ -14,9 +14,12 @@ from pgq._store import sql
 from pgq._store.jobs import (
     NewJob,
     assemble,
+    chain_after,
     copy_plan,
     copy_records,
+    dependent_job,
     fill_duplicates,
+    group_after,
     insert_statement,
 )
 from pgq._store.revision import SHARED_IDS, read_revision, require_current
@@ -54,6 +57,9 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
 def insert(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
     """Enqueue ``rows`` with one INSERT, in the connection's transaction (see
     ``jobs.insert``)."""
+    if any(r.depends_on is not None for r in rows):
+        with conn.transaction():
+            return [_insert_one(conn, r) for r in rows]
     statement, params = insert_statement(rows)
     with cursor(conn) as cur:
         jobs, duplicates = assemble(rows, cur.execute(statement, params).fetchall())
@@ -61,6 +67,43 @@ def insert(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
             holders = cur.execute(sql.EXISTING_UNIQUE, [[k for _, k in duplicates]]).fetchall()
             fill_duplicates(rows, jobs, duplicates, holders)
     return [j for j in jobs if j is not None]
+
+
+def _insert_one(conn: psycopg.Connection[Any], row: NewJob) -> Job:
+    if row.depends_on is None:
+        (job,) = insert(conn, [row])
+        return job
+    with cursor(conn) as cur:
+        params = [*row.values(), list(row.depends_on), row.on_parent_failure]
+        rec = cur.execute(sql.ENQUEUE_DEPENDENT, params).fetchone()
+        assert rec is not None  # one row, always
+        holder = None
+        if rec["id"] is None and rec["found"] == len(row.depends_on):
+            holder = cur.execute(sql.EXISTING_UNIQUE, [[row.unique_key]]).fetchone()
+    return dependent_job(row, rec, holder)
+
+
+def insert_chain(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
+    """Enqueue ``rows``, each depending on the one before (see ``jobs.insert_chain``)."""
+    jobs: list[Job] = []
+    with conn.transaction():
+        for row in rows:
+            if jobs:
+                chain_after(row, jobs[-1])
+            jobs.append(_insert_one(conn, row))
+    return jobs
+
+
+def insert_group(
+    conn: psycopg.Connection[Any], members: list[NewJob], callback: NewJob
+) -> tuple[list[Job], Job]:
+    """Enqueue ``members`` and ``callback`` after them (see ``jobs.insert_group``)."""
+    if not members:
+        raise ConfigError("a group needs at least one member")
+    with conn.transaction():
+        jobs = insert(conn, members)
+        group_after(callback, jobs)
+        return jobs, _insert_one(conn, callback)
 
 
 def copy(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from pgq._store import jobs as store_jobs
 from pgq._store import settle as store
 from pgq._store.connections import Pool, caller_connection
 from pgq._worker.executor import _completed, _raised
 from pgq._worker.outcome import Outcome
 from pgq.app import Task
 from pgq.errors import AttemptSuperseded
-from pgq.job import Cancel, JobContext, Retry, Snooze
+from pgq.job import Cancel, Job, JobContext, Retry, Snooze
 
 
 class Settler:
@@ -22,6 +23,10 @@ class Settler:
     def __init__(self, pool: Pool, task: Task[Any, Any]) -> None:
         self._pool = pool
         self._task = task
+
+    async def parents(self, job: Job) -> list[Job]:
+        """The jobs ``job`` depends on, read now (for ``ctx.parents``)."""
+        return await store_jobs.parents(self._pool, job.depends_on or [])
 
     def outcome(self, ctx: JobContext, kind: str, **details: Any) -> Outcome:
         """The outcome ``kind`` ("complete", "retry", "snooze", "cancel") means for this

@@ -110,7 +110,7 @@ async def test_enqueue_refuses_parents_that_do_not_exist_and_writes_nothing(
     with pytest.raises(pgq.ConfigError, match="do not exist"):
         await client.enqueue("step", {"n": 2}, depends_on=[parent, 999_999])
     with pytest.raises(pgq.ConfigError, match="list of jobs or job ids"):
-        await client.enqueue("step", {"n": 2}, depends_on=parent)  # type: ignore[arg-type]
+        await client.enqueue("step", {"n": 2}, depends_on=parent)  # type: ignore[call-overload]
     with pytest.raises(pgq.ConfigError, match="on_parent_failure"):
         await client.enqueue("step", {"n": 2}, depends_on=[parent], on_parent_failure="ignore")
     assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 1
@@ -242,7 +242,7 @@ async def test_limit_keys_come_from_enqueue_or_from_the_tasks_argument(
     stored = await client.get_job(by_arg.id)
     assert stored is not None and stored.limit_key == "42"
     with pytest.raises(pgq.ConfigError, match="limit_key must be a string"):
-        await client.enqueue("bill", {"customer": 1}, limit_key=7)  # type: ignore[arg-type]
+        await client.enqueue("bill", {"customer": 1}, limit_key=7)  # type: ignore[call-overload]
     with pytest.raises(pgq.ConfigError, match="not one of its parameters"):
 
         @app.task(limit_key_arg="nope")

@@ -78,3 +78,15 @@ async def tx_effect(ctx: pgq.JobContext, work_s: float, before_commit_s: float =
         if ctx.attempt == 1:
             await anyio.sleep(before_commit_s)
     return "done"
+
+
+@app.task(max_attempts=10)
+async def gather(ctx: pgq.JobContext, seconds: float = 0.0) -> int:
+    """A group's callback: record, fenced, how many of its parents completed with a result
+    (the effect's ``attempt`` column carries the count)."""
+    await anyio.sleep(seconds)
+    completed = sum(1 for p in ctx.parents if p.state is pgq.JobState.COMPLETED and p.result)
+    p = await pool()
+    async with p.acquire() as conn:
+        await conn.execute(FENCED_EFFECT, ctx.id, completed, os.environ["FAULT_WORKER"], ctx.token)
+    return completed

@@ -232,6 +232,8 @@ async def test_queues_page_shows_flow_control_limits(
     http: httpx.AsyncClient, scene: Scene, dsn: str
 ) -> None:
     async with pgq.Client(dsn) as client:
-        await client.set_queue_limits("emails", concurrency=3, rate=(100, 60))
+        await client.set_queue_limits(
+            "emails", concurrency=3, rate=(100, 60), key_concurrency=1, key_rate=(5, 1)
+        )
     body = html.unescape((await http.get("/queues")).text)
-    assert "3 at once, 100 per 60 s" in body
+    assert "3 at once, 100/60s; per key: 1 at once, 5/1s" in body

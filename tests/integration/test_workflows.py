@@ -337,3 +337,74 @@ async def test_a_per_key_rate_is_counted_per_key(client: pgq.Client, dsn: str, c
             " GROUP BY limit_key ORDER BY limit_key"
         )
     assert [(r["limit_key"], r["n"]) for r in rows] == [("a", 2), ("b", 2), ("c", 1)]
+
+
+# --------------------------------------------------------------------------- visibility
+
+
+async def test_pending_jobs_show_in_the_cli_and_the_dashboard(dsn: str, client: pgq.Client) -> None:
+    import html
+    import json
+    import subprocess
+    import sys
+
+    import httpx
+
+    from pgq.dashboard import create_app
+
+    parent = await client.enqueue("step", {"n": 1}, delay=3600)
+    child = await client.enqueue("step", {"n": 2}, depends_on=[parent], limit_key="acme")
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pgq", *args, "--dsn", dsn],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    def cli(*args: str) -> str:
+        out = run(*args)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    listed = json.loads(
+        await anyio.to_thread.run_sync(cli, "jobs", "list", "--state", "pending", "--json")
+    )
+    assert [j["id"] for j in listed] == [child.id]
+    assert listed[0]["depends_on"] == [parent.id] and listed[0]["limit_key"] == "acme"
+    shown = await anyio.to_thread.run_sync(cli, "jobs", "show", str(child.id))
+    assert "[pending]" in shown and f"depends on    {parent.id}" in shown
+    assert "limit key     acme" in shown
+    made = json.loads(
+        await anyio.to_thread.run_sync(
+            cli, "enqueue", "step", "--args", '{"n": 3}', "--depends-on", f"{child.id}", "--json"
+        )
+    )
+    assert made[0]["state"] == "pending"
+    bad = await anyio.to_thread.run_sync(run, "enqueue", "step", "--depends-on", "x")
+    assert bad.returncode == 1 and "--depends-on takes job ids" in bad.stderr
+
+    dashboard = create_app(dsn)
+    transport = httpx.ASGITransport(app=dashboard)
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+            page = html.unescape((await http.get(f"/jobs/{child.id}")).text)
+            listing = (await http.get("/jobs?state=pending")).text
+    finally:
+        await dashboard.aclose()
+    assert f'href="/jobs/{parent.id}">#{parent.id}</a>' in page
+    assert f"waits for #{parent.id} to complete" in page and "acme" in page
+    assert f'<a href="/jobs/{child.id}">' in listing
+
+
+async def test_deleting_an_unfinished_parent_cancels_its_dependents(client: pgq.Client) -> None:
+    from pgq._store import inspect
+
+    parent = await client.enqueue("step", {"n": 1}, delay=3600)
+    child = await client.enqueue("step", {"n": 2}, depends_on=[parent])
+    anyway = await client.enqueue("step", {"n": 3}, depends_on=[parent], on_parent_failure="run")
+    assert await inspect.delete(client.pool, [parent.id]) == [parent.id]  # the dashboard's
+    gone = await client.get_job(child.id)
+    assert gone is not None and gone.state is pgq.JobState.CANCELLED
+    assert f"parent job {parent.id} was deleted" in gone.errors[-1]["message"]
+    ran = await client.get_job(anyway.id)
+    assert ran is not None and ran.state is pgq.JobState.AVAILABLE

@@ -62,6 +62,15 @@ async def enqueue(args: argparse.Namespace) -> int:
     if args.count < 1:
         raise ConfigError("--count must be at least 1")
     app = load_app(args.app) if args.app else None
+    depends_on = None
+    if args.depends_on is not None:
+        try:
+            depends_on = [int(i) for i in args.depends_on.split(",")]
+        except ValueError:
+            raise ConfigError(
+                f"--depends-on takes job ids separated by commas, e.g. 12,15, not "
+                f"{args.depends_on!r}"
+            ) from None
     spec = JobSpec(
         args.task,
         job_args,
@@ -69,6 +78,9 @@ async def enqueue(args: argparse.Namespace) -> int:
         priority=args.priority,
         delay=args.delay,
         max_attempts=args.max_attempts,
+        limit_key=args.limit_key,
+        depends_on=depends_on,
+        on_parent_failure=args.on_parent_failure,
     )
     async with Client(args.dsn, app=app) as client:
         jobs = await client.enqueue_many([spec] * args.count)

@@ -300,6 +300,21 @@ def _enqueue(sub: Any) -> None:
     p.add_argument("--priority", type=int, default=None, help="higher runs first (default 0)")
     p.add_argument("--max-attempts", type=int, default=None, metavar="N")
     p.add_argument(
+        "--limit-key", default=None, metavar="KEY", help="the key per-key queue limits count"
+    )
+    p.add_argument(
+        "--depends-on",
+        default=None,
+        metavar="ID[,ID...]",
+        help="run only once these jobs have completed (pending until then)",
+    )
+    p.add_argument(
+        "--on-parent-failure",
+        choices=("cancel", "run"),
+        default=None,
+        help="when a job it depends on fails for good: cancel this one (default) or run it",
+    )
+    p.add_argument(
         "--count",
         type=int,
         default=1,

@@ -51,6 +51,8 @@ def job_dict(job: Job) -> dict[str, Any]:
         "metadata": job.metadata,
         "result": job.result,
         "errors": job.errors,
+        "limit_key": job.limit_key,
+        "depends_on": job.depends_on,
     }
 
 
@@ -77,6 +79,10 @@ def show_job(job: Job) -> str:
         f"  finalized     {when(job.finalized_at)}",
         f"  producer      {job.producer_id or '-'}",
     ]
+    if job.depends_on:
+        lines.append(f"  depends on    {ids(job.depends_on)}")
+    if job.limit_key is not None:
+        lines.append(f"  limit key     {job.limit_key}")
     if job.tags:
         lines.append(f"  tags          {', '.join(job.tags)}")
     if job.metadata:

@@ -21,6 +21,7 @@ _KIND_TITLES = {
     "result": "result could not be stored",
     "outcome": "outcome could not be written",
     "internal": "failed inside pgq",
+    "dependency": "cancelled: a job it depends on failed",
 }
 
 
@@ -55,6 +56,9 @@ def timeline(job: Job[Any]) -> list[Event]:
     last = _latest_attempt(job)
     if last is not None:
         events.append(last)
+    if job.state is JobState.PENDING and job.depends_on:
+        waits = ", ".join(f"#{p}" for p in job.depends_on)
+        events.append(Event(job.created_at, f"waits for {waits} to complete", "info"))
     if job.state in (JobState.SCHEDULED, JobState.RETRYABLE) and job.scheduled_at:
         events.append(Event(job.scheduled_at, "runs again", "info", attempt=job.attempt + 1))
     return events
@@ -68,7 +72,7 @@ def _from_error(entry: dict[str, Any]) -> Event:
     return Event(
         at=_when(entry.get("at")),
         title=title,
-        tone="warn" if kind in ("rescued", "retry", "shutdown", "cancel") else "bad",
+        tone="warn" if kind in ("rescued", "retry", "shutdown", "cancel", "dependency") else "bad",
         attempt=entry.get("attempt"),
         worker=entry.get("worker_name"),
         producer=entry.get("producer_id"),

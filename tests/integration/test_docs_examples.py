@@ -132,3 +132,15 @@ async def test_under_uvicorn_the_logging_config_shows_pgqs_lines(dsn: str) -> No
     assert any(
         line["message"].endswith("stopped") for line in lines if line["logger"] == "pgq.worker"
     )
+
+
+async def test_workflows_example_runs(dsn: str) -> None:
+    import workflows
+
+    assert await workflows.main(dsn) == {
+        "callback_waited": True,
+        "group_total": 600,
+        "members": 3,
+        "announced": "400 bytes in all",
+        "charged": [("acme", 1), ("acme", 2), ("globex", 3)],
+    }

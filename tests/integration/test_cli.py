@@ -75,6 +75,21 @@ async def test_enqueue_then_burst_worker(python: str, dsn: str, tmp_path: Path) 
     assert [tuple(r) for r in rows] == [("completed", "42")] * 3
 
 
+@pytest.mark.parametrize(("choice", "loop"), [("auto", "uvloop"), ("asyncio", "asyncio")])
+async def test_the_worker_runs_on_uvloop_when_installed_and_says_so(
+    python: str, dsn: str, tmp_path: Path, choice: str, loop: str
+) -> None:
+    pytest.importorskip("uvloop", reason="the speed extra is not installed")
+    (tmp_path / "cli_tasks.py").write_text(APP)
+    run = pgq_cmd(
+        python, "--log-level", "INFO", "worker", "cli_tasks:app", "--queue", "work",
+        "--burst", "--event-loop", choice, cwd=tmp_path, env={"PGQ_DSN": dsn},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    (started,) = [line for line in run.stderr.splitlines() if " started: " in line]
+    assert started.endswith(f"on {loop}"), started
+
+
 @pytest.mark.parametrize("producer", ["missing", "stale"])
 async def test_a_burst_worker_runs_the_jobs_of_a_dead_worker_before_it_exits(
     python: str, dsn: str, tmp_path: Path, producer: str

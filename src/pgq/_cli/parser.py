@@ -132,6 +132,12 @@ def _worker(sub: Any) -> None:
         default=os.environ.get("PGQ_HEALTH_HOST", "127.0.0.1"),
         help="address the health endpoint binds (default 127.0.0.1)",
     )
+    p.add_argument(
+        "--event-loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default=os.environ.get("PGQ_EVENT_LOOP", "auto"),
+        help="auto (default): uvloop when installed (the speed extra), else asyncio's own",
+    )
     for name, (default, text) in setting_help().items():
         _setting_flag(p, name, default, text)
 

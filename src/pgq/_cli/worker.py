@@ -79,8 +79,23 @@ def run(args: argparse.Namespace) -> int:
             await worker.run(burst=args.burst)
             tg.cancel_scope.cancel()
 
-    anyio.run(main)
+    anyio.run(main, backend_options=event_loop_options(args.event_loop))
     return 0
+
+
+def event_loop_options(choice: str) -> dict[str, bool]:
+    """anyio's options for the event loop ``choice`` (auto: uvloop when it is installed)."""
+    if choice == "asyncio":
+        return {"use_uvloop": False}
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        if choice == "uvloop":
+            raise ConfigError(
+                "--event-loop uvloop: uvloop is not installed (pip install 'pgq-async[speed]')"
+            ) from None
+        return {"use_uvloop": False}
+    return {"use_uvloop": True}
 
 
 async def _handle_signals(worker: Worker) -> None:

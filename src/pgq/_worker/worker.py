@@ -3,6 +3,7 @@ part owns its concern (see ``pgq._worker``)."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import os
@@ -328,10 +329,11 @@ class Worker:
                     for producer in parts.producers:
                         await producers_tg.start(producer.run)
                     log.info(
-                        "worker %s started: %s%s",
+                        "worker %s started: %s%s, on %s",
                         self.name,
                         ", ".join(f"{q}[{n}]" for q, n in self._queues.items()),
                         " (leader)" if parts.elector.is_leader else "",
+                        _event_loop_name(),
                     )
                     self.started.set()
                     task_status.started()
@@ -487,3 +489,9 @@ class Worker:
             "producers": stats["producers"],
         }
         return ok, {**body, **verdict}
+
+
+def _event_loop_name() -> str:
+    """ "uvloop" or "asyncio": the event loop this worker runs on."""
+    loop = asyncio.get_running_loop()
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"

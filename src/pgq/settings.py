@@ -34,6 +34,12 @@ class WorkerSettings:
         "never LISTEN; poll only (where LISTEN cannot work, e.g. behind PgBouncer in transaction mode)",
         minimum=None,
     )
+    claim_ahead: int = _setting(
+        -1,
+        "jobs claimed ahead of free slots per queue, to start as slots free: -1 sizes it "
+        "from the claim's and the jobs' running times, 0 never claims ahead",
+        minimum=-1,
+    )
     shutdown_timeout: float = _setting(
         30.0, "seconds running jobs get to finish on a graceful stop"
     )

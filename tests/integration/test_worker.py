@@ -450,3 +450,94 @@ async def test_a_producer_says_it_is_empty_after_batches_that_overlapped(
     finally:
         await pool.close()
     assert sorted(o.state for o in outcomes) == ["completed", "completed"]
+
+
+# --------------------------------------------------------------------------- claim ahead
+
+
+async def test_jobs_claimed_ahead_never_run_beyond_concurrency(
+    dsn: str, client: pgq.Client
+) -> None:
+    """Jobs claimed ahead of free slots (claim_ahead=5) wait for a slot: more jobs are
+    running in the database than the worker's concurrency, never more executing."""
+    app = pgq.App()
+    executing = 0
+    most = 0
+
+    @app.task
+    async def short(ctx: pgq.JobContext, i: int) -> None:
+        nonlocal executing, most
+        executing += 1
+        most = max(most, executing)
+        await anyio.sleep(0.01)
+        executing -= 1
+
+    await client.enqueue_many([pgq.JobSpec("short", {"i": i}) for i in range(300)])
+    async with pgq.Worker(app, dsn, concurrency=4, claim_ahead=5, poll_interval=0.05) as worker:
+        (producer,) = worker._by_queue.values()
+        claimed_ahead = 0
+        with anyio.fail_after(60):
+            while await client.pool.fetchval(
+                "SELECT count(*) FROM pgq_jobs WHERE state <> 'completed'"
+            ):
+                claimed_ahead = max(claimed_ahead, len(producer.running) - producer.concurrency)
+                await anyio.sleep(0.001)
+    assert most == 4  # the slots were used, and never exceeded
+    assert claimed_ahead >= 1  # it did claim ahead
+
+
+async def test_the_claim_ahead_is_sized_from_claim_and_job_times() -> None:
+    from pgq._worker.producer import AHEAD_ROUND_TRIPS
+
+    def sized(concurrency: int, claim_s: float, job_s: float, fixed: int = -1) -> int:
+        p = Producer(
+            queue="q", concurrency=concurrency, tasks={}, pool=None,  # type: ignore[arg-type]
+            outcomes=lambda o: None, limiter=anyio.CapacityLimiter(1), poll_interval=1.0,
+            fence_after_s=1.0, claim_ahead=fixed,
+        )  # fmt: skip
+        p._claim_s = claim_s
+        p._learn(job_s)
+        return p.ahead
+
+    assert AHEAD_ROUND_TRIPS == 2.0
+    assert sized(10, 0.001, 0.010) == 2  # 10 slots x 2 round trips of 1 ms / 10 ms jobs
+    assert sized(100, 0.001, 0.010) == 20
+    assert sized(1000, 0.001, 0.010) == 200
+    assert sized(10, 0.001, 0.001) == 5  # at most half the slots
+    assert sized(10, 0.001, 5.0) == 0  # long jobs: none
+    assert sized(10, 0.001, 0.010, fixed=0) == 0  # claim_ahead=0: never
+    assert sized(10, 0.001, 0.010, fixed=3) == 3
+
+
+async def test_a_job_claimed_ahead_is_cancelled_or_handed_back_without_running(
+    dsn: str, client: pgq.Client
+) -> None:
+    app = pgq.App()
+    began: list[int] = []
+    release = anyio.Event()
+
+    @app.task
+    async def hold(ctx: pgq.JobContext) -> None:
+        began.append(ctx.id)
+        await release.wait()
+
+    worker = pgq.Worker(
+        app, dsn, concurrency=1, claim_ahead=2, poll_interval=0.05, shutdown_timeout=0.2
+    )
+    async with worker:
+        (producer,) = worker._by_queue.values()
+        first, second, third = await client.enqueue_many([pgq.JobSpec("hold") for _ in range(3)])
+
+        async def all_claimed() -> bool:
+            return len(producer.running) == 3
+
+        await until(all_claimed)
+        assert began == [first.id]  # one slot: the other two wait, claimed
+        await client.cancel(second.id)
+        cancelled = await client.wait(second, timeout=20)
+        assert cancelled.state is pgq.JobState.CANCELLED and began == [first.id]
+    handed_back = await client.get_job(third.id)
+    assert handed_back is not None
+    assert handed_back.state in (pgq.JobState.RETRYABLE, pgq.JobState.AVAILABLE)
+    assert handed_back.attempt == 0  # it never ran: the attempt does not count
+    assert began == [first.id]

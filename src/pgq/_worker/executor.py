@@ -214,6 +214,16 @@ def _completed(job: Job, result: Any) -> Outcome:
         return Outcome.of(job, "completed", error=error_entry(job.attempt, "result", message))
 
 
+def stopped_before_start(job: Job, reason: str) -> Outcome:
+    """The outcome of a job claimed ahead and stopped before it began: cancelled on request,
+    else handed back (``interrupted``)."""
+    if reason == CANCEL:
+        return Outcome.of(
+            job, "cancelled", error=error_entry(job.attempt, "cancel", "cancelled by request")
+        )
+    return interrupted(job, reason)
+
+
 def interrupted(job: Job, reason: str) -> Outcome:
     """A job the worker stopped (shutdown): retryable at once; the attempt does not count,
     since the job did not fail."""

@@ -16,7 +16,14 @@ from pgq._store import claims
 from pgq._store.claims import ClaimPlan, QueueLimits
 from pgq._store.connections import DATABASE_ERRORS, Pool
 from pgq._store.producers import Beat
-from pgq._worker.executor import SHUTDOWN, Execution, execute, internal_failure, interrupted
+from pgq._worker.executor import (
+    SHUTDOWN,
+    Execution,
+    execute,
+    internal_failure,
+    interrupted,
+    stopped_before_start,
+)
 from pgq._worker.liveness import ProducerHealth
 from pgq._worker.outcome import Outcome
 from pgq._worker.settle import Settler
@@ -34,6 +41,11 @@ LIMITS_REFRESH_S = 10.0
 #: Receives each attempt's outcome (the worker's completer).
 OutcomeSink = Callable[[Outcome], None]
 
+#: How much the running averages of claim time and job duration move with each sample.
+_EWMA = 0.1
+#: Claim ahead enough jobs for this many claim round trips' worth of finishing jobs.
+AHEAD_ROUND_TRIPS = 2.0
+
 
 class Producer:
     """Runs up to ``concurrency`` jobs of ``queue`` at once.
@@ -41,6 +53,13 @@ class Producer:
     It claims as many jobs as it has free slots in one statement, when notified of new
     jobs, when a slot frees after a full batch, or every ``poll_interval``. An unhealthy
     producer (its heartbeats keep failing) claims nothing until a heartbeat succeeds.
+
+    With short jobs it also claims a few ahead of its free slots (``ahead``): as many as
+    finish, on average, during two claim round trips (from running averages of both), at
+    most half its slots, none when jobs take long (or ``claim_ahead`` of them, when 0 or
+    more). A claimed job counts as running in the
+    database (and for the queue's limits) from its claim; it starts the moment a slot frees,
+    in claim order, without waiting for a round trip.
     """
 
     def __init__(
@@ -56,6 +75,7 @@ class Producer:
         fence_after_s: float,
         hooks: Hooks | None = None,
         worker_name: str = "",
+        claim_ahead: int = -1,
     ) -> None:
         #: The producer's row id. Liveness alone changes it (re-registration).
         self.id = uuid.uuid4()
@@ -65,6 +85,14 @@ class Producer:
         self.health = ProducerHealth(queue, fence_after_s)
         self.health.on_healthy = self.wake
         self._batch_max = max(1, (concurrency + 1) // 2)
+        # At most `concurrency` jobs execute at once; claimed jobs beyond them wait here.
+        self._gate = asyncio.Semaphore(concurrency)
+        #: Jobs claimed ahead of free slots, wanted now (see the class docstring); fixed
+        #: when ``claim_ahead`` is 0 or more, else sized as jobs run.
+        self._fixed_ahead = claim_ahead >= 0
+        self.ahead = max(claim_ahead, 0)
+        self._claim_s: float | None = None
+        self._job_s: float | None = None
         self._tasks = dict(tasks)
         self.plan = ClaimPlan(
             queue,
@@ -188,9 +216,10 @@ class Producer:
                 await self.health.wait_healthy()
                 more = True
                 continue
-            if len(self.running) >= self.concurrency:
+            capacity = self.concurrency + self.ahead
+            if len(self.running) >= capacity:
                 self._slot = anyio.Event()
-                if len(self.running) >= self.concurrency:
+                if len(self.running) >= capacity:
                     await self._slot.wait()
                 continue
             if not more:
@@ -204,7 +233,7 @@ class Producer:
             # A notification that arrives during the fetch sets the new event: not lost.
             self._wake = anyio.Event()
             # At most half the slots per claim: the next claim overlaps the running batch.
-            limit = min(self.concurrency - len(self.running), self._batch_max)
+            limit = min(capacity - len(self.running), self._batch_max)
             try:
                 jobs = await self._fetch(limit)
             except DATABASE_ERRORS as exc:
@@ -232,8 +261,10 @@ class Producer:
         try:
             # Shielded: a claim cut off between the server's commit and our reading of the
             # rows would leave jobs running that nobody runs (until rescued).
+            started = anyio.current_time()
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
                 jobs = await self._claim(limit)
+            self._claim_s = _average(self._claim_s, anyio.current_time() - started)
         finally:
             self.fetching = False
         self.fetches += 1
@@ -301,9 +332,24 @@ class Producer:
         task = self._tasks[job.task]
         try:
             try:
+                await self._gate.acquire()
+            except asyncio.CancelledError:
+                # Claimed ahead and stopped before a slot freed: cancelled, or handed back.
+                if execution.reason is None:
+                    raise
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                self._outcomes(stopped_before_start(job, execution.reason))
+                return
+            began = anyio.current_time()
+            try:
                 outcome = await execute(task, execution, self._limiter, self._hooks)
             except Exception as exc:  # never an attempt without an outcome
                 outcome = internal_failure(job, task, exc)
+            finally:
+                self._gate.release()
+                self._learn(anyio.current_time() - began)
             if execution.ctx._settled and await self._settled_by_the_task(execution):
                 return
             self._outcomes(outcome)
@@ -312,6 +358,14 @@ class Producer:
             self._slot.set()
             if not self.running:
                 self._empty.set()
+
+    def _learn(self, job_s: float) -> None:
+        """Fold a job's duration into the running average, and size ``ahead`` from it."""
+        self._job_s = _average(self._job_s, job_s)
+        if self._claim_s is None or self._fixed_ahead:
+            return
+        finishing = self.concurrency * AHEAD_ROUND_TRIPS * self._claim_s / max(self._job_s, 1e-6)
+        self.ahead = min(self._batch_max, round(finishing))
 
     async def _settled_by_the_task(self, execution: Execution) -> bool:
         """Whether the task's own transaction settled its attempt and committed: then that
@@ -343,9 +397,15 @@ class Producer:
             "last_heartbeat_ok_at": self.health.last_ok_at,
             "concurrency": self.concurrency,
             "running": len(self.running),
+            "claim_ahead": self.ahead,
             "fetches": self.fetches,
             "claimed": self.claimed,
             "completed": self.completed,
             "failed": self.failed,
             "rejected_outcomes": self.rejected_outcomes,
         }
+
+
+def _average(current: float | None, sample: float) -> float:
+    """An exponentially weighted running average (the first sample starts it)."""
+    return sample if current is None else current + _EWMA * (sample - current)

@@ -252,24 +252,35 @@ class Worker:
             if scope.cancelled_caught:
                 pool.terminate()
 
+    def _producer(
+        self,
+        pool: Pool,
+        queue: str,
+        concurrency: int,
+        completer: Completer,
+        limiter: anyio.CapacityLimiter,
+    ) -> Producer:
+        s = self.settings
+        return Producer(
+            queue=queue,
+            concurrency=concurrency,
+            tasks={t.name: t for t in self.app if t.queue == queue},
+            pool=pool,
+            outcomes=completer.add,
+            limiter=limiter,
+            poll_interval=s.poll_interval,
+            fence_after_s=s.fencing_bound,
+            claim_ahead=s.claim_ahead,
+            hooks=self._observers.hooks,
+            worker_name=self.name,
+        )
+
     def _build(self, pool: Pool) -> _Parts:
         s = self.settings
         limiter = anyio.CapacityLimiter(s.max_threads)
         completer = Completer(pool, self._counted)
         producers = [
-            Producer(
-                queue=queue,
-                concurrency=n,
-                tasks={t.name: t for t in self.app if t.queue == queue},
-                pool=pool,
-                outcomes=completer.add,
-                limiter=limiter,
-                poll_interval=s.poll_interval,
-                fence_after_s=s.fencing_bound,
-                hooks=self._observers.hooks,
-                worker_name=self.name,
-            )
-            for queue, n in self._queues.items()
+            self._producer(pool, queue, n, completer, limiter) for queue, n in self._queues.items()
         ]
         self._by_queue = {p.queue: p for p in producers}
         heartbeater = Heartbeater(

@@ -1,0 +1,80 @@
+"""Efficiency with I/O-bound jobs: one worker draining jobs that each await ``DURATION``
+(10 ms), at concurrency 10, 100 and 1,000, against the ideal (concurrency / duration).
+
+`python benchmarks/bench_io.py [ROUNDS [CONCURRENCY ...]]` (defaults: 3 rounds; 10 100
+1000) enqueues, per run, enough jobs for about three seconds of ideal work (at least 3,000),
+drains them with an in-process worker (uvloop when installed), and takes the rate from the
+database's own clock: jobs / (last finalized_at - first attempted_at), so the worker's
+start and stop are not counted. Prints each run and the median per concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+
+import anyio
+from common import fresh_database, reset_jobs
+
+import pgq
+from pgq import migrate
+
+DURATION = 0.010
+app = pgq.App()
+
+
+@app.task
+async def io_job(ctx: pgq.JobContext, i: int) -> None:
+    """A job that waits on I/O for DURATION."""
+    await asyncio.sleep(DURATION)
+
+
+async def run_once(dsn: str, concurrency: int) -> tuple[int, float]:
+    ideal = concurrency / DURATION
+    n = max(3_000, int(ideal * 3))
+    await reset_jobs(dsn)
+    async with pgq.Client(dsn, app=app) as client:
+        for start in range(0, n, 10_000):
+            await client.enqueue_many(
+                [pgq.JobSpec(io_job, {"i": i}) for i in range(start, min(n, start + 10_000))]
+            )
+    await reset_jobs(dsn, analyze=True)
+    worker = pgq.Worker(app, dsn, concurrency=concurrency, metrics=False)
+    await worker.run(burst=True)
+    async with pgq.Client(dsn) as client:
+        span = await client.pool.fetchval(
+            "SELECT extract(epoch FROM max(finalized_at) - min(attempted_at)) FROM pgq_jobs"
+        )
+        done = await client.pool.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'completed'")
+    assert done == n, f"{done} of {n} completed"
+    return n, n / float(span)
+
+
+async def main(rounds: int, levels: list[int]) -> None:
+    dsn = await fresh_database("pgq_bench_io")
+    await migrate.upgrade_async(dsn)
+    rates: dict[int, list[float]] = {c: [] for c in levels}
+    for r in range(rounds):
+        for c in levels:
+            n, rate = await run_once(dsn, c)
+            rates[c].append(rate)
+            print(f"round {r + 1}: concurrency {c}: {n:,} jobs, {rate:,.0f}/s", flush=True)
+    print(f"\n{'concurrency':>11} {'jobs/s (median)':>16} {'ideal':>8} {'efficiency':>10}")
+    for c, values in rates.items():
+        median = statistics.median(values)
+        ideal = c / DURATION
+        print(f"{c:11} {median:16,.0f} {ideal:8,.0f} {median / ideal:10.2f}")
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    rounds = int(args[0]) if args else 3
+    levels = [int(a) for a in args[1:]] or [10, 100, 1000]
+    try:
+        import uvloop
+    except ImportError:
+        anyio.run(main, rounds, levels)
+    else:
+        anyio.run(main, rounds, levels, backend_options={"use_uvloop": True})
+        del uvloop

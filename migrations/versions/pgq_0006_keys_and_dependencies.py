@@ -48,13 +48,15 @@ BEGIN
     ELSE
         parent := NEW.id;
         outcome := NEW.state::text;
+        -- Acted on once: should this job run again (an operator's retry), its dependents
+        -- are not counted down twice. (Not an update of state: this trigger does not fire.)
+        UPDATE pgq_jobs SET has_dependents = false WHERE id = parent;
     END IF;
-    -- Dependents that go on: one parent fewer to wait for; due (or scheduled) at none.
     WITH released AS (
         UPDATE pgq_jobs c
         SET deps_left = c.deps_left - 1,
             state = CASE WHEN c.deps_left > 1 THEN c.state
-                         WHEN c.scheduled_at > now() THEN 'scheduled'
+                         WHEN c.scheduled_at > clock_timestamp() THEN 'scheduled'
                          ELSE 'available' END
         WHERE c.depends_on @> ARRAY[parent] AND c.state = 'pending'
           AND (outcome = 'completed' OR c.on_parent_failure = 'run')
@@ -62,16 +64,30 @@ BEGIN
     )
     SELECT count(pg_notify('pgq_jobs', q.queue)) INTO told
     FROM (SELECT DISTINCT queue FROM released WHERE state = 'available') q;
-    -- The others are cancelled, saying why; their own dependents follow through this trigger.
-    WITH cancelled AS (
+    IF outcome = 'completed' THEN
+        RETURN NULL;
+    END IF;
+    -- Every pending descendant that does not run anyway is cancelled in this one statement
+    -- (a chain of any length, no nesting of this trigger per link), each saying which
+    -- parent failed; the dependents of these that run anyway are counted down as each
+    -- cancelled job's own trigger fires.
+    WITH RECURSIVE doomed(id, via) AS (
+        SELECT c.id, parent FROM pgq_jobs c
+        WHERE c.depends_on @> ARRAY[parent] AND c.state = 'pending'
+          AND c.on_parent_failure <> 'run'
+        UNION
+        SELECT c.id, d.id FROM doomed d JOIN pgq_jobs c ON c.depends_on @> ARRAY[d.id]
+        WHERE c.state = 'pending' AND c.on_parent_failure <> 'run'
+    ), cancelled AS (
         UPDATE pgq_jobs c
         SET state = 'cancelled', finalized_at = now(), deps_left = 0,
             errors = c.errors || jsonb_build_array(jsonb_build_object(
                 'attempt', c.attempt, 'kind', 'dependency',
-                'message', 'parent job ' || parent || ' was ' || outcome,
+                'message', 'parent job ' || d.via || ' was '
+                           || CASE WHEN d.via = parent THEN outcome ELSE 'cancelled' END,
                 'traceback', NULL, 'at', now()))
-        WHERE c.depends_on @> ARRAY[parent] AND c.state = 'pending'
-          AND outcome <> 'completed' AND c.on_parent_failure <> 'run'
+        FROM (SELECT DISTINCT ON (id) id, via FROM doomed ORDER BY id, via) d
+        WHERE c.id = d.id
         RETURNING c.id
     )
     SELECT count(pg_notify('pgq_done', cancelled.id::text)) INTO told FROM cancelled;
@@ -79,7 +95,6 @@ BEGIN
 END
 $$
 """
-
 RELEASE_ON_FINISH = """
 CREATE TRIGGER pgq_jobs_parent_finished AFTER UPDATE OF state ON pgq_jobs
 FOR EACH ROW
@@ -105,6 +120,7 @@ def upgrade() -> None:
     op.add_column("pgq_queues", sa.Column("key_rate_count", sa.Integer(), nullable=True))
     op.add_column("pgq_queues", sa.Column("key_rate_period_s", sa.Float(), nullable=True))
     op.add_column("pgq_rate_log", sa.Column("limit_key", sa.Text(), nullable=True))
+    op.create_index("pgq_rate_log_key_idx", "pgq_rate_log", ["queue", "limit_key", "started_at"])
     op.create_index(
         "pgq_jobs_limit_key_idx",
         "pgq_jobs",
@@ -147,6 +163,7 @@ def downgrade() -> None:
     op.drop_column("pgq_jobs", "deps_left")
     op.drop_column("pgq_jobs", "depends_on")
     op.drop_index("pgq_jobs_limit_key_idx", table_name="pgq_jobs")
+    op.drop_index("pgq_rate_log_key_idx", table_name="pgq_rate_log")
     op.drop_column("pgq_rate_log", "limit_key")
     op.drop_column("pgq_queues", "key_rate_period_s")
     op.drop_column("pgq_queues", "key_rate_count")

@@ -189,12 +189,15 @@ BEGIN
     ELSE
         parent := NEW.id;
         outcome := NEW.state::text;
+        -- Acted on once: should this job run again (an operator's retry), its dependents
+        -- are not counted down twice. (Not an update of state: this trigger does not fire.)
+        UPDATE pgq_jobs SET has_dependents = false WHERE id = parent;
     END IF;
     WITH released AS (
         UPDATE pgq_jobs c
         SET deps_left = c.deps_left - 1,
             state = CASE WHEN c.deps_left > 1 THEN c.state
-                         WHEN c.scheduled_at > now() THEN 'scheduled'
+                         WHEN c.scheduled_at > clock_timestamp() THEN 'scheduled'
                          ELSE 'available' END
         WHERE c.depends_on @> ARRAY[parent] AND c.state = 'pending'
           AND (outcome = 'completed' OR c.on_parent_failure = 'run')
@@ -204,15 +207,30 @@ BEGIN
     + CHANNEL_JOBS
     + """', q.queue)) INTO told
     FROM (SELECT DISTINCT queue FROM released WHERE state = 'available') q;
-    WITH cancelled AS (
+    IF outcome = 'completed' THEN
+        RETURN NULL;
+    END IF;
+    -- Every pending descendant that does not run anyway is cancelled in this one statement
+    -- (a chain of any length, no nesting of this trigger per link), each saying which
+    -- parent failed; the dependents of these that run anyway are counted down as each
+    -- cancelled job's own trigger fires.
+    WITH RECURSIVE doomed(id, via) AS (
+        SELECT c.id, parent FROM pgq_jobs c
+        WHERE c.depends_on @> ARRAY[parent] AND c.state = 'pending'
+          AND c.on_parent_failure <> 'run'
+        UNION
+        SELECT c.id, d.id FROM doomed d JOIN pgq_jobs c ON c.depends_on @> ARRAY[d.id]
+        WHERE c.state = 'pending' AND c.on_parent_failure <> 'run'
+    ), cancelled AS (
         UPDATE pgq_jobs c
         SET state = 'cancelled', finalized_at = now(), deps_left = 0,
             errors = c.errors || jsonb_build_array(jsonb_build_object(
                 'attempt', c.attempt, 'kind', 'dependency',
-                'message', 'parent job ' || parent || ' was ' || outcome,
+                'message', 'parent job ' || d.via || ' was '
+                           || CASE WHEN d.via = parent THEN outcome ELSE 'cancelled' END,
                 'traceback', NULL, 'at', now()))
-        WHERE c.depends_on @> ARRAY[parent] AND c.state = 'pending'
-          AND outcome <> 'completed' AND c.on_parent_failure <> 'run'
+        FROM (SELECT DISTINCT ON (id) id, via FROM doomed ORDER BY id, via) d
+        WHERE c.id = d.id
         RETURNING c.id
     )
     SELECT count(pg_notify('"""
@@ -319,6 +337,8 @@ rate_log = Table(
     Column("started_at", TSTZ, nullable=False),
     Column("limit_key", Text),
     Index("pgq_rate_log_idx", "queue", "started_at"),
+    # Per-key rates: one key's starts within the window.
+    Index("pgq_rate_log_key_idx", "queue", "limit_key", "started_at"),
 )
 
 __all__ = (

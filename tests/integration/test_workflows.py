@@ -408,3 +408,90 @@ async def test_deleting_an_unfinished_parent_cancels_its_dependents(client: pgq.
     assert f"parent job {parent.id} was deleted" in gone.errors[-1]["message"]
     ran = await client.get_job(anyway.id)
     assert ran is not None and ran.state is pgq.JobState.AVAILABLE
+
+
+# --------------------------------------------------------------------------- review findings
+
+
+async def test_a_long_chain_is_cancelled_whole_when_its_head_fails(
+    client: pgq.Client, conn: Conn
+) -> None:
+    """1,000 links: the cascade is one statement, not one trigger nested per link (which
+    overflowed PostgreSQL's stack and left the head's outcome unwritable)."""
+    chain = await client.enqueue_chain([pgq.JobSpec("step", {"n": i}) for i in range(1000)])
+    anyway = await client.enqueue(
+        "step", {"n": -1}, depends_on=[chain[500]], on_parent_failure="run"
+    )
+    cancelled = await client.cancel(chain[0].id)
+    assert cancelled is not None and cancelled.state is pgq.JobState.CANCELLED
+    states = await conn.fetch(
+        "SELECT state::text, count(*) AS n FROM pgq_jobs WHERE id = ANY($1) GROUP BY 1",
+        [j.id for j in chain],
+    )
+    assert {r["state"]: r["n"] for r in states} == {"cancelled": 1000}
+    last = await client.get_job(chain[-1].id)
+    assert last is not None
+    assert last.errors[-1]["message"] == f"parent job {chain[-2].id} was cancelled"
+    ran_anyway = await client.get_job(anyway.id)
+    assert ran_anyway is not None and ran_anyway.state is pgq.JobState.AVAILABLE
+
+
+async def test_a_parent_run_again_is_not_counted_twice(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    app, _ = workflow_app()
+    a = await client.enqueue("step", {"n": 1})
+    b = await client.enqueue("step", {"n": 2}, delay=3600)
+    child = await client.enqueue("collect", depends_on=[a, b])
+    async with pgq.Worker(app, dsn, **QUICK):
+        await client.wait(a, timeout=20)
+        await client.retry([a.id])  # an operator runs it again
+        await until(
+            lambda: _equals(
+                lambda: conn.fetchval(
+                    "SELECT state::text FROM pgq_jobs WHERE id = $1 AND attempt = 2", a.id
+                ),
+                "completed",
+            )
+        )
+        assert await state_of(conn, child.id) == "pending"  # b has not run yet
+        # A parent already completed when its dependent is enqueued is not waited for, and
+        # running it again later counts for nothing either.
+        after = await client.enqueue("collect", depends_on=[a, b])
+        await client.retry([a.id])
+        await until(
+            lambda: _equals(
+                lambda: conn.fetchval(
+                    "SELECT state::text FROM pgq_jobs WHERE id = $1 AND attempt = 3", a.id
+                ),
+                "completed",
+            )
+        )
+        assert await state_of(conn, after.id) == "pending"
+        await client.retry([b.id])
+        assert (await client.wait(child, timeout=20)).result == [10, 20]
+
+
+async def test_a_per_key_claim_skips_a_job_locked_by_an_open_transaction(
+    dsn: str, client: pgq.Client
+) -> None:
+    app = pgq.App()
+
+    @app.task
+    async def work(ctx: pgq.JobContext) -> None:
+        pass
+
+    await client.set_queue_limits("default", key_concurrency=5)
+    locked = await client.enqueue("work", limit_key="a")
+    free = await client.enqueue("work", limit_key="b")
+    keyless = await client.enqueue("work")
+    own = await asyncpg.connect(dsn)
+    try:
+        async with own.transaction():
+            # A dependent enqueued in a transaction still open holds its parent's row.
+            await client.enqueue("work", depends_on=[locked], connection=own)
+            async with pgq.Worker(app, dsn, **QUICK):
+                assert (await client.wait(free, timeout=20)).state is pgq.JobState.COMPLETED
+                assert (await client.wait(keyless, timeout=20)).state is pgq.JobState.COMPLETED
+    finally:
+        await own.close()

@@ -127,7 +127,13 @@ async def claim_limited(
             rooms = await _key_rooms(conn, plan.queue, limits, budget)
             keys_held = rooms.held
             rows = await conn.fetch(
-                sql.CLAIM_KEYED, plan.queue, *args, rooms.keys, rooms.rooms, rooms.keyless
+                sql.CLAIM_KEYED,
+                plan.queue,
+                *args,
+                rooms.keys,
+                rooms.rooms,
+                rooms.keyless,
+                KEYLESS_SEARCH,
             )
         else:
             rows = await conn.fetch(sql.CLAIM_LIMITED, plan.queue, *args)
@@ -136,6 +142,11 @@ async def claim_limited(
             await conn.execute(sql.LOG_STARTS, plan.queue, [r["limit_key"] for r in rows], window)
     held_back = (budget < limit and len(rows) == budget) or (keys_held and len(rows) < budget)
     return [job_from_row(r) for r in rows], held_back, limits
+
+
+#: In a queue with per-key limits, jobs without a key are looked for among this many of
+#: its next available jobs (they have no index of their own).
+KEYLESS_SEARCH = 1_000
 
 
 @dataclass(slots=True)

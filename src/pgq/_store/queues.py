@@ -53,6 +53,21 @@ class QueueInfo:
     #: Flow-control limits (docs/flow-control.md).
     limits: QueueLimits = field(default_factory=QueueLimits)
 
+    @property
+    def concurrency(self) -> int | None:
+        """The queue's concurrency limit (``limits.concurrency``)."""
+        return self.limits.concurrency
+
+    @property
+    def rate_count(self) -> int | None:
+        """The queue's rate limit's count (``limits.rate_count``)."""
+        return self.limits.rate_count
+
+    @property
+    def rate_period_s(self) -> float | None:
+        """The queue's rate limit's period (``limits.rate_period_s``)."""
+        return self.limits.rate_period_s
+
 
 async def list_queues(db: Db) -> list[QueueInfo]:
     """Every queue known from jobs, producers or pause settings."""

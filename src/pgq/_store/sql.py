@@ -153,7 +153,8 @@ FROM ins
 )
 
 # One job that depends on others ($13: the parents' ids, distinct; $14: 'cancel' or 'run',
-# what a parent that fails means). Marking each parent as having dependents locks its row
+# what a parent that fails means). Marking each unfinished parent as having dependents
+# (a finished one is only locked: it will not be waited for) locks its row
 # until this transaction ends, so a parent cannot finish unseen between this read of its
 # state and the commit: one finishing first is read as finished, one finishing after fires
 # the release trigger, which then sees this job. The job waits ('pending') for the parents
@@ -162,7 +163,9 @@ FROM ins
 ENQUEUE_DEPENDENT: Final = (
     """
 WITH parents AS (
-    UPDATE pgq_jobs SET has_dependents = true
+    UPDATE pgq_jobs SET has_dependents = has_dependents OR state NOT IN """
+    + _FINAL
+    + """
     WHERE id = ANY($13::bigint[])
     RETURNING id, state
 ), verdict AS (
@@ -353,8 +356,8 @@ SELECT (SELECT count(*) FROM pgq_jobs WHERE queue = $1 AND state = 'running')::i
 
 # Per-key limits: every key with available jobs, found by a skip scan of the key index
 # (one index probe per key, however many jobs each holds), with its running jobs and its
-# starts within the key rate's window ($2 seconds); then the jobs without a key, as one
-# more key (NULL). The keys come in key order; the claim orders the jobs it takes.
+# starts within the key rate's window ($2 seconds; counted per key through the log's key
+# index, for the waiting keys only); then the jobs without a key, as one more key (NULL).
 KEY_USAGE: Final = """
 WITH RECURSIVE keys(k) AS (
     (SELECT limit_key FROM pgq_jobs
@@ -368,28 +371,33 @@ WITH RECURSIVE keys(k) AS (
 ), running AS (
     SELECT limit_key, count(*)::int AS n FROM pgq_jobs
     WHERE queue = $1 AND state = 'running' GROUP BY limit_key
-), started AS (
-    SELECT limit_key, count(*)::int AS n FROM pgq_rate_log
-    WHERE queue = $1 AND started_at > statement_timestamp() - make_interval(secs => $2)
-    GROUP BY limit_key
 )
-SELECT k.k AS key, COALESCE(r.n, 0) AS running, COALESCE(s.n, 0) AS started
+SELECT k.k AS key, COALESCE(r.n, 0) AS running,
+       CASE WHEN $2 > 0 THEN
+           (SELECT count(*) FROM pgq_rate_log l
+            WHERE l.queue = $1 AND l.limit_key = k.k
+              AND l.started_at > statement_timestamp() - make_interval(secs => $2))::int
+       ELSE 0 END AS started
 FROM keys k
 LEFT JOIN running r ON r.limit_key = k.k
-LEFT JOIN started s ON s.limit_key = k.k
 WHERE k.k IS NOT NULL
 UNION ALL
 SELECT NULL,
        COALESCE((SELECT n FROM running WHERE limit_key IS NULL), 0),
-       COALESCE((SELECT n FROM started WHERE limit_key IS NULL), 0)
+       CASE WHEN $2 > 0 THEN
+           (SELECT count(*) FROM pgq_rate_log l
+            WHERE l.queue = $1 AND l.limit_key IS NULL
+              AND l.started_at > statement_timestamp() - make_interval(secs => $2))::int
+       ELSE 0 END
 """
 
 # The claim of a queue with per-key limits, under the queue's row lock: for each key with
 # room ($8, its room $9, in the same order) its next jobs, at most its room each (through
-# the key index); for the jobs without a key, at most $10 (through the fetch index, past
-# any keyed jobs ahead of them); of all these, the first $3 by priority then schedule.
-# No other claimer takes this queue's jobs while the lock is held; a job changed meanwhile
-# (cancelled, say) is left alone by the state check of the UPDATE.
+# the key index); for the jobs without a key, at most $10, looked for among the queue's
+# first $11 available jobs in claim order (the fetch index: keyless jobs have no index of
+# their own, and an unbounded search would read a whole keyed backlog); of all these, the
+# first $3 by priority then schedule. Rows locked by someone else (a dependent's enqueue
+# still open, an operator) are skipped, as in every claim.
 CLAIM_KEYED: Final = (
     """
 WITH locked AS (
@@ -402,13 +410,24 @@ WITH locked AS (
               AND task = ANY($2::text[])
             ORDER BY priority DESC, scheduled_at, id
             LIMIT b.room
+            FOR UPDATE SKIP LOCKED
         ) j
         UNION ALL
-        (SELECT id, priority, scheduled_at FROM pgq_jobs
-         WHERE queue = $1 AND state = 'available' AND limit_key IS NULL
-           AND task = ANY($2::text[]) AND $10::int > 0
-         ORDER BY priority DESC, scheduled_at, id
-         LIMIT $10)
+        SELECT n.id, n.priority, n.scheduled_at FROM (
+            SELECT id, priority, scheduled_at FROM pgq_jobs
+            WHERE id IN (
+                SELECT h.id FROM (
+                    SELECT id, limit_key, task FROM pgq_jobs
+                    WHERE queue = $1 AND state = 'available' AND $10::int > 0
+                    ORDER BY priority DESC, scheduled_at, id
+                    LIMIT $11
+                ) h
+                WHERE h.limit_key IS NULL AND h.task = ANY($2::text[]))
+              AND state = 'available'
+            ORDER BY priority DESC, scheduled_at, id
+            LIMIT $10
+            FOR UPDATE SKIP LOCKED
+        ) n
     ) c
     WHERE NOT EXISTS (SELECT 1 FROM pgq_queues WHERE name IN ($1, '*') AND paused_at IS NOT NULL)
     ORDER BY c.priority DESC, c.scheduled_at, c.id

@@ -116,9 +116,10 @@ async def _run(
     call = _make_call(task, ctx, limiter, hooks.middleware if hooks is not None else [])
     result: Any = None
     try:
-        if job.depends_on and ctx._settler is not None:
-            ctx._parents = await ctx._settler.parents(job)
         try:
+            if job.depends_on and ctx._settler is not None:
+                # Inside: a cancel or a shutdown during this read ends the attempt as any.
+                ctx._parents = await ctx._settler.parents(job)
             if task.timeout is None:  # no coroutine in between for the common case
                 result = await call()
             else:

@@ -2,10 +2,12 @@
 (10 ms), at concurrency 10, 100 and 1,000, against the ideal (concurrency / duration).
 
 `python benchmarks/bench_io.py [ROUNDS [CONCURRENCY ...]]` (defaults: 3 rounds; 10 100
-1000) enqueues, per run, enough jobs for about three seconds of ideal work (at least 3,000),
-drains them with an in-process worker (uvloop when installed), and takes the rate from the
-database's own clock: jobs / (last finalized_at - first attempted_at), so the worker's
-start and stop are not counted. Prints each run and the median per concurrency.
+1000) enqueues, per run, enough jobs for about three seconds of ideal work (3,000 to
+60,000), drains them with an in-process worker (uvloop when installed), and takes the rate
+from the database's own clock: jobs / (last finalized_at - first attempted_at), so the
+worker's start and stop are not counted. Each round runs every concurrency twice, with
+claiming ahead as by default and with it off (claim_ahead=0). Prints each run and the
+median per concurrency and mode.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ async def io_job(ctx: pgq.JobContext, i: int) -> None:
     await asyncio.sleep(DURATION)
 
 
-async def run_once(dsn: str, concurrency: int) -> tuple[int, float]:
+async def run_once(dsn: str, concurrency: int, claim_ahead: int) -> tuple[int, float]:
     ideal = concurrency / DURATION
-    n = max(3_000, int(ideal * 3))
+    n = min(60_000, max(3_000, int(ideal * 3)))
     await reset_jobs(dsn)
     async with pgq.Client(dsn, app=app) as client:
         for start in range(0, n, 10_000):
@@ -40,7 +42,7 @@ async def run_once(dsn: str, concurrency: int) -> tuple[int, float]:
                 [pgq.JobSpec(io_job, {"i": i}) for i in range(start, min(n, start + 10_000))]
             )
     await reset_jobs(dsn, analyze=True)
-    worker = pgq.Worker(app, dsn, concurrency=concurrency, metrics=False)
+    worker = pgq.Worker(app, dsn, concurrency=concurrency, claim_ahead=claim_ahead, metrics=False)
     await worker.run(burst=True)
     async with pgq.Client(dsn) as client:
         span = await client.pool.fetchval(
@@ -54,17 +56,25 @@ async def run_once(dsn: str, concurrency: int) -> tuple[int, float]:
 async def main(rounds: int, levels: list[int]) -> None:
     dsn = await fresh_database("pgq_bench_io")
     await migrate.upgrade_async(dsn)
-    rates: dict[int, list[float]] = {c: [] for c in levels}
+    modes = {"ahead auto": -1, "ahead off": 0}
+    rates: dict[tuple[int, str], list[float]] = {(c, m): [] for c in levels for m in modes}
     for r in range(rounds):
         for c in levels:
-            n, rate = await run_once(dsn, c)
-            rates[c].append(rate)
-            print(f"round {r + 1}: concurrency {c}: {n:,} jobs, {rate:,.0f}/s", flush=True)
-    print(f"\n{'concurrency':>11} {'jobs/s (median)':>16} {'ideal':>8} {'efficiency':>10}")
-    for c, values in rates.items():
+            for mode, ahead in modes.items():
+                n, rate = await run_once(dsn, c, ahead)
+                rates[c, mode].append(rate)
+                print(
+                    f"round {r + 1}: concurrency {c}, {mode}: {n:,} jobs, {rate:,.0f}/s",
+                    flush=True,
+                )
+    print(
+        f"\n{'concurrency':>11} {'mode':>10} {'jobs/s (median)':>16} {'ideal':>8} "
+        f"{'efficiency':>10}"
+    )
+    for (c, mode), values in rates.items():
         median = statistics.median(values)
         ideal = c / DURATION
-        print(f"{c:11} {median:16,.0f} {ideal:8,.0f} {median / ideal:10.2f}")
+        print(f"{c:11} {mode:>10} {median:16,.0f} {ideal:8,.0f} {median / ideal:10.2f}")
 
 
 if __name__ == "__main__":

@@ -77,6 +77,56 @@ async def drain(concurrency: int) -> None:
     await drop_database("bench_pgq_drain")
 
 
+async def drain_cli(concurrency: int | None, processes: int) -> None:
+    """The drain as users run it: ``processes`` `pgq worker --burst` processes started by
+    the CLI (default settings unless ``concurrency``), timed from their start until the
+    last job is completed (database clock: first attempt to last finish, and wall clock
+    until every process has exited)."""
+    import os
+    import subprocess
+    import sys
+
+    name = f"bench_pgq_drain_cli_{processes}"
+    dsn = await fresh_database(name)
+    await pgq_migrate(dsn)
+    async with pgq.Client(dsn, app=app) as client:
+        for start in range(0, N, 5_000):
+            await client.enqueue_many(
+                [pgq.JobSpec(noop, {"i": i}) for i in range(start, start + 5_000)]
+            )
+    argv = [sys.executable, "-m", "pgq", "worker", "bench_pgq:app", "--burst", "--dsn", dsn]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
+    with Timer() as t:
+        procs = [
+            subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for _ in range(processes)
+        ]
+        for proc in procs:
+            _, err = await anyio.to_thread.run_sync(proc.communicate)
+            assert proc.returncode == 0, err.decode()[-2000:]
+    conn = await asyncpg.connect(dsn)
+    done = await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'completed'")
+    span = await conn.fetchval(
+        "SELECT extract(epoch FROM max(finalized_at) - min(attempted_at)) FROM pgq_jobs"
+    )
+    await conn.close()
+    assert done == N, f"only {done} of {N} jobs completed"
+    emit(
+        {
+            "system": "pgq",
+            "workload": f"drain_cli_{processes}",
+            "jobs": N,
+            "seconds": t.seconds,
+            "rate": N / t.seconds,
+            "rate_db_clock": N / float(span),
+            "settings": {"concurrency": concurrency or "default", "processes": processes},
+        }
+    )
+    await drop_database(name)
+
+
 async def enqueue_one() -> None:
     dsn = await setup("bench_pgq_enqueue")
     async with pgq.Client(dsn, app=app) as client:
@@ -144,6 +194,9 @@ if __name__ == "__main__":
             "enqueue_many": enqueue_many,
             "enqueue": enqueue_one,
             "drain": lambda concurrency="100": drain(int(concurrency)),
+            "drain-cli": lambda concurrency="default", processes="1": drain_cli(
+                None if concurrency == "default" else int(concurrency), int(processes)
+            ),
             "latency": latency,
             "latency-worker": lambda dsn, out, n: latency_worker(dsn, out, int(n)),
         }

@@ -541,3 +541,98 @@ async def test_a_job_claimed_ahead_is_cancelled_or_handed_back_without_running(
     assert handed_back.state in (pgq.JobState.RETRYABLE, pgq.JobState.AVAILABLE)
     assert handed_back.attempt == 0  # it never ran: the attempt does not count
     assert began == [first.id]
+
+
+async def test_a_fenced_producer_hands_back_jobs_claimed_ahead_instead_of_starting_them(
+    dsn: str, client: pgq.Client
+) -> None:
+    app = pgq.App()
+    began: list[int] = []
+    release = anyio.Event()
+
+    @app.task
+    async def hold(ctx: pgq.JobContext) -> None:
+        began.append(ctx.id)
+        await release.wait()
+
+    async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=2, poll_interval=0.05) as worker:
+        (producer,) = worker._by_queue.values()
+        first, second, third = await client.enqueue_many([pgq.JobSpec("hold") for _ in range(3)])
+
+        async def all_claimed() -> bool:
+            return len(producer.running) == 3
+
+        await until(all_claimed)
+        for _ in range(3):  # heartbeats fail: the producer fences itself
+            producer.health.beat_failed(OSError("cut off"), 3, len(producer.running))
+        assert not producer.health.healthy
+        release.set()  # the slot frees while the producer is fenced
+        await client.wait(first, timeout=20)
+        for job in (second, third):
+
+            async def handed_back(job_id: int = job.id) -> bool:
+                now = await client.get_job(job_id)
+                return now is not None and any(
+                    "heartbeats were failing" in e["message"] for e in now.errors
+                )
+
+            await until(handed_back)
+    assert began[0] == first.id
+    assert began.count(second.id) <= 1 and began.count(third.id) <= 1  # not started fenced
+    for job in (second, third):
+        now = await client.get_job(job.id)
+        assert now is not None and now.attempt <= 1
+
+
+async def test_a_job_claimed_ahead_is_handed_back_when_no_slot_frees_in_time(
+    dsn: str, client: pgq.Client
+) -> None:
+    app = pgq.App()
+    release = anyio.Event()
+
+    @app.task
+    async def quick(ctx: pgq.JobContext) -> None:
+        await anyio.sleep(0.001)
+
+    @app.task
+    async def slow(ctx: pgq.JobContext) -> None:
+        await release.wait()
+
+    async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=1, poll_interval=0.05):
+        for job in await client.enqueue_many([pgq.JobSpec("quick") for _ in range(5)]):
+            await client.wait(job, timeout=20)  # the producer learns that jobs are short
+        blocker = await client.enqueue("slow")
+        waiter = await client.enqueue("quick")
+
+        async def handed_back() -> bool:
+            now = await client.get_job(waiter.id)
+            return now is not None and any("freed in time" in e["message"] for e in now.errors)
+
+        await until(handed_back)
+        now = await client.get_job(waiter.id)
+        assert now is not None and now.attempt == 0 and now.state is not pgq.JobState.COMPLETED
+        release.set()
+        assert (await client.wait(waiter, timeout=20)).state is pgq.JobState.COMPLETED
+        assert (await client.wait(blocker, timeout=20)).state is pgq.JobState.COMPLETED
+
+
+async def test_a_jobs_timeout_counts_from_its_claim(dsn: str, client: pgq.Client) -> None:
+    """A job that waited, claimed, for a slot has that much less of its timeout left: the
+    database's deadline (which the rescuer of hung jobs reads) counts from the claim too."""
+    app = pgq.App()
+
+    @app.task(timeout=2.5)
+    async def nap(ctx: pgq.JobContext, s: float) -> None:
+        await anyio.sleep(s)
+
+    first, second = await client.enqueue_many(
+        [pgq.JobSpec("nap", {"s": 2.0}), pgq.JobSpec("nap", {"s": 1.0})]
+    )
+    async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=1, poll_interval=0.05):
+        assert (await client.wait(first, timeout=20)).state is pgq.JobState.COMPLETED
+
+        async def timed_out() -> bool:
+            now = await client.get_job(second.id)
+            return now is not None and any(e["kind"] == "timeout" for e in now.errors)
+
+        await until(timed_out)

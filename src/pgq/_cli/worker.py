@@ -85,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
 
 def event_loop_options(choice: str) -> dict[str, bool]:
     """anyio's options for the event loop ``choice`` (auto: uvloop when it is installed)."""
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise ConfigError(
+            f"--event-loop (or PGQ_EVENT_LOOP) must be auto, uvloop or asyncio, not {choice!r}"
+        )
     if choice == "asyncio":
         return {"use_uvloop": False}
     try:

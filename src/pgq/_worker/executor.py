@@ -22,18 +22,35 @@ log = logging.getLogger("pgq.executor")
 #: Why a job's cancel scope was cancelled by the worker.
 SHUTDOWN = "shutdown"
 CANCEL = "cancel"
+#: Why a job claimed ahead was handed back before it began: its producer fenced itself,
+#: or its attempt was rescued while it waited for a slot.
+FENCED = "fenced"
+RESCUED = "rescued"
+#: ... or no slot freed within the wait the producer expected (jobs are longer than it
+#: learnt): another worker may take it.
+WAITED = "waited"
+
+_NOT_STARTED = {
+    SHUTDOWN: "handed back before it started: its worker is stopping",
+    FENCED: "handed back before it started: its worker's heartbeats were failing",
+    RESCUED: "handed back before it started: the attempt was rescued meanwhile",
+    WAITED: "handed back before it started: no slot of its worker freed in time",
+}
 
 
 class Execution:
     """One running attempt: its context, and the asyncio task that runs it (cancelling the
     task is how the worker stops the attempt)."""
 
-    __slots__ = ("ctx", "reason", "task")
+    __slots__ = ("ctx", "reason", "task", "waited_s")
 
     def __init__(self, job: Job, settler: Settling | None = None) -> None:
         self.ctx = JobContext(job, settler)
         self.reason: str | None = None
         self.task: asyncio.Task[None] | None = None
+        #: Seconds the job waited, claimed, for a slot: its timeout counts from the claim,
+        #: as the database's deadline (and so the rescuer of hung jobs) does.
+        self.waited_s = 0.0
 
     def cancel(self, reason: str) -> None:
         """Stop the attempt: async tasks are cancelled, threads see ``cancel_requested``."""
@@ -123,7 +140,8 @@ async def _run(
             if task.timeout is None:  # no coroutine in between for the common case
                 result = await call()
             else:
-                result = await _within_timeout(task.timeout, ctx, call)
+                left = max(task.timeout - execution.waited_s, 0.0)
+                result = await _within_timeout(left, task.timeout, ctx, call)
         except asyncio.CancelledError:
             if execution.reason is None:
                 raise  # not ours to stop (the worker itself is being torn down)
@@ -169,9 +187,9 @@ class _TimedOut(Exception):
 
 
 async def _within_timeout(
-    limit_s: float, ctx: JobContext, call: Callable[[], Awaitable[Any]]
+    left_s: float, limit_s: float, ctx: JobContext, call: Callable[[], Awaitable[Any]]
 ) -> Any:
-    deadline = asyncio.timeout(limit_s)
+    deadline = asyncio.timeout(left_s)
     try:
         async with deadline:
             return await call()
@@ -222,7 +240,13 @@ def stopped_before_start(job: Job, reason: str) -> Outcome:
         return Outcome.of(
             job, "cancelled", error=error_entry(job.attempt, "cancel", "cancelled by request")
         )
-    return interrupted(job, reason)
+    return Outcome.of(
+        job,
+        "retryable",
+        delay_s=0.0,
+        error=error_entry(job.attempt, "shutdown", _NOT_STARTED.get(reason, reason)),
+        attempt_delta=-1,
+    )
 
 
 def interrupted(job: Job, reason: str) -> Outcome:

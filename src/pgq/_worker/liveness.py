@@ -131,6 +131,10 @@ class Beating(Protocol):
         """The ids of the jobs it runs now."""
         ...
 
+    def lost(self, job_ids: set[int]) -> None:
+        """These jobs were rescued from it (not adopted on re-registration)."""
+        ...
+
 
 class Heartbeater:
     """Beats for every producer of a worker, on a connection of its own (job traffic can
@@ -227,6 +231,7 @@ class Heartbeater:
         # Only the id changes: outcomes are fenced on each attempt's own token, which
         # adoption leaves alone, so nothing pending needs rewriting.
         producer.id = new_beat.id
+        producer.lost(set(running) - set(adopted))
         self.reregistrations += 1
         log.warning(
             "producer %s (queue %s) found its row gone: peers judged it dead, or it was "

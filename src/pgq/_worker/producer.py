@@ -17,7 +17,10 @@ from pgq._store.claims import ClaimPlan, QueueLimits
 from pgq._store.connections import DATABASE_ERRORS, Pool
 from pgq._store.producers import Beat
 from pgq._worker.executor import (
+    FENCED,
+    RESCUED,
     SHUTDOWN,
+    WAITED,
     Execution,
     execute,
     internal_failure,
@@ -45,6 +48,10 @@ OutcomeSink = Callable[[Outcome], None]
 _EWMA = 0.1
 #: Claim ahead enough jobs for this many claim round trips' worth of finishing jobs.
 AHEAD_ROUND_TRIPS = 2.0
+#: A job claimed ahead is handed back if no slot frees within this many average job
+#: durations (at least MIN_PATIENCE_S): a worker must not sit on jobs another could run.
+PATIENCE_JOBS = 4.0
+MIN_PATIENCE_S = 0.25
 
 
 class Producer:
@@ -107,6 +114,8 @@ class Producer:
         self._poll_interval = poll_interval
         self._hooks = hooks if hooks else None
         self.running: dict[int, Execution] = {}
+        # Claimed and waiting for a slot (a part of `running`).
+        self._waiting: set[Execution] = set()
         self._wake = anyio.Event()
         self._slot = anyio.Event()
         self._empty = anyio.Event()
@@ -142,11 +151,21 @@ class Producer:
         self._wake.set()
 
     def stop_fetching(self) -> None:
-        """Claim nothing more; running jobs go on."""
+        """Claim nothing more; running jobs go on, jobs claimed ahead are handed back."""
         self._stopping = True
         self._wake.set()
         self._slot.set()
         self.health.release()
+        for execution in list(self._waiting):
+            execution.cancel(SHUTDOWN)
+
+    def lost(self, job_ids: set[int]) -> None:
+        """These jobs' attempts were rescued (re-registration did not adopt them): any of
+        them still waiting for a slot is handed back, never started (its outcome is fenced
+        out). Those already executing go on, as before, their outcomes rejected."""
+        for execution in list(self._waiting):
+            if execution.ctx.job.id in job_ids:
+                execution.cancel(RESCUED)
 
     def cancel(self, job_ids: set[int], reason: str) -> list[int]:
         """Stop those of ``job_ids`` this producer runs; returns their ids."""
@@ -331,8 +350,19 @@ class Producer:
         job = execution.ctx.job
         task = self._tasks[job.task]
         try:
+            claimed = anyio.current_time()
+            self._waiting.add(execution)
             try:
-                await self._gate.acquire()
+                async with asyncio.timeout(self._patience()) as waiting:
+                    await self._gate.acquire()
+            except TimeoutError:
+                if not waiting.expired():
+                    raise
+                # The jobs ahead of it take longer than learnt: stop claiming ahead until
+                # new durations say otherwise, and let another worker have this one.
+                self.ahead, self._job_s = 0 if not self._fixed_ahead else self.ahead, None
+                self._outcomes(stopped_before_start(job, WAITED))
+                return
             except asyncio.CancelledError:
                 # Claimed ahead and stopped before a slot freed: cancelled, or handed back.
                 if execution.reason is None:
@@ -342,7 +372,18 @@ class Producer:
                     current.uncancel()
                 self._outcomes(stopped_before_start(job, execution.reason))
                 return
+            finally:
+                self._waiting.discard(execution)
             began = anyio.current_time()
+            execution.waited_s = began - claimed
+            if execution.reason is None and (self._stopping or not self.health.healthy):
+                # The slot came after a stop began, or while this producer is fenced (its
+                # jobs may be rescued any moment): hand the job back rather than start it.
+                execution.reason = SHUTDOWN if self._stopping else FENCED
+            if execution.reason is not None:
+                self._gate.release()
+                self._outcomes(stopped_before_start(job, execution.reason))
+                return
             try:
                 outcome = await execute(task, execution, self._limiter, self._hooks)
             except Exception as exc:  # never an attempt without an outcome
@@ -354,10 +395,18 @@ class Producer:
                 return
             self._outcomes(outcome)
         finally:
-            del self.running[job.id]
+            if self.running.get(job.id) is execution:  # not a later attempt of the same job
+                del self.running[job.id]
             self._slot.set()
             if not self.running:
                 self._empty.set()
+
+    def _patience(self) -> float | None:
+        """How long a claimed job may wait for a slot before it is handed back: a few job
+        durations as learnt (no limit with no slot to wait for, or nothing learnt)."""
+        if not self._gate.locked() or self._job_s is None:  # a slot is free: no wait
+            return None
+        return max(MIN_PATIENCE_S, PATIENCE_JOBS * self._job_s)
 
     def _learn(self, job_s: float) -> None:
         """Fold a job's duration into the running average, and size ``ahead`` from it."""

@@ -63,10 +63,11 @@ class Producer:
 
     With short jobs it also claims a few ahead of its free slots (``ahead``): as many as
     finish, on average, during two claim round trips (from running averages of both), at
-    most half its slots (one for a single slot), none when jobs take long (or ``claim_ahead`` of them, when 0 or
-    more). A claimed job counts as running in the
+    most half its slots (one for a single slot), none when jobs take long; or
+    ``claim_ahead`` of them, when that is 0 or more. A claimed job counts as running in the
     database (and for the queue's limits) from its claim; it starts the moment a slot frees,
-    in claim order, without waiting for a round trip.
+    in claim order, without waiting for a round trip, unless it waited past its patience
+    or the producer stopped or fenced itself meanwhile: then it is handed back unstarted.
     """
 
     def __init__(

@@ -395,13 +395,14 @@ SELECT NULL,
 # room ($8, its room $9, in the same order) its next jobs, at most its room each (through
 # the key index); for the jobs without a key, at most $10, looked for among the queue's
 # first $11 available jobs in claim order (the fetch index: keyless jobs have no index of
-# their own, and an unbounded search would read a whole keyed backlog); of all these, the
-# first $3 by priority then schedule. Rows locked by someone else (a dependent's enqueue
-# still open, an operator) are skipped, as in every claim.
+# their own, and an unbounded search would read a whole keyed backlog); of all these
+# candidates, the first $3 by priority then schedule are locked and claimed. Only those
+# are locked (a row lock writes WAL), and a row locked by someone else (a dependent's
+# enqueue still open, an operator) is skipped, as in every claim.
 CLAIM_KEYED: Final = (
     """
-WITH locked AS (
-    SELECT c.id AS locked_id FROM (
+WITH candidates AS (
+    SELECT c.id FROM (
         SELECT j.id, j.priority, j.scheduled_at
         FROM unnest($8::text[], $9::int[]) AS b(key, room)
         CROSS JOIN LATERAL (
@@ -410,28 +411,27 @@ WITH locked AS (
               AND task = ANY($2::text[])
             ORDER BY priority DESC, scheduled_at, id
             LIMIT b.room
-            FOR UPDATE SKIP LOCKED
         ) j
         UNION ALL
         SELECT n.id, n.priority, n.scheduled_at FROM (
-            SELECT id, priority, scheduled_at FROM pgq_jobs
-            WHERE id IN (
-                SELECT h.id FROM (
-                    SELECT id, limit_key, task FROM pgq_jobs
-                    WHERE queue = $1 AND state = 'available' AND $10::int > 0
-                    ORDER BY priority DESC, scheduled_at, id
-                    LIMIT $11
-                ) h
-                WHERE h.limit_key IS NULL AND h.task = ANY($2::text[]))
-              AND state = 'available'
-            ORDER BY priority DESC, scheduled_at, id
+            SELECT h.id, h.priority, h.scheduled_at FROM (
+                SELECT id, priority, scheduled_at, limit_key, task FROM pgq_jobs
+                WHERE queue = $1 AND state = 'available' AND $10::int > 0
+                ORDER BY priority DESC, scheduled_at, id
+                LIMIT $11
+            ) h
+            WHERE h.limit_key IS NULL AND h.task = ANY($2::text[])
+            ORDER BY h.priority DESC, h.scheduled_at, h.id
             LIMIT $10
-            FOR UPDATE SKIP LOCKED
         ) n
     ) c
     WHERE NOT EXISTS (SELECT 1 FROM pgq_queues WHERE name IN ($1, '*') AND paused_at IS NOT NULL)
     ORDER BY c.priority DESC, c.scheduled_at, c.id
     LIMIT $3
+), locked AS (
+    SELECT id AS locked_id FROM pgq_jobs
+    WHERE id IN (SELECT id FROM candidates) AND state = 'available'
+    FOR UPDATE SKIP LOCKED
 )
 """
     + _CLAIM_SET

@@ -303,7 +303,7 @@ SET state = 'running', attempt = j.attempt + 1, attempted_at = statement_timesta
         secs => ($5::float8[])[array_position($2::text[], j.task)]),
     max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
 FROM locked
-WHERE j.id = locked.locked_id AND j.state = 'available'
+WHERE j.id = locked.locked_id
 RETURNING """
     + JOB_COLUMNS
     + """

@@ -12,14 +12,10 @@ run, then the median of each figure and the ratios the targets name.
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
 import sys
-from pathlib import Path
-from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from run import run_one
 
 RUNS: list[tuple[str, str, list[list[str]]]] = [
     ("pgq enqueue_many", "bench_pgq.py", [["enqueue_many"]]),
@@ -36,26 +32,11 @@ RUNS: list[tuple[str, str, list[list[str]]]] = [
 ]
 
 
-def run(script: str, argv: list[str]) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, str(HERE / script), *argv],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=HERE,
-    )
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, Any] = json.loads(line[len("RESULT ") :])
-            return result
-    raise RuntimeError(f"{script} {argv} failed:\n{out.stderr[-3000:]}")
-
-
 def main(rounds: int) -> None:
     figures: dict[str, list[float]] = {name: [] for name, _, _ in RUNS}
     for r in range(rounds):
         for name, script, variants in RUNS:
-            best = max(float(run(script, argv)["rate"]) for argv in variants)
+            best = max(float(run_one(script, argv[0], argv[1:])["rate"]) for argv in variants)
             figures[name].append(best)
             print(f"round {r + 1}: {name:<38} {best:>10,.0f}/s", flush=True)
     med = {name: statistics.median(values) for name, values in figures.items()}

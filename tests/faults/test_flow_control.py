@@ -50,6 +50,24 @@ async def sample_running_until_done(
             await anyio.sleep(0.005)
 
 
+async def kill_a_slot_holder(
+    db: asyncpg.Connection[asyncpg.Record], procs: list[WorkerProcess]
+) -> None:
+    """kill -9 the worker that holds the most running jobs, once one holds any."""
+    found: list[str] = []
+
+    async def some_worker_holds_slots() -> bool:
+        name: str | None = await db.fetchval(
+            "SELECT p.worker_name FROM pgq_jobs j JOIN pgq_producers p ON p.id = j.producer_id"
+            " WHERE j.state = 'running' GROUP BY p.worker_name ORDER BY count(*) DESC LIMIT 1"
+        )
+        found.extend([name] if name is not None else [])
+        return name is not None
+
+    await until(some_worker_holds_slots, limit_s=30)
+    next(p for p in procs if p.name == found[-1]).kill9()
+
+
 async def test_a_global_concurrency_limit_holds_at_every_instant_across_workers(
     dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
 ) -> None:
@@ -71,21 +89,7 @@ async def test_slots_held_by_a_killed_worker_come_back_through_the_rescuer(
     procs = await start_workers(db, dsn, tmp_path, 3)
     workers += procs
     ids = await enqueue(dsn, 24, 1.0)
-
-    async def holder() -> str | None:
-        name: str | None = await db.fetchval(
-            "SELECT p.worker_name FROM pgq_jobs j JOIN pgq_producers p ON p.id = j.producer_id"
-            " WHERE j.state = 'running' GROUP BY p.worker_name ORDER BY count(*) DESC LIMIT 1"
-        )
-        return name
-
-    async def some_worker_holds_slots() -> bool:
-        return await holder() is not None
-
-    await until(some_worker_holds_slots, limit_s=30)
-    held_by = await holder()
-    victim = next(p for p in procs if p.name == held_by)
-    victim.kill9()
+    await kill_a_slot_holder(db, procs)
     samples = await sample_running_until_done(db, ids, 90)
     assert max(samples) <= 4  # the dead worker's jobs count until they are rescued
     rescued = await db.fetchval(
@@ -164,24 +168,7 @@ async def test_per_key_slots_held_by_a_killed_worker_come_back(
     procs = await start_workers(db, dsn, tmp_path, 2)
     workers += procs
     ids = await enqueue_keyed(dsn, "abc", 4, 1.0)
-
-    async def holder() -> str | None:
-        name: str | None = await db.fetchval(
-            "SELECT p.worker_name FROM pgq_jobs j JOIN pgq_producers p ON p.id = j.producer_id"
-            " WHERE j.state = 'running' LIMIT 1"
-        )
-        return name
-
-    found: list[str] = []
-
-    async def some_worker_holds_slots() -> bool:
-        name = await holder()
-        found.extend([name] if name is not None else [])
-        return name is not None
-
-    await until(some_worker_holds_slots, limit_s=30)
-    victim = next(p for p in procs if p.name == found[-1])
-    victim.kill9()
+    await kill_a_slot_holder(db, procs)
     samples = await sample_running_per_key_until_done(db, ids, 120)
     assert max(max(s.values(), default=0) for s in samples) <= 1
     rescued = await db.fetchval(

@@ -351,32 +351,14 @@ class Producer:
         job = execution.ctx.job
         task = self._tasks[job.task]
         try:
-            claimed = anyio.current_time()
-            self._waiting.add(execution)
-            try:
-                async with asyncio.timeout(self._patience()) as waiting:
-                    await self._gate.acquire()
-            except TimeoutError:
-                if not waiting.expired():
-                    raise
-                # The jobs ahead of it take longer than learnt: stop claiming ahead until
-                # new durations say otherwise, and let another worker have this one.
-                self.ahead, self._job_s = 0 if not self._fixed_ahead else self.ahead, None
-                self._outcomes(stopped_before_start(job, WAITED))
-                return
-            except asyncio.CancelledError:
-                # Claimed ahead and stopped before a slot freed: cancelled, or handed back.
-                if execution.reason is None:
-                    raise
-                current = asyncio.current_task()
-                if current is not None:
-                    current.uncancel()
-                self._outcomes(stopped_before_start(job, execution.reason))
-                return
-            finally:
-                self._waiting.discard(execution)
             began = anyio.current_time()
-            execution.waited_s = began - claimed
+            if self._gate.locked():  # claimed ahead: wait for a slot (most jobs need not)
+                if not await self._wait_for_slot(execution):
+                    return
+                execution.waited_s = anyio.current_time() - began
+                began += execution.waited_s
+            else:
+                await self._gate.acquire()  # a free slot: returns at once
             if execution.reason is None and (self._stopping or not self.health.healthy):
                 # The slot came after a stop began, or while this producer is fenced (its
                 # jobs may be rescued any moment): hand the job back rather than start it.
@@ -402,10 +384,39 @@ class Producer:
             if not self.running:
                 self._empty.set()
 
+    async def _wait_for_slot(self, execution: Execution) -> bool:
+        """Wait, claimed, for a slot; False when the job was handed back (its outcome sent)
+        instead: cancelled or stopped meanwhile, or no slot freed within the patience."""
+        job = execution.ctx.job
+        self._waiting.add(execution)
+        try:
+            async with asyncio.timeout(self._patience()) as waiting:
+                await self._gate.acquire()
+            return True
+        except TimeoutError:
+            if not waiting.expired():
+                raise
+            # The jobs ahead of it take longer than learnt: stop claiming ahead until new
+            # durations say otherwise, and let another worker have this one.
+            self.ahead, self._job_s = 0 if not self._fixed_ahead else self.ahead, None
+            self._outcomes(stopped_before_start(job, WAITED))
+            return False
+        except asyncio.CancelledError:
+            # Cancelled or stopped before a slot freed: cancelled, or handed back.
+            if execution.reason is None:
+                raise
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            self._outcomes(stopped_before_start(job, execution.reason))
+            return False
+        finally:
+            self._waiting.discard(execution)
+
     def _patience(self) -> float | None:
         """How long a claimed job may wait for a slot before it is handed back: a few job
-        durations as learnt (no limit with no slot to wait for, or nothing learnt)."""
-        if not self._gate.locked() or self._job_s is None:  # a slot is free: no wait
+        durations as learnt (no limit while nothing is learnt)."""
+        if self._job_s is None:
             return None
         return max(MIN_PATIENCE_S, PATIENCE_JOBS * self._job_s)
 

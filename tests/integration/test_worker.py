@@ -509,9 +509,9 @@ async def test_the_claim_ahead_is_sized_from_claim_and_job_times() -> None:
     assert sized(10, 0.001, 0.010, fixed=3) == 3
 
 
-async def test_a_job_claimed_ahead_is_cancelled_or_handed_back_without_running(
-    dsn: str, client: pgq.Client
-) -> None:
+def holding_app() -> tuple[pgq.App, list[int], anyio.Event]:
+    """An App whose task ``hold`` records its job's id in the list when it starts, then
+    waits for the event."""
     app = pgq.App()
     began: list[int] = []
     release = anyio.Event()
@@ -521,6 +521,13 @@ async def test_a_job_claimed_ahead_is_cancelled_or_handed_back_without_running(
         began.append(ctx.id)
         await release.wait()
 
+    return app, began, release
+
+
+async def test_a_job_claimed_ahead_is_cancelled_or_handed_back_without_running(
+    dsn: str, client: pgq.Client
+) -> None:
+    app, began, _release = holding_app()
     worker = pgq.Worker(
         app, dsn, concurrency=1, claim_ahead=2, poll_interval=0.05, shutdown_timeout=0.2
     )
@@ -546,15 +553,7 @@ async def test_a_job_claimed_ahead_is_cancelled_or_handed_back_without_running(
 async def test_a_fenced_producer_hands_back_jobs_claimed_ahead_instead_of_starting_them(
     dsn: str, client: pgq.Client
 ) -> None:
-    app = pgq.App()
-    began: list[int] = []
-    release = anyio.Event()
-
-    @app.task
-    async def hold(ctx: pgq.JobContext) -> None:
-        began.append(ctx.id)
-        await release.wait()
-
+    app, began, release = holding_app()
     async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=2, poll_interval=0.05) as worker:
         (producer,) = worker._by_queue.values()
         first, second, third = await client.enqueue_many([pgq.JobSpec("hold") for _ in range(3)])

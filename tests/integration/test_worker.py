@@ -487,7 +487,7 @@ async def test_jobs_claimed_ahead_never_run_beyond_concurrency(
 
 
 async def test_the_claim_ahead_is_sized_from_claim_and_job_times() -> None:
-    from pgq._worker.producer import AHEAD_ROUND_TRIPS
+    from pgq._worker.producer import AHEAD_ROUND_TRIPS, MAX_AHEAD
 
     def sized(concurrency: int, claim_s: float, job_s: float, fixed: int = -1) -> int:
         p = Producer(
@@ -503,7 +503,8 @@ async def test_the_claim_ahead_is_sized_from_claim_and_job_times() -> None:
     assert sized(10, 0.001, 0.010) == 2  # 10 slots x 2 round trips of 1 ms / 10 ms jobs
     assert sized(100, 0.001, 0.010) == 20
     assert sized(1000, 0.001, 0.010) == 200
-    assert sized(10, 0.001, 0.001) == 5  # at most half the slots
+    assert sized(10, 0.001, 0.001) == 20  # short jobs: more than the slots
+    assert sized(10, 0.001, 0.000_001) == MAX_AHEAD  # no-op jobs: the cap
     assert sized(10, 0.001, 5.0) == 0  # long jobs: none
     assert sized(10, 0.001, 0.010, fixed=0) == 0  # claim_ahead=0: never
     assert sized(10, 0.001, 0.010, fixed=3) == 3

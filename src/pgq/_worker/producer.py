@@ -52,18 +52,21 @@ AHEAD_ROUND_TRIPS = 2.0
 #: durations (at least MIN_PATIENCE_S): a worker must not sit on jobs another could run.
 PATIENCE_JOBS = 4.0
 MIN_PATIENCE_S = 0.25
+#: The most jobs a producer claims ahead of its free slots, however short its jobs.
+MAX_AHEAD = 500
 
 
 class Producer:
     """Runs up to ``concurrency`` jobs of ``queue`` at once.
 
-    It claims as many jobs as it has free slots in one statement, when notified of new
-    jobs, when a slot frees after a full batch, or every ``poll_interval``. An unhealthy
+    It claims jobs for its free slots in one statement (at most half its slots and the
+    jobs wanted ahead, so that claims overlap running jobs), when notified of new jobs, when
+    a slot frees after a full batch, or every ``poll_interval``. An unhealthy
     producer (its heartbeats keep failing) claims nothing until a heartbeat succeeds.
 
-    With short jobs it also claims a few ahead of its free slots (``ahead``): as many as
+    With short jobs it also claims some ahead of its free slots (``ahead``): as many as
     finish, on average, during two claim round trips (from running averages of both), at
-    most half its slots (one for a single slot), none when jobs take long; or
+    most ``MAX_AHEAD``, none when jobs take long; or
     ``claim_ahead`` of them, when that is 0 or more. A claimed job counts as running in the
     database (and for the queue's limits) from its claim; it starts the moment a slot frees,
     in claim order, without waiting for a round trip, unless it waited past its patience
@@ -92,7 +95,6 @@ class Producer:
         self._worker_name = worker_name
         self.health = ProducerHealth(queue, fence_after_s)
         self.health.on_healthy = self.wake
-        self._batch_max = max(1, (concurrency + 1) // 2)
         # At most `concurrency` jobs execute at once; claimed jobs beyond them wait here.
         self._gate = asyncio.Semaphore(concurrency)
         #: Jobs claimed ahead of free slots, wanted now (see the class docstring); fixed
@@ -252,8 +254,8 @@ class Producer:
                 continue
             # A notification that arrives during the fetch sets the new event: not lost.
             self._wake = anyio.Event()
-            # At most half the slots per claim: the next claim overlaps the running batch.
-            limit = min(capacity - len(self.running), self._batch_max)
+            # At most half the capacity per claim: the next claim overlaps the running batch.
+            limit = min(capacity - len(self.running), max(1, (capacity + 1) // 2))
             try:
                 jobs = await self._fetch(limit)
             except DATABASE_ERRORS as exc:
@@ -426,7 +428,7 @@ class Producer:
         if self._claim_s is None or self._fixed_ahead:
             return
         finishing = self.concurrency * AHEAD_ROUND_TRIPS * self._claim_s / max(self._job_s, 1e-6)
-        self.ahead = min(self._batch_max, round(finishing))
+        self.ahead = min(MAX_AHEAD, round(finishing))
 
     async def _settled_by_the_task(self, execution: Execution) -> bool:
         """Whether the task's own transaction settled its attempt and committed: then that

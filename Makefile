@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded test-all lint typecheck check bench clean chromium pgbouncer screenshots chaos
+.PHONY: help demo test test-embedded test-all lint typecheck check bench soak clean chromium pgbouncer screenshots chaos
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -79,8 +79,16 @@ $(BENCH_STAMP): pyproject.toml benchmarks/requirements.txt
 	benchmarks/.venv/bin/python -m pip install --quiet -e . -r benchmarks/requirements.txt
 	@touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) ## measure pgq beside its peers in their own venv (see docs/performance.md)
+bench: $(BENCH_STAMP) ## measure pgq beside its peers in their own venv, then the round-2 figures (see docs/performance.md)
 	benchmarks/.venv/bin/python benchmarks/run.py
+	cd benchmarks && .venv/bin/python round2.py $(ROUNDS)
+
+ROUNDS  ?= 5
+MINUTES ?= 20
+RATE    ?=
+
+soak: $(BENCH_STAMP) ## a default `pgq worker` at half the measured maximum rate for MINUTES (20), with its chart
+	cd benchmarks && .venv/bin/python soak.py $(MINUTES) $(RATE)
 
 CHAOS_SECONDS ?= 90
 

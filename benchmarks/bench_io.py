@@ -17,7 +17,7 @@ import statistics
 import sys
 
 import anyio
-from common import fresh_database, reset_jobs
+from common import emit, fresh_database, reset_jobs
 
 import pgq
 from pgq import migrate
@@ -71,10 +71,13 @@ async def main(rounds: int, levels: list[int]) -> None:
         f"\n{'concurrency':>11} {'mode':>10} {'jobs/s (median)':>16} {'ideal':>8} "
         f"{'efficiency':>10}"
     )
+    medians = {}
     for (c, mode), values in rates.items():
         median = statistics.median(values)
         ideal = c / DURATION
         print(f"{c:11} {mode:>10} {median:16,.0f} {ideal:8,.0f} {median / ideal:10.2f}")
+        medians[f"{c} {mode}"] = median
+    emit({"system": "pgq", "workload": "io_10ms", "rounds": rounds, "medians": medians})
 
 
 if __name__ == "__main__":

@@ -1,19 +1,24 @@
-"""The figures of performance round 2, side by side in one run, as medians of interleaved
-rounds: `benchmarks/.venv/bin/python benchmarks/round2.py [ROUNDS]` (default 5).
+"""The figures of performance round 2, side by side in one run: `make bench` runs it after
+the peers' table, or `benchmarks/.venv/bin/python benchmarks/round2.py [ROUNDS]` (default 5).
 
 Each round runs, one after another and each in its own process against a fresh database:
 enqueue_many (20,000 in batches of 1,000) for pgq and PgQueuer; the no-op drain of 20,000
 at each system's defaults (pgq: concurrency 10; PgQueuer: batch_size 10) and at their best
 settings (pgq 1,000 and 2,000; PgQueuer 200 and 500, the best of each kept per round);
-pgq's drain by `pgq worker` processes started by the CLI at default settings (1, 4 and 8
-processes, and 1 process at concurrency 1,000); and the bare-asyncpg ceiling. Prints every
-run, then the median of each figure and the ratios the targets name.
+pgq's drain of 100,000 by `pgq worker` processes started by the CLI (1 process at the
+defaults and at concurrency 1,000; 4 and 8 at the defaults); and the bare-asyncpg ceiling.
+Then, once: 10 ms jobs at concurrency 10, 100 and 1,000 (bench_io.py, 3 rounds), WAL and
+index writes per job (bench_wal.py), and the big-backlog figures (bench_backlog.py). Prints
+every run, the medians, and each target with its verdict; writes results/round2.json.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
+from pathlib import Path
+from typing import Any
 
 from run import run_one
 
@@ -26,10 +31,17 @@ RUNS: list[tuple[str, str, list[list[str]]]] = [
     ("pgqueuer drain, best", "bench_pgqueuer.py", [["drain", "200"], ["drain", "500"]]),
     ("pgq worker CLI x1, defaults", "bench_pgq.py", [["drain-cli", "default", "1"]]),
     ("pgq worker CLI x1, concurrency 1000", "bench_pgq.py", [["drain-cli", "1000", "1"]]),
-    ("pgq worker CLI x4, concurrency 1000", "bench_pgq.py", [["drain-cli", "1000", "4"]]),
-    ("pgq worker CLI x8, concurrency 1000", "bench_pgq.py", [["drain-cli", "1000", "8"]]),
+    ("pgq worker CLI x4, defaults", "bench_pgq.py", [["drain-cli", "default", "4"]]),
+    ("pgq worker CLI x8, defaults", "bench_pgq.py", [["drain-cli", "default", "8"]]),
     ("bare asyncpg ceiling", "bench_ceiling.py", [["drain"]]),
 ]
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
 
 
 def main(rounds: int) -> None:
@@ -44,33 +56,81 @@ def main(rounds: int) -> None:
     for name, value in med.items():
         print(f"  {name:<38} {value:>10,.0f}")
 
-    def ratio(a: str, b: str) -> str:
-        return f"{med[a] / med[b]:.2f}"
+    print("\n10 ms jobs (bench_io.py, 3 rounds)", flush=True)
+    io = run_one("bench_io.py", "3", [])["medians"]
+    print("WAL per job (bench_wal.py)", flush=True)
+    wal = run_one("bench_wal.py", "plain", ["keyed", "chained", "pgqueuer"])["modes"]
+    print("big backlogs (bench_backlog.py)", flush=True)
+    backlog_claim = run_one("bench_backlog.py", "claim", [])
+    backlog_enqueue = run_one("bench_backlog.py", "enqueue", ["3"])
 
-    print("\nratios")
-    print(f"  enqueue_many pgq / PgQueuer: {ratio('pgq enqueue_many', 'pgqueuer enqueue_many')}")
-    per_round = [
+    def m(name: str) -> float:
+        return med[name]
+
+    ceiling = m("bare asyncpg ceiling")
+    single = max(m("pgq worker CLI x1, defaults"), m("pgq worker CLI x1, concurrency 1000"))
+    enq = [
         a / b
         for a, b in zip(figures["pgq enqueue_many"], figures["pgqueuer enqueue_many"], strict=True)
     ]
-    print(f"    per round: {', '.join(f'{x:.2f}' for x in per_round)}")
-    print(
-        "  drain at defaults pgq / PgQueuer: "
-        + ratio("pgq drain, defaults", "pgqueuer drain, defaults")
-    )
-    print(f"  drain at best pgq / PgQueuer: {ratio('pgq drain, best', 'pgqueuer drain, best')}")
-    print(f"  pgq best / bare asyncpg ceiling: {ratio('pgq drain, best', 'bare asyncpg ceiling')}")
-    print(
-        "  pgq defaults / pgq best (in-process): " + ratio("pgq drain, defaults", "pgq drain, best")
-    )
-    print(
-        "  4 CLI processes / best single CLI process: "
-        + ratio("pgq worker CLI x4, concurrency 1000", "pgq worker CLI x1, concurrency 1000")
-    )
-    print(
-        "  8 CLI processes / best single CLI process: "
-        + ratio("pgq worker CLI x8, concurrency 1000", "pgq worker CLI x1, concurrency 1000")
-    )
+    targets: list[tuple[str, float, str, bool]] = []
+
+    def target(name: str, value: float, goal: str, ok: bool) -> None:
+        targets.append((name, value, goal, ok))
+
+    for c in (10, 100):
+        eff = io[f"{c} ahead auto"] / (c / 0.010)
+        target(f"10 ms jobs, concurrency {c} / ideal", eff, ">= 0.90", eff >= 0.9)
+    bound = min(1000 / 0.010, ceiling)
+    eff = io["1000 ahead auto"] / bound
+    target("10 ms jobs, concurrency 1000 / min(ideal, ceiling)", eff, ">= 0.80", eff >= 0.8)
+    x = m("pgq drain, defaults") / m("pgqueuer drain, defaults")
+    target("drain at defaults, pgq / PgQueuer", x, ">= 1.5", x >= 1.5)
+    x = m("pgq drain, best") / m("pgqueuer drain, best")
+    target("drain at best settings, pgq / PgQueuer", x, ">= 2.0", x >= 2.0)
+    x = m("pgq drain, best") / ceiling
+    target("pgq best drain / bare-asyncpg ceiling", x, ">= 0.85", x >= 0.85)
+    x = m("pgq drain, defaults") / m("pgq drain, best")
+    target("pgq at defaults / pgq at best (in-process)", x, "recorded", True)
+    x = m("pgq enqueue_many") / m("pgqueuer enqueue_many")
+    target(f"enqueue_many pgq / PgQueuer (median of {rounds})", x, ">= 1.5", x >= 1.5)
+    x = m("pgq worker CLI x1, defaults") / single
+    target("pgq worker CLI at defaults / best single CLI process", x, "recorded", True)
+    x = m("pgq worker CLI x4, defaults") / single
+    target("4 CLI processes / best single CLI process", x, ">= 0.9", x >= 0.9)
+    x = m("pgq worker CLI x8, defaults") / single
+    target("8 CLI processes / best single CLI process", x, "recorded", True)
+    x = backlog_claim["p99_ratio"]
+    target("claim p99, 1M available + 5M finished / small table", x, "<= 1.5", x <= 1.5)
+    x = backlog_enqueue["ratio"]
+    target("enqueue_many of 1M in 10k batches, pgq / PgQueuer", x, ">= 1.5", x >= 1.5)
+    x = wal["plain"]["bytes"]
+    target("WAL bytes per job, plain queue", x, "<= 1,170 (before)", x <= 1_170 * 1.05)
+
+    print(f"\n  per-round enqueue_many ratios: {', '.join(f'{x:.2f}' for x in enq)}")
+    print(f"  10 ms jobs: {', '.join(f'{k} {v:,.0f}/s' for k, v in io.items())}")
+    for mode, w in wal.items():
+        print(
+            f"  WAL per job, {mode}: {w['bytes']:,.0f} B, index records {w['index_records']:.2f}"
+            f" ({w['index_bytes']:,.0f} B), heap records {w['heap_records']:.2f}"
+        )
+    print(f"\n{'target':<58} {'measured':>10}  {'goal':<20} verdict")
+    for name, value, goal, ok in targets:
+        shown = f"{value:,.0f}" if value > 100 else f"{value:.2f}"
+        print(f"{name:<58} {shown:>10}  {goal:<20} {verdict(ok) if goal != 'recorded' else ''}")
+    out: dict[str, Any] = {
+        "rounds": rounds,
+        "figures": figures,
+        "medians": med,
+        "io_10ms": io,
+        "wal_per_job": wal,
+        "backlog_claim": backlog_claim,
+        "backlog_enqueue": backlog_enqueue,
+        "targets": [{"target": n, "measured": v, "goal": g, "met": ok} for n, v, g, ok in targets],
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "round2.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {RESULTS / 'round2.json'}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,328 @@
+"""The soak: `make soak MINUTES=20 [RATE=N]`, or `python soak.py MINUTES [RATE]`.
+
+A `pgq worker` process, started by the CLI at its default settings (and a completed-job
+retention of two minutes, so that the leader deletes as fast as jobs finish), runs no-op
+jobs that this process enqueues at a steady RATE per second, for MINUTES minutes, on a
+PostgreSQL instance of its own with the server and table settings docs/performance.md
+recommends. Without RATE, the run first measures the most the system completes per second
+(the same worker, with this process enqueuing as fast as it can beside it: on a small
+machine the enqueuer's and the server's share of the cores is part of the cost of a job)
+and offers half of it; it also prints what the worker alone drains from a backlog.
+
+Every minute it records, from the jobs enqueued in that minute (the database's own
+timestamps): how many were completed, the pickup latency (claim time minus the time the
+job became available) at p50, p99 and max, and how many were still not picked up; and the
+jobs table's heap and index sizes, live rows and dead tuples. At the end it prints the
+table, checks the targets (p99 pickup ≤ 25 ms in every minute; the last five minutes'
+throughput within 10 % of the first five; heap and indexes, after the first minutes, not
+growing by more than 10 %), and writes benchmarks/results/soak.json and soak.png.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from bench_pgq_table import RECOMMENDED, RECOMMENDED_SERVER, table_size
+from common import pgq_migrate, private_server, run
+
+import pgq
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+
+#: Completed jobs are kept this long: long enough that a minute's jobs are still there
+#: when the minute is read, short enough that retention deletes throughout the run.
+RETENTION_S = 120
+#: Enqueue in a batch this often (the offered rate is kept on average, not per tick).
+TICK_S = 0.02
+#: A minute is read this long after it ends, when its jobs have had time to finish.
+SETTLE_S = 5.0
+CALIBRATION_JOBS = 100_000
+SUSTAINED_WARMUP_S = 5.0
+SUSTAINED_S = 15.0
+P99_TARGET_MS = 25.0
+
+app = pgq.App()
+
+
+@app.task
+async def noop(ctx: pgq.JobContext, i: int) -> None:
+    """Does nothing: the soak measures the queue."""
+
+
+MINUTE = """
+SELECT count(*) AS jobs,
+       count(*) FILTER (WHERE state = 'completed') AS completed,
+       count(*) FILTER (WHERE attempted_at IS NULL) AS not_picked_up,
+       percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
+           ORDER BY extract(epoch FROM attempted_at - scheduled_at)) AS pickup,
+       max(extract(epoch FROM attempted_at - scheduled_at)) AS pickup_max
+FROM pgq_jobs WHERE id > $1 AND id <= $2
+"""
+
+
+def worker_argv(dsn: str, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "pgq", "--log-level", "WARNING", "worker", "soak:app",
+        "--dsn", dsn, "--retention-completed", str(RETENTION_S), *extra,
+    ]  # fmt: skip
+
+
+def start_worker(dsn: str, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    return subprocess.Popen(worker_argv(dsn, *extra), cwd=HERE, env=env)
+
+
+async def drain_rate(dsn: str) -> float:
+    """The most one default `pgq worker` drains per second from a backlog, with nothing
+    enqueued meanwhile: first claim to last completion on the database clock."""
+    async with pgq.Client(dsn, app=app) as client:
+        for start in range(0, CALIBRATION_JOBS, 5_000):
+            await client.enqueue_many([pgq.JobSpec(noop, {"i": start + i}) for i in range(5_000)])
+    proc = start_worker(dsn, "--burst")
+    code = await asyncio.to_thread(proc.wait)
+    if code != 0:
+        raise RuntimeError(f"the calibration worker exited with {code}")
+    conn = await asyncpg.connect(dsn)
+    span = await conn.fetchval(
+        "SELECT extract(epoch FROM max(finalized_at) - min(attempted_at)) FROM pgq_jobs"
+    )
+    await empty(conn)
+    await conn.close()
+    return CALIBRATION_JOBS / float(span)
+
+
+async def sustained_rate(dsn: str) -> float:
+    """The most the same worker completes per second while this process enqueues as fast as
+    it can beside it: the maximum of the whole system (enqueuer, worker and server share
+    the machine's cores), measured over SUSTAINED_S after a warm-up."""
+    conn = await asyncpg.connect(dsn)
+    worker = start_worker(dsn)
+    stop = asyncio.Event()
+
+    async def flat_out(client: pgq.Client) -> None:
+        while not stop.is_set():
+            await client.enqueue_many([pgq.JobSpec(noop, {"i": i}) for i in range(500)])
+
+    completed = "SELECT count(*) FROM pgq_jobs WHERE state = 'completed'"
+    try:
+        await wait_for_producer(conn, worker)
+        async with pgq.Client(dsn, app=app) as client:
+            sending = asyncio.create_task(flat_out(client))
+            await asyncio.sleep(SUSTAINED_WARMUP_S)
+            before, t0 = await conn.fetchval(completed), time.perf_counter()
+            await asyncio.sleep(SUSTAINED_S)
+            after, t1 = await conn.fetchval(completed), time.perf_counter()
+            stop.set()
+            await sending
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(worker.wait, 60)
+    await empty(conn)
+    await conn.close()
+    return float(after - before) / (t1 - t0)
+
+
+async def empty(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    await conn.execute("TRUNCATE pgq_jobs CASCADE")
+    await conn.execute("DELETE FROM pgq_producers")
+    await conn.execute("VACUUM ANALYZE pgq_jobs")
+
+
+async def wait_for_producer(
+    conn: asyncpg.Connection[asyncpg.Record], worker: subprocess.Popen[bytes]
+) -> None:
+    deadline = time.monotonic() + 60
+    while not await conn.fetchval("SELECT count(*) FROM pgq_producers"):
+        if worker.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the worker did not start")
+        await asyncio.sleep(0.1)
+
+
+async def enqueuer(client: pgq.Client, rate: float, stop: asyncio.Event) -> int:
+    """Enqueue ``rate`` jobs a second in batches every TICK_S until ``stop``; returns how
+    many. A late tick is made up by the next batch, so the rate holds on average."""
+    sent, started = 0, time.perf_counter()
+    while not stop.is_set():
+        due = int(rate * (time.perf_counter() - started)) - sent
+        if due > 0:
+            await client.enqueue_many([pgq.JobSpec(noop, {"i": sent + k}) for k in range(due)])
+            sent += due
+        await asyncio.sleep(TICK_S)
+    return sent
+
+
+async def last_id(conn: asyncpg.Connection[asyncpg.Record]) -> int:
+    return int(await conn.fetchval("SELECT coalesce(max(id), 0) FROM pgq_jobs"))
+
+
+async def soak(minutes: int, rate: float | None) -> dict[str, Any]:
+    async with private_server(RECOMMENDED_SERVER) as dsn:
+        await pgq_migrate(dsn)
+        conn = await asyncpg.connect(dsn)
+        await conn.execute(RECOMMENDED)
+        drain = await drain_rate(dsn)
+        print(f"one default worker drains a backlog at {drain:,.0f}/s", flush=True)
+        most = await sustained_rate(dsn)
+        offered = rate if rate is not None else most / 2
+        print(f"with this process enqueuing beside it: {most:,.0f}/s; offering {offered:,.0f}/s")
+        worker = start_worker(dsn)
+        try:
+            await wait_for_producer(conn, worker)
+            rows = await run_minutes(conn, dsn, minutes, offered)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(worker.wait, 60)
+            await conn.close()
+    return {
+        "minutes": minutes,
+        "drain_rate": drain,
+        "sustained_rate": most,
+        "offered_rate": offered,
+        "server_settings": RECOMMENDED_SERVER,
+        "rows": rows,
+    }
+
+
+async def run_minutes(
+    conn: asyncpg.Connection[asyncpg.Record], dsn: str, minutes: int, rate: float
+) -> list[dict[str, Any]]:
+    stop = asyncio.Event()
+    rows: list[dict[str, Any]] = []
+    async with pgq.Client(dsn, app=app) as client:
+        sending = asyncio.create_task(enqueuer(client, rate, stop))
+        start = time.perf_counter()
+        bounds = [await last_id(conn)]
+        pending: list[asyncio.Task[dict[str, Any]]] = []
+        for m in range(1, minutes + 1):
+            await asyncio.sleep(max(0.0, start + 60 * m - time.perf_counter()))
+            bounds.append(await last_id(conn))
+            if m == minutes:
+                stop.set()
+            pending.append(asyncio.create_task(read_minute(conn, m, bounds[-2], bounds[-1])))
+        await sending
+        for task in pending:
+            rows.append(await task)
+    return rows
+
+
+async def read_minute(
+    conn: asyncpg.Connection[asyncpg.Record], minute: int, first: int, last: int
+) -> dict[str, Any]:
+    await asyncio.sleep(SETTLE_S)
+    sizes = await table_size(conn)
+    r = await conn.fetchrow(MINUTE, first, last)
+    assert r is not None
+    p50, p99 = r["pickup"] or (None, None)
+    row = {
+        "minute": minute,
+        "jobs": r["jobs"],
+        "completed": r["completed"],
+        "not_picked_up": r["not_picked_up"],
+        "p50_ms": None if p50 is None else p50 * 1000,
+        "p99_ms": None if p99 is None else p99 * 1000,
+        "max_ms": None if r["pickup_max"] is None else float(r["pickup_max"]) * 1000,
+        **sizes,
+    }
+    print(
+        f"minute {minute:>3}: {row['completed'] / 60:>8,.0f} jobs/s"
+        f"  pickup p50 {row['p50_ms'] or 0:6.1f} ms  p99 {row['p99_ms'] or 0:6.1f} ms"
+        f"  max {row['max_ms'] or 0:7.1f} ms  heap {sizes['heap_mb']:7.1f} MB"
+        f"  indexes {sizes['indexes_mb']:6.1f} MB  dead {sizes['dead_tuples']:>9,.0f}",
+        flush=True,
+    )
+    return row
+
+
+def verdict(result: dict[str, Any]) -> dict[str, Any]:
+    rows = result["rows"]
+    span = min(5, len(rows) // 2) or 1
+    first = statistics.fmean(r["completed"] for r in rows[:span])
+    last = statistics.fmean(r["completed"] for r in rows[-span:])
+    worst = max((r["p99_ms"] if r["p99_ms"] is not None else float("inf")) for r in rows)
+    settled = rows[min(span, len(rows) - 1)]
+    size = [r["heap_mb"] + r["indexes_mb"] for r in rows]
+    growth = size[-1] / (settled["heap_mb"] + settled["indexes_mb"])
+    return {
+        "worst_minute_p99_ms": worst,
+        "p99_met": worst <= P99_TARGET_MS and all(r["not_picked_up"] == 0 for r in rows),
+        "first_minutes_rate": first / 60,
+        "last_minutes_rate": last / 60,
+        "throughput_ratio": last / first,
+        "throughput_met": abs(last / first - 1) <= 0.10,
+        "size_from_minute": settled["minute"],
+        "size_growth": growth,
+        "size_met": growth <= 1.10,
+    }
+
+
+def chart(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    x = [r["minute"] for r in rows]
+    fig, (top, mid, low) = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    top.plot(x, [r["p99_ms"] for r in rows], marker="o", label="p99")
+    top.plot(x, [r["p50_ms"] for r in rows], marker=".", label="p50")
+    top.axhline(P99_TARGET_MS, color="red", linestyle="--", linewidth=1, label="target (p99)")
+    top.set_ylabel("pickup latency (ms)")
+    top.legend(loc="upper right")
+    top.set_title(
+        f"pgq soak: {result['minutes']} minutes at {result['offered_rate']:,.0f} jobs/s offered"
+        f" (half of {result['sustained_rate']:,.0f}/s)"
+    )
+    mid.plot(x, [r["completed"] / 60 for r in rows], marker="o", color="green")
+    mid.set_ylabel("completed jobs/s")
+    mid.set_ylim(0, max(r["completed"] / 60 for r in rows) * 1.2)
+    low.plot(x, [r["heap_mb"] for r in rows], marker="o", label="heap")
+    low.plot(x, [r["indexes_mb"] for r in rows], marker="o", label="indexes")
+    low.set_ylabel("pgq_jobs size (MB)")
+    low.set_xlabel("minute")
+    low.set_ylim(bottom=0)
+    low.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+async def main() -> None:
+    minutes = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    rate = float(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else None
+    if minutes < 1:
+        raise SystemExit("MINUTES must be at least 1")
+    result = await soak(minutes, rate)
+    result["verdict"] = verdict(result)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    chart(result, RESULTS / "soak.png")
+    v = result["verdict"]
+    print(
+        f"\nworst minute's p99 pickup: {v['worst_minute_p99_ms']:.1f} ms "
+        f"(target ≤ {P99_TARGET_MS:g}): {'met' if v['p99_met'] else 'NOT met'}"
+    )
+    print(
+        f"throughput, last minutes / first: {v['last_minutes_rate']:,.0f} / "
+        f"{v['first_minutes_rate']:,.0f} = {v['throughput_ratio']:.3f} (within 10 %): "
+        f"{'met' if v['throughput_met'] else 'NOT met'}"
+    )
+    print(
+        f"heap + indexes, last minute / minute {v['size_from_minute']}: "
+        f"{v['size_growth']:.3f} (at most 1.10): {'met' if v['size_met'] else 'NOT met'}"
+    )
+    print(f"wrote {RESULTS / 'soak.json'} and {RESULTS / 'soak.png'}")
+
+
+if __name__ == "__main__":
+    run(lambda: main())

@@ -7,8 +7,9 @@ at each system's defaults (pgq: concurrency 10; PgQueuer: batch_size 10) and at 
 settings (pgq 1,000 and 2,000; PgQueuer 200 and 500, the best of each kept per round);
 pgq's drain of 100,000 by `pgq worker` processes started by the CLI (1 process at the
 defaults and at concurrency 1,000; 4 and 8 at the defaults); and the bare-asyncpg ceiling.
-Then, once: 10 ms jobs at concurrency 10, 100 and 1,000 (bench_io.py, 3 rounds), WAL and
-index writes per job (bench_wal.py), and the big-backlog figures (bench_backlog.py). Prints
+Before the rounds, once: 10 ms jobs at concurrency 10, 100 and 1,000 (bench_io.py, 3
+rounds), WAL and index writes per job (bench_wal.py), and the big-backlog figures
+(bench_backlog.py). Prints
 every run, the medians, and each target with its verdict; writes results/round2.json.
 """
 
@@ -45,6 +46,13 @@ def verdict(ok: bool) -> str:
 
 
 def main(rounds: int) -> None:
+    print("10 ms jobs (bench_io.py, 3 rounds)", flush=True)
+    io = run_one("bench_io.py", "3", [])["medians"]
+    print("WAL per job (bench_wal.py)", flush=True)
+    wal = run_one("bench_wal.py", "plain", ["keyed", "chained", "pgqueuer"])["modes"]
+    print("big backlogs (bench_backlog.py)", flush=True)
+    backlog_claim = run_one("bench_backlog.py", "claim", [])
+    backlog_enqueue = run_one("bench_backlog.py", "enqueue", ["3"])
     figures: dict[str, list[float]] = {name: [] for name, _, _ in RUNS}
     for r in range(rounds):
         for name, script, variants in RUNS:
@@ -55,14 +63,6 @@ def main(rounds: int) -> None:
     print(f"\nmedians of {rounds} interleaved rounds (jobs/s)")
     for name, value in med.items():
         print(f"  {name:<38} {value:>10,.0f}")
-
-    print("\n10 ms jobs (bench_io.py, 3 rounds)", flush=True)
-    io = run_one("bench_io.py", "3", [])["medians"]
-    print("WAL per job (bench_wal.py)", flush=True)
-    wal = run_one("bench_wal.py", "plain", ["keyed", "chained", "pgqueuer"])["modes"]
-    print("big backlogs (bench_backlog.py)", flush=True)
-    backlog_claim = run_one("bench_backlog.py", "claim", [])
-    backlog_enqueue = run_one("bench_backlog.py", "enqueue", ["3"])
 
     def m(name: str) -> float:
         return med[name]

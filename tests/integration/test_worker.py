@@ -504,7 +504,9 @@ async def test_the_claim_ahead_is_sized_from_claim_and_job_times() -> None:
     assert sized(100, 0.001, 0.010) == 20
     assert sized(1000, 0.001, 0.010) == 200
     assert sized(10, 0.001, 0.001) == 20  # short jobs: more than the slots
-    assert sized(10, 0.001, 0.000_001) == MAX_AHEAD  # no-op jobs: the cap
+    assert sized(10, 0.001, 0.000_001) == 4 * 10  # no-op jobs: four per slot
+    assert sized(1000, 0.001, 0.000_001) == MAX_AHEAD  # and MAX_AHEAD in all
+    assert sized(1, 0.001, 0.000_001) == 4
     assert sized(10, 0.001, 5.0) == 0  # long jobs: none
     assert sized(10, 0.001, 0.010, fixed=0) == 0  # claim_ahead=0: never
     assert sized(10, 0.001, 0.010, fixed=3) == 3
@@ -616,17 +618,88 @@ async def test_a_job_claimed_ahead_is_handed_back_when_no_slot_frees_in_time(
         assert (await client.wait(blocker, timeout=20)).state is pgq.JobState.COMPLETED
 
 
+async def test_a_job_claimed_ahead_is_handed_back_before_half_its_timeout_is_spent(
+    dsn: str, client: pgq.Client
+) -> None:
+    """A claimed job's timeout runs while it waits for a slot: it is handed back (attempt
+    not counted, no timeout error) once half of it is gone, not started with none left."""
+    app = pgq.App()
+    release = anyio.Event()
+
+    @app.task(timeout=0.6)
+    async def quick(ctx: pgq.JobContext) -> None:
+        await anyio.sleep(0.001)
+
+    @app.task
+    async def slow(ctx: pgq.JobContext) -> None:
+        await release.wait()
+
+    async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=1, poll_interval=0.05):
+        blocker = await client.enqueue("slow")
+
+        async def blocker_runs() -> bool:
+            return await _state_is(client, blocker.id, pgq.JobState.RUNNING)
+
+        await until(blocker_runs)
+        waiter = await client.enqueue("quick")
+
+        async def handed_back() -> bool:
+            now = await client.get_job(waiter.id)
+            return now is not None and any("freed in time" in e["message"] for e in now.errors)
+
+        await until(handed_back)
+        now = await client.get_job(waiter.id)
+        assert now is not None and now.attempt == 0
+        assert not any(e["kind"] == "timeout" for e in now.errors)
+        release.set()
+        assert (await client.wait(waiter, timeout=20)).state is pgq.JobState.COMPLETED
+        assert (await client.wait(blocker, timeout=20)).state is pgq.JobState.COMPLETED
+
+
+async def _state_is(client: pgq.Client, job_id: int, state: pgq.JobState) -> bool:
+    job = await client.get_job(job_id)
+    return job is not None and job.state is state
+
+
+async def test_no_jobs_are_claimed_ahead_on_a_queue_with_limits(
+    dsn: str, client: pgq.Client
+) -> None:
+    """A limited queue's budget is shared by every worker: a worker claims only for its
+    free slots there, however many it would claim ahead on an unlimited queue."""
+    app, began, release = holding_app()
+    await client.set_queue_limits("default", concurrency=20)
+    await client.enqueue_many([pgq.JobSpec("hold") for _ in range(20)])
+    async with pgq.Worker(app, dsn, concurrency=2, claim_ahead=5, poll_interval=0.05) as worker:
+        (producer,) = worker._by_queue.values()
+
+        async def both_began() -> bool:
+            return len(began) == 2
+
+        await until(both_began)
+        # Claiming 5 ahead would have taken at least 4 in its first claim; a later job's
+        # notification finds the two slots taken and claims nothing.
+        await client.enqueue("hold")
+        running = await client.pool.fetchval(
+            "SELECT count(*) FROM pgq_jobs WHERE state = 'running'"
+        )
+        assert running == 2 and len(producer.running) == 2
+        release.set()
+    await client.set_queue_limits("default", concurrency=None)
+
+
 async def test_a_jobs_timeout_counts_from_its_claim(dsn: str, client: pgq.Client) -> None:
     """A job that waited, claimed, for a slot has that much less of its timeout left: the
     database's deadline (which the rescuer of hung jobs reads) counts from the claim too."""
     app = pgq.App()
 
-    @app.task(timeout=2.5)
+    @app.task(timeout=4.0)
     async def nap(ctx: pgq.JobContext, s: float) -> None:
         await anyio.sleep(s)
 
+    # The second waits about 1 s (under half its timeout, so it is not handed back), then
+    # naps 3.5 s: within 4 s of its start, past 4 s from its claim.
     first, second = await client.enqueue_many(
-        [pgq.JobSpec("nap", {"s": 2.0}), pgq.JobSpec("nap", {"s": 1.0})]
+        [pgq.JobSpec("nap", {"s": 1.0}), pgq.JobSpec("nap", {"s": 3.5})]
     )
     async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=1, poll_interval=0.05):
         assert (await client.wait(first, timeout=20)).state is pgq.JobState.COMPLETED

@@ -54,6 +54,9 @@ PATIENCE_JOBS = 4.0
 MIN_PATIENCE_S = 0.25
 #: The most jobs a producer claims ahead of its free slots, however short its jobs.
 MAX_AHEAD = 500
+#: ... and at most this many per slot: a worker killed outright takes its claimed jobs with
+#: it until they are rescued, attempts spent, so what one worker holds stays bounded.
+MAX_AHEAD_PER_SLOT = 4
 #: A claim asks for up to half the slots, or up to this many when jobs are claimed ahead:
 #: larger claims drain short jobs faster but write more WAL per job (docs/performance.md).
 CLAIM_BATCH = 50
@@ -69,7 +72,8 @@ class Producer:
 
     With short jobs it also claims some ahead of its free slots (``ahead``): as many as
     finish, on average, during two claim round trips (from running averages of both), at
-    most ``MAX_AHEAD``, none when jobs take long; or
+    most four per slot and ``MAX_AHEAD`` in all, none when jobs take long or the queue has
+    flow-control limits; or
     ``claim_ahead`` of them, when that is 0 or more. A claimed job counts as running in the
     database (and for the queue's limits) from its claim; it starts the moment a slot frees,
     in claim order, without waiting for a round trip, unless it waited past its patience
@@ -242,7 +246,12 @@ class Producer:
                 await self.health.wait_healthy()
                 more = True
                 continue
-            capacity = self.concurrency + self.ahead
+            # A limited queue's budget is shared by every worker: claim none ahead there
+            # (nor before the limits are known), or one worker would take the whole budget
+            # and leave the others idle.
+            limits = self._limits
+            unlimited = limits is not None and not limits.limited
+            capacity = self.concurrency + (self.ahead if unlimited else 0)
             if len(self.running) >= capacity:
                 self._slot = anyio.Event()
                 if len(self.running) >= capacity:
@@ -396,9 +405,15 @@ class Producer:
         """Wait, claimed, for a slot; False when the job was handed back (its outcome sent)
         instead: cancelled or stopped meanwhile, or no slot freed within the patience."""
         job = execution.ctx.job
+        patience = self._patience()
+        timeout = self._tasks[job.task].timeout
+        if timeout is not None:
+            # Its timeout counts from the claim: hand it back while half of it is left,
+            # rather than start it with little or no time to run.
+            patience = timeout / 2 if patience is None else min(patience, timeout / 2)
         self._waiting.add(execution)
         try:
-            async with asyncio.timeout(self._patience()) as waiting:
+            async with asyncio.timeout(patience) as waiting:
                 await self._gate.acquire()
             return True
         except TimeoutError:
@@ -434,7 +449,7 @@ class Producer:
         if self._claim_s is None or self._fixed_ahead:
             return
         finishing = self.concurrency * AHEAD_ROUND_TRIPS * self._claim_s / max(self._job_s, 1e-6)
-        self.ahead = min(MAX_AHEAD, round(finishing))
+        self.ahead = min(MAX_AHEAD, MAX_AHEAD_PER_SLOT * self.concurrency, round(finishing))
 
     async def _settled_by_the_task(self, execution: Execution) -> bool:
         """Whether the task's own transaction settled its attempt and committed: then that

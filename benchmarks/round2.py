@@ -109,7 +109,8 @@ def main(rounds: int) -> None:
     x = backlog_enqueue["ratio"]
     target("enqueue_many of 1M in 10k batches, pgq / PgQueuer", x, ">= 1.5", x >= 1.5)
     x = wal["plain"]["bytes"]
-    target("WAL bytes per job, plain queue", x, "<= 1,170 (before)", x <= 1_170 * 1.05)
+    # 1,169-1,170 on the code before round 2, in every run: 1 % is well beyond its noise.
+    target("WAL bytes per job, plain queue", x, "<= 1,182 (1,170 +1 %)", x <= 1_170 * 1.01)
 
     print(f"\n  per-round enqueue_many ratios: {', '.join(f'{x:.2f}' for x in enq)}")
     print(f"  10 ms jobs: {', '.join(f'{k} {v:,.0f}/s' for k, v in io.items())}")

@@ -16,6 +16,11 @@ jobs table's heap and index sizes, live rows and dead tuples. At the end it prin
 table, checks the targets (p99 pickup ≤ 25 ms in every minute; the last five minutes'
 throughput within 10 % of the first five; heap and indexes, after the first minutes, not
 growing by more than 10 %), and writes benchmarks/results/soak.json and soak.png.
+
+At a fixed offered rate, a minute's throughput is the rate offered unless the worker falls
+behind; its jobs still unclaimed when the minute is read (SETTLE_S after it ends) are
+counted apart and fail the latency target. Pickup latency ends at the claim: a job claimed
+ahead of a free slot starts a little later (docs/configuration.md, `claim_ahead`).
 """
 
 from __future__ import annotations

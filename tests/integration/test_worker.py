@@ -586,13 +586,13 @@ async def test_a_fenced_producer_hands_back_jobs_claimed_ahead_instead_of_starti
         assert now is not None and now.attempt <= 1
 
 
-async def test_a_job_claimed_ahead_is_handed_back_when_no_slot_frees_in_time(
-    dsn: str, client: pgq.Client
-) -> None:
+def quick_and_slow_app(timeout: float | None) -> tuple[pgq.App, anyio.Event]:
+    """An App with task ``quick`` (1 ms, with ``timeout``) and task ``slow``, which holds
+    its slot until the returned event is set."""
     app = pgq.App()
     release = anyio.Event()
 
-    @app.task
+    @app.task(timeout=timeout)
     async def quick(ctx: pgq.JobContext) -> None:
         await anyio.sleep(0.001)
 
@@ -600,17 +600,25 @@ async def test_a_job_claimed_ahead_is_handed_back_when_no_slot_frees_in_time(
     async def slow(ctx: pgq.JobContext) -> None:
         await release.wait()
 
+    return app, release
+
+
+async def handed_back(client: pgq.Client, job_id: int) -> bool:
+    """Whether the job was handed back for want of a free slot."""
+    now = await client.get_job(job_id)
+    return now is not None and any("freed in time" in e["message"] for e in now.errors)
+
+
+async def test_a_job_claimed_ahead_is_handed_back_when_no_slot_frees_in_time(
+    dsn: str, client: pgq.Client
+) -> None:
+    app, release = quick_and_slow_app(timeout=None)
     async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=1, poll_interval=0.05):
         for job in await client.enqueue_many([pgq.JobSpec("quick") for _ in range(5)]):
             await client.wait(job, timeout=20)  # the producer learns that jobs are short
         blocker = await client.enqueue("slow")
         waiter = await client.enqueue("quick")
-
-        async def handed_back() -> bool:
-            now = await client.get_job(waiter.id)
-            return now is not None and any("freed in time" in e["message"] for e in now.errors)
-
-        await until(handed_back)
+        await until(lambda: handed_back(client, waiter.id))
         now = await client.get_job(waiter.id)
         assert now is not None and now.attempt == 0 and now.state is not pgq.JobState.COMPLETED
         release.set()
@@ -623,17 +631,7 @@ async def test_a_job_claimed_ahead_is_handed_back_before_half_its_timeout_is_spe
 ) -> None:
     """A claimed job's timeout runs while it waits for a slot: it is handed back (attempt
     not counted, no timeout error) once half of it is gone, not started with none left."""
-    app = pgq.App()
-    release = anyio.Event()
-
-    @app.task(timeout=0.6)
-    async def quick(ctx: pgq.JobContext) -> None:
-        await anyio.sleep(0.001)
-
-    @app.task
-    async def slow(ctx: pgq.JobContext) -> None:
-        await release.wait()
-
+    app, release = quick_and_slow_app(timeout=0.6)
     async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=1, poll_interval=0.05):
         blocker = await client.enqueue("slow")
 
@@ -642,12 +640,7 @@ async def test_a_job_claimed_ahead_is_handed_back_before_half_its_timeout_is_spe
 
         await until(blocker_runs)
         waiter = await client.enqueue("quick")
-
-        async def handed_back() -> bool:
-            now = await client.get_job(waiter.id)
-            return now is not None and any("freed in time" in e["message"] for e in now.errors)
-
-        await until(handed_back)
+        await until(lambda: handed_back(client, waiter.id))
         now = await client.get_job(waiter.id)
         assert now is not None and now.attempt == 0
         assert not any(e["kind"] == "timeout" for e in now.errors)

@@ -21,18 +21,32 @@ At a fixed offered rate, a minute's throughput is the rate offered unless the wo
 behind; its jobs still unclaimed when the minute is read (SETTLE_S after it ends) are
 counted apart and fail the latency target. Pickup latency ends at the claim: a job claimed
 ahead of a free slot starts a little later (docs/configuration.md, `claim_ahead`).
+
+To find what a slow minute waited on, each minute also names its worst job (the moment it
+was enqueued and how long it waited) and every event that overlapped that wait: the
+server's checkpoints and autovacuum or autoanalyze runs (from its log; a vacuum that
+truncated the table says how many pages), garbage-collector pauses of at least
+GC_PAUSE_MIN_S in the worker and in this process, and enqueue calls of this process that
+took SLOW_ENQUEUE_S or more (a job's clock starts at its transaction's start, so a slow
+commit shows as pickup latency). Per minute it also counts checkpoints, autovacuums and
+autoanalyzes of pgq_jobs, rows deleted (retention) and WAL written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +70,18 @@ CALIBRATION_JOBS = 100_000
 SUSTAINED_WARMUP_S = 5.0
 SUSTAINED_S = 15.0
 P99_TARGET_MS = 25.0
+#: Garbage-collector passes at least this long are recorded, in the worker and here.
+GC_PAUSE_MIN_S = 0.005
+#: Enqueue calls of this process at least this long are recorded.
+SLOW_ENQUEUE_S = 0.02
+#: What the private server logs, with times, for the events a minute is compared with.
+SERVER_LOGGING = {
+    "log_checkpoints": "on",
+    "log_autovacuum_min_duration": "0",
+    "log_timezone": "UTC",
+}
+#: The worker appends its garbage-collector pauses to the file this variable names.
+PAUSES_ENV = "PGQ_SOAK_GC_PAUSES"
 
 app = pgq.App()
 
@@ -63,6 +89,35 @@ app = pgq.App()
 @app.task
 async def noop(ctx: pgq.JobContext, i: int) -> None:
     """Does nothing: the soak measures the queue."""
+
+
+def record_gc_pauses(sink: Callable[[float, float, int], None]) -> None:
+    """Call ``sink(wall-clock start, seconds, generation)`` for every garbage-collector
+    pass of this process lasting GC_PAUSE_MIN_S or more."""
+    began = [0.0, 0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[:] = [time.time(), time.perf_counter()]
+            return
+        took = time.perf_counter() - began[1]
+        if took >= GC_PAUSE_MIN_S:
+            sink(began[0], took, info["generation"])
+
+    gc.callbacks.append(callback)
+
+
+if os.environ.get(PAUSES_ENV):  # imported by the soak's `pgq worker` (soak:app)
+    _pauses_file = open(os.environ[PAUSES_ENV], "a", buffering=1)  # noqa: SIM115
+
+    def _log_pause(at: float, took: float, generation: int) -> None:
+        _pauses_file.write(f"{at} {took} {generation}\n")
+
+    record_gc_pauses(_log_pause)
+
+
+#: Events of this process, as (wall-clock start, seconds, what).
+EVENTS: list[tuple[float, float, str]] = []
 
 
 MINUTE = """
@@ -83,8 +138,10 @@ def worker_argv(dsn: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def start_worker(dsn: str, *extra: str) -> subprocess.Popen[bytes]:
+def start_worker(dsn: str, *extra: str, pauses: Path | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(HERE)}
+    if pauses is not None:
+        env[PAUSES_ENV] = str(pauses)
     return subprocess.Popen(worker_argv(dsn, *extra), cwd=HERE, env=env)
 
 
@@ -161,7 +218,11 @@ async def enqueuer(client: pgq.Client, rate: float, stop: asyncio.Event) -> int:
     while not stop.is_set():
         due = int(rate * (time.perf_counter() - started)) - sent
         if due > 0:
+            at, t0 = time.time(), time.perf_counter()
             await client.enqueue_many([pgq.JobSpec(noop, {"i": sent + k}) for k in range(due)])
+            took = time.perf_counter() - t0
+            if took >= SLOW_ENQUEUE_S:
+                EVENTS.append((at, took, f"enqueue of {due} jobs took {took * 1000:.0f} ms"))
             sent += due
         await asyncio.sleep(TICK_S)
     return sent
@@ -172,7 +233,8 @@ async def last_id(conn: asyncpg.Connection[asyncpg.Record]) -> int:
 
 
 async def soak(minutes: int, rate: float | None) -> dict[str, Any]:
-    async with private_server(RECOMMENDED_SERVER) as dsn:
+    pauses = Path(tempfile.mkdtemp(prefix="pgq-soak-")) / "worker-gc.txt"
+    async with private_server({**RECOMMENDED_SERVER, **SERVER_LOGGING}) as dsn:
         await pgq_migrate(dsn)
         conn = await asyncpg.connect(dsn)
         await conn.execute(RECOMMENDED)
@@ -181,14 +243,19 @@ async def soak(minutes: int, rate: float | None) -> dict[str, Any]:
         most = await sustained_rate(dsn)
         offered = rate if rate is not None else most / 2
         print(f"with this process enqueuing beside it: {most:,.0f}/s; offering {offered:,.0f}/s")
-        worker = start_worker(dsn)
+        record_gc_pauses(lambda at, took, gen: EVENTS.append((at, took, f"GC gen {gen} here")))
+        worker = start_worker(dsn, pauses=pauses)
         try:
             await wait_for_producer(conn, worker)
             rows = await run_minutes(conn, dsn, minutes, offered)
         finally:
             worker.send_signal(signal.SIGTERM)
             await asyncio.to_thread(worker.wait, 60)
+            log = await conn.fetchval("SELECT pg_read_file('server.log')")
             await conn.close()
+    events = sorted([*server_events(log), *worker_pauses(pauses), *EVENTS])
+    for row in rows:
+        explain(row, events)
     return {
         "minutes": minutes,
         "drain_rate": drain,
@@ -208,26 +275,118 @@ async def run_minutes(
         sending = asyncio.create_task(enqueuer(client, rate, stop))
         start = time.perf_counter()
         bounds = [await last_id(conn)]
+        counters = [await server_counters(conn)]
         pending: list[asyncio.Task[dict[str, Any]]] = []
         for m in range(1, minutes + 1):
             await asyncio.sleep(max(0.0, start + 60 * m - time.perf_counter()))
             bounds.append(await last_id(conn))
+            counters.append(await server_counters(conn))
             if m == minutes:
                 stop.set()
-            pending.append(asyncio.create_task(read_minute(conn, m, bounds[-2], bounds[-1])))
+            during = {k: counters[-1][k] - counters[-2][k] for k in counters[-1]}
+            pending.append(
+                asyncio.create_task(read_minute(conn, m, bounds[-2], bounds[-1], during))
+            )
         await sending
         for task in pending:
             rows.append(await task)
     return rows
 
 
+COUNTERS = """
+SELECT (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter) AS checkpoints,
+       s.autovacuum_count AS autovacuums, s.autoanalyze_count AS autoanalyzes,
+       s.n_tup_del AS deleted, pg_current_wal_lsn() - '0/0'::pg_lsn AS wal_bytes
+FROM pg_stat_user_tables s WHERE s.relname = 'pgq_jobs'
+"""
+
+WORST = """
+SELECT extract(epoch FROM scheduled_at) AS due, extract(epoch FROM attempted_at) AS claimed
+FROM pgq_jobs WHERE id > $1 AND id <= $2 AND attempted_at IS NOT NULL
+ORDER BY attempted_at - scheduled_at DESC LIMIT 1
+"""
+
+
+async def server_counters(conn: asyncpg.Connection[asyncpg.Record]) -> dict[str, float]:
+    """The server's running totals a minute's row shows the change of (statistics are
+    flushed by each backend about once a second, so a minute's figure may lag a little)."""
+    r = await conn.fetchrow(COUNTERS)
+    assert r is not None
+    return {k: float(v) for k, v in r.items()}
+
+
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) UTC \[\d+\] (\w+):  (.*)$")
+_ELAPSED = re.compile(r"elapsed: ([\d.]+) s")
+_TRUNCATED = re.compile(r"pages: (\d+) removed")
+
+
+def server_events(log: str) -> list[tuple[float, float, str]]:
+    """Checkpoints and autovacuum/autoanalyze runs from the server's log, as (start,
+    seconds, what). A vacuum is logged when it ends, with its elapsed time; a checkpoint
+    when it starts and when it completes."""
+    entries: list[tuple[float, str]] = []
+    for line in log.splitlines():
+        m = _LOG_LINE.match(line)
+        if m:
+            at = datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
+            entries.append((at.timestamp(), m[3]))
+        elif entries:  # a continuation line of the entry before
+            entries[-1] = (entries[-1][0], entries[-1][1] + " " + line.strip())
+    events: list[tuple[float, float, str]] = []
+    checkpoint: tuple[float, str] | None = None
+    for at, text in entries:
+        if text.startswith("checkpoint starting"):
+            checkpoint = (at, text.removeprefix("checkpoint starting: "))
+        elif text.startswith("checkpoint complete") and checkpoint is not None:
+            events.append((checkpoint[0], at - checkpoint[0], f"checkpoint ({checkpoint[1]})"))
+            checkpoint = None
+        elif text.startswith(("automatic vacuum", "automatic analyze")):
+            elapsed = _ELAPSED.search(text)
+            took = float(elapsed[1]) if elapsed else 0.0
+            table = text.split('"')[1] if '"' in text else "?"
+            what = f"{text.split()[1]} of {table.rsplit('.', 1)[-1]}"
+            truncated = _TRUNCATED.search(text)
+            if truncated and int(truncated[1]):
+                what += f", {truncated[1]} pages truncated"
+            events.append((at - took, took, what))
+    return events
+
+
+def worker_pauses(path: Path) -> list[tuple[float, float, str]]:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        at, took, generation = line.split()
+        events.append((float(at), float(took), f"GC gen {generation} in the worker"))
+    return events
+
+
+def explain(row: dict[str, Any], events: list[tuple[float, float, str]]) -> None:
+    """Name, in ``row``, the events that overlapped its worst job's wait."""
+    if row["worst_due"] is None:
+        row["worst_events"] = []
+        return
+    due, claimed = row["worst_due"], row["worst_claimed"]
+    row["worst_events"] = [
+        f"{datetime.fromtimestamp(at, UTC):%H:%M:%S.%f}"[:-3] + f" +{took * 1000:.0f} ms {what}"
+        for at, took, what in events
+        if at <= claimed and at + took >= due - 0.5
+    ]
+
+
 async def read_minute(
-    conn: asyncpg.Connection[asyncpg.Record], minute: int, first: int, last: int
+    conn: asyncpg.Connection[asyncpg.Record],
+    minute: int,
+    first: int,
+    last: int,
+    during: dict[str, float],
 ) -> dict[str, Any]:
     await asyncio.sleep(SETTLE_S)
     sizes = await table_size(conn)
     r = await conn.fetchrow(MINUTE, first, last)
     assert r is not None
+    worst = await conn.fetchrow(WORST, first, last)
     p50, p99 = r["pickup"] or (None, None)
     row = {
         "minute": minute,
@@ -237,13 +396,19 @@ async def read_minute(
         "p50_ms": None if p50 is None else p50 * 1000,
         "p99_ms": None if p99 is None else p99 * 1000,
         "max_ms": None if r["pickup_max"] is None else float(r["pickup_max"]) * 1000,
+        "worst_due": None if worst is None else float(worst["due"]),
+        "worst_claimed": None if worst is None else float(worst["claimed"]),
+        **during,
         **sizes,
     }
     print(
         f"minute {minute:>3}: {row['completed'] / 60:>8,.0f} jobs/s"
         f"  pickup p50 {row['p50_ms'] or 0:6.1f} ms  p99 {row['p99_ms'] or 0:6.1f} ms"
         f"  max {row['max_ms'] or 0:7.1f} ms  heap {sizes['heap_mb']:7.1f} MB"
-        f"  indexes {sizes['indexes_mb']:6.1f} MB  dead {sizes['dead_tuples']:>9,.0f}",
+        f"  indexes {sizes['indexes_mb']:6.1f} MB  dead {sizes['dead_tuples']:>9,.0f}"
+        f"  checkpoints {during['checkpoints']:.0f}  autovacuums {during['autovacuums']:.0f}"
+        f"  autoanalyzes {during['autoanalyzes']:.0f}  deleted {during['deleted']:,.0f}"
+        f"  WAL {during['wal_bytes'] / 2**20:,.0f} MB",
         flush=True,
     )
     return row
@@ -326,6 +491,15 @@ async def main() -> None:
         f"heap + indexes, last minute / minute {v['size_from_minute']}: "
         f"{v['size_growth']:.3f} (at most 1.10): {'met' if v['size_met'] else 'NOT met'}"
     )
+    print("\neach minute's worst job: when it was enqueued, its wait, and what overlapped it")
+    for row in result["rows"]:
+        if row["worst_due"] is None:
+            continue
+        due = datetime.fromtimestamp(row["worst_due"], UTC)
+        wait = (row["worst_claimed"] - row["worst_due"]) * 1000
+        print(f"minute {row['minute']:>3}: {due:%H:%M:%S.%f}"[:-3] + f", waited {wait:,.1f} ms")
+        for event in row["worst_events"]:
+            print(f"    {event}")
     print(f"wrote {RESULTS / 'soak.json'} and {RESULTS / 'soak.png'}")
 
 

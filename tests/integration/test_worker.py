@@ -548,8 +548,11 @@ async def test_a_job_claimed_ahead_is_cancelled_or_handed_back_without_running(
         assert cancelled.state is pgq.JobState.CANCELLED and began == [first.id]
     handed_back = await client.get_job(third.id)
     assert handed_back is not None
-    assert handed_back.state in (pgq.JobState.RETRYABLE, pgq.JobState.AVAILABLE)
+    # Available again at once, in its place in the queue: no wait for the scheduler.
+    assert handed_back.state is pgq.JobState.AVAILABLE
+    assert handed_back.scheduled_at == third.scheduled_at
     assert handed_back.attempt == 0  # it never ran: the attempt does not count
+    assert "its worker is stopping" in handed_back.errors[-1]["message"]
     assert began == [first.id]
 
 
@@ -603,15 +606,22 @@ def quick_and_slow_app(timeout: float | None) -> tuple[pgq.App, anyio.Event]:
     return app, release
 
 
+def hand_backs(job: pgq.Job | None) -> int:
+    """How many times the job was handed back for want of a free slot."""
+    return 0 if job is None else sum("freed in time" in e["message"] for e in job.errors)
+
+
 async def handed_back(client: pgq.Client, job_id: int) -> bool:
     """Whether the job was handed back for want of a free slot."""
-    now = await client.get_job(job_id)
-    return now is not None and any("freed in time" in e["message"] for e in now.errors)
+    return hand_backs(await client.get_job(job_id)) > 0
 
 
 async def test_a_job_claimed_ahead_is_handed_back_when_no_slot_frees_in_time(
     dsn: str, client: pgq.Client
 ) -> None:
+    """Handed back, the job is available at once in its place in the queue, and another
+    worker runs it while the first is still busy; the first claims none ahead meanwhile,
+    so it does not take the job straight back."""
     app, release = quick_and_slow_app(timeout=None)
     async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=1, poll_interval=0.05):
         for job in await client.enqueue_many([pgq.JobSpec("quick") for _ in range(5)]):
@@ -620,9 +630,15 @@ async def test_a_job_claimed_ahead_is_handed_back_when_no_slot_frees_in_time(
         waiter = await client.enqueue("quick")
         await until(lambda: handed_back(client, waiter.id))
         now = await client.get_job(waiter.id)
-        assert now is not None and now.attempt == 0 and now.state is not pgq.JobState.COMPLETED
+        assert now is not None and now.attempt == 0
+        assert now.state is pgq.JobState.AVAILABLE
+        assert now.scheduled_at == waiter.scheduled_at
+        async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=0, poll_interval=0.05):
+            done = await client.wait(waiter, timeout=20)
+        assert done.state is pgq.JobState.COMPLETED and done.attempt == 1
+        assert hand_backs(done) == 1
+        assert await _state_is(client, blocker.id, pgq.JobState.RUNNING)
         release.set()
-        assert (await client.wait(waiter, timeout=20)).state is pgq.JobState.COMPLETED
         assert (await client.wait(blocker, timeout=20)).state is pgq.JobState.COMPLETED
 
 

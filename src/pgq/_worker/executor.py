@@ -234,16 +234,16 @@ def _completed(job: Job, result: Any) -> Outcome:
 
 
 def stopped_before_start(job: Job, reason: str) -> Outcome:
-    """The outcome of a job claimed ahead and stopped before it began: cancelled on request,
-    else handed back (``interrupted``)."""
+    """The outcome of a claimed job stopped before it began: cancelled on request, else
+    handed back: available again at once, in its place in the queue (its ``scheduled_at``
+    kept), the attempt not counted, with an entry in ``errors`` saying why."""
     if reason == CANCEL:
         return Outcome.of(
             job, "cancelled", error=error_entry(job.attempt, "cancel", "cancelled by request")
         )
     return Outcome.of(
         job,
-        "retryable",
-        delay_s=0.0,
+        "available",
         error=error_entry(job.attempt, "shutdown", _NOT_STARTED.get(reason, reason)),
         attempt_delta=-1,
     )

@@ -24,7 +24,6 @@ from pgq._worker.executor import (
     Execution,
     execute,
     internal_failure,
-    interrupted,
     stopped_before_start,
 )
 from pgq._worker.liveness import ProducerHealth
@@ -77,7 +76,9 @@ class Producer:
     ``claim_ahead`` of them, when that is 0 or more. A claimed job counts as running in the
     database (and for the queue's limits) from its claim; it starts the moment a slot frees,
     in claim order, without waiting for a round trip, unless it waited past its patience
-    or the producer stopped or fenced itself meanwhile: then it is handed back unstarted.
+    or the producer stopped or fenced itself meanwhile: then it is handed back unstarted,
+    available again at once in its place in the queue, and (after a wait past its patience)
+    none is claimed ahead until a job ends.
     """
 
     def __init__(
@@ -108,7 +109,8 @@ class Producer:
         #: Jobs claimed ahead of free slots, wanted now (see the class docstring); fixed
         #: when ``claim_ahead`` is 0 or more, else sized as jobs run.
         self._fixed_ahead = claim_ahead >= 0
-        self.ahead = max(claim_ahead, 0)
+        self._claim_ahead = max(claim_ahead, 0)
+        self.ahead = self._claim_ahead
         self._claim_s: float | None = None
         self._job_s: float | None = None
         self._tasks = dict(tasks)
@@ -285,10 +287,10 @@ class Producer:
             failures = 0
             more = len(jobs) == limit
             if jobs and self._stopping:
-                # Claimed while the worker began to stop: hand them straight back
-                # (retryable at once, the attempt not counted) rather than start them.
+                # Claimed while the worker began to stop: hand them straight back rather
+                # than start them.
                 for job in jobs:
-                    self._outcomes(interrupted(job, SHUTDOWN))
+                    self._outcomes(stopped_before_start(job, SHUTDOWN))
                 break
             if jobs:
                 self._start(tg, jobs)
@@ -412,6 +414,12 @@ class Producer:
             # rather than start it with little or no time to run.
             patience = timeout / 2 if patience is None else min(patience, timeout / 2)
         self._waiting.add(execution)
+        if self._stopping and execution.reason is None:
+            # The stop began before this job came to wait, so stop_fetching did not see it.
+            execution.reason = SHUTDOWN
+            self._waiting.discard(execution)
+            self._outcomes(stopped_before_start(job, SHUTDOWN))
+            return False
         try:
             async with asyncio.timeout(patience) as waiting:
                 await self._gate.acquire()
@@ -419,9 +427,10 @@ class Producer:
         except TimeoutError:
             if not waiting.expired():
                 raise
-            # The jobs ahead of it take longer than learnt: stop claiming ahead until new
-            # durations say otherwise, and let another worker have this one.
-            self.ahead, self._job_s = 0 if not self._fixed_ahead else self.ahead, None
+            # The jobs ahead of it take longer than learnt: claim none ahead until a job
+            # ends (so that this one is not claimed straight back), and let another
+            # worker have it.
+            self.ahead, self._job_s = 0, None
             self._outcomes(stopped_before_start(job, WAITED))
             return False
         except asyncio.CancelledError:
@@ -446,7 +455,10 @@ class Producer:
     def _learn(self, job_s: float) -> None:
         """Fold a job's duration into the running average, and size ``ahead`` from it."""
         self._job_s = _average(self._job_s, job_s)
-        if self._claim_s is None or self._fixed_ahead:
+        if self._fixed_ahead:
+            self.ahead = self._claim_ahead
+            return
+        if self._claim_s is None:
             return
         finishing = self.concurrency * AHEAD_ROUND_TRIPS * self._claim_s / max(self._job_s, 1e-6)
         self.ahead = min(MAX_AHEAD, MAX_AHEAD_PER_SLOT * self.concurrency, round(finishing))

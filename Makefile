@@ -86,9 +86,10 @@ bench: $(BENCH_STAMP) ## measure pgq beside its peers in their own venv, then th
 ROUNDS  ?= 5
 MINUTES ?= 20
 RATE    ?=
+TABLE   ?=
 
 soak: $(BENCH_STAMP) ## a default `pgq worker` at half the measured maximum rate for MINUTES (20), with its chart
-	cd benchmarks && .venv/bin/python soak.py $(MINUTES) $(RATE)
+	cd benchmarks && .venv/bin/python soak.py $(MINUTES) "$(RATE)" "$(TABLE)"
 
 CHAOS_SECONDS ?= 90
 

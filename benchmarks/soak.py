@@ -1,4 +1,6 @@
-"""The soak: `make soak MINUTES=20 [RATE=N]`, or `python soak.py MINUTES [RATE]`.
+"""The soak: `make soak MINUTES=20 [RATE=N] [TABLE=name=value,...]`, or
+`python soak.py MINUTES [RATE] [TABLE]`. TABLE sets storage parameters of pgq_jobs on top
+of the recommended ones (to try another setting, e.g. autovacuum_analyze_scale_factor=0.2).
 
 A `pgq worker` process, started by the CLI at its default settings (and a completed-job
 retention of two minutes, so that the leader deletes as fast as jobs finish), runs no-op
@@ -232,12 +234,31 @@ async def last_id(conn: asyncpg.Connection[asyncpg.Record]) -> int:
     return int(await conn.fetchval("SELECT coalesce(max(id), 0) FROM pgq_jobs"))
 
 
-async def soak(minutes: int, rate: float | None) -> dict[str, Any]:
+_SETTING = re.compile(r"([a-z_]+)=([0-9.]+|on|off|true|false)")
+
+
+def table_settings(text: str) -> dict[str, str]:
+    """``name=value,...`` as a dict; a name of lower-case letters and underscores, a value a
+    number or a boolean (they are written into SQL)."""
+    settings = {}
+    for item in filter(None, text.split(",")):
+        m = _SETTING.fullmatch(item.strip())
+        if m is None:
+            raise SystemExit(f"TABLE: {item!r} is not name=value (a number, on or off)")
+        settings[m[1]] = m[2]
+    return settings
+
+
+async def soak(minutes: int, rate: float | None, table: dict[str, str]) -> dict[str, Any]:
     pauses = Path(tempfile.mkdtemp(prefix="pgq-soak-")) / "worker-gc.txt"
     async with private_server({**RECOMMENDED_SERVER, **SERVER_LOGGING}) as dsn:
         await pgq_migrate(dsn)
         conn = await asyncpg.connect(dsn)
         await conn.execute(RECOMMENDED)
+        for name, value in table.items():
+            # Storage parameters cannot be bound as parameters; both were checked by
+            # table_settings().
+            await conn.execute(f"ALTER TABLE pgq_jobs SET ({name} = {value})")
         drain = await drain_rate(dsn)
         print(f"one default worker drains a backlog at {drain:,.0f}/s", flush=True)
         most = await sustained_rate(dsn)
@@ -262,6 +283,7 @@ async def soak(minutes: int, rate: float | None) -> dict[str, Any]:
         "sustained_rate": most,
         "offered_rate": offered,
         "server_settings": RECOMMENDED_SERVER,
+        "table_settings": table,
         "rows": rows,
     }
 
@@ -470,9 +492,10 @@ def chart(result: dict[str, Any], path: Path) -> None:
 async def main() -> None:
     minutes = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     rate = float(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else None
+    table = table_settings(sys.argv[3]) if len(sys.argv) > 3 else {}
     if minutes < 1:
         raise SystemExit("MINUTES must be at least 1")
-    result = await soak(minutes, rate)
+    result = await soak(minutes, rate, table)
     result["verdict"] = verdict(result)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "soak.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -420,8 +420,8 @@ async def read_minute(
         "max_ms": None if r["pickup_max"] is None else float(r["pickup_max"]) * 1000,
         "worst_due": None if worst is None else float(worst["due"]),
         "worst_claimed": None if worst is None else float(worst["claimed"]),
-        **during,
         **sizes,
+        **during,  # per minute (sizes' own "autovacuums" is the running total)
     }
     print(
         f"minute {minute:>3}: {row['completed'] / 60:>8,.0f} jobs/s"

@@ -87,9 +87,10 @@ ROUNDS  ?= 5
 MINUTES ?= 20
 RATE    ?=
 TABLE   ?=
+SERVER  ?=
 
 soak: $(BENCH_STAMP) ## a default `pgq worker` at half the measured maximum rate for MINUTES (20), with its chart
-	cd benchmarks && .venv/bin/python soak.py $(MINUTES) "$(RATE)" "$(TABLE)"
+	cd benchmarks && .venv/bin/python soak.py $(MINUTES) "$(RATE)" "$(TABLE)" "$(SERVER)"
 
 CHAOS_SECONDS ?= 90
 

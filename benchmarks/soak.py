@@ -1,6 +1,8 @@
-"""The soak: `make soak MINUTES=20 [RATE=N] [TABLE=name=value,...]`, or
-`python soak.py MINUTES [RATE] [TABLE]`. TABLE sets storage parameters of pgq_jobs on top
-of the recommended ones (to try another setting, e.g. autovacuum_analyze_scale_factor=0.2).
+"""The soak: `make soak MINUTES=20 [RATE=N] [TABLE=name=value,...] [SERVER=name=value,...]`,
+or `python soak.py MINUTES [RATE] [TABLE] [SERVER]`. TABLE sets storage parameters of
+pgq_jobs on top of the recommended ones, SERVER settings of the soak's own PostgreSQL
+instance on top of the recommended ones (to try another setting, e.g.
+TABLE=autovacuum_analyze_scale_factor=0.2 or SERVER=max_wal_size=4GB,checkpoint_timeout=5min).
 
 A `pgq worker` process, started by the CLI at its default settings (and a completed-job
 retention of two minutes, so that the leader deletes as fast as jobs finish), runs no-op
@@ -28,7 +30,9 @@ To find what a slow minute waited on, each minute also names its worst job (the 
 was enqueued and how long it waited) and every event that overlapped that wait: the
 server's checkpoints and autovacuum or autoanalyze runs (from its log; a vacuum that
 truncated the table says how many pages), garbage-collector pauses of at least
-GC_PAUSE_MIN_S in the worker and in this process, and enqueue calls of this process that
+GC_PAUSE_MIN_S in the worker and in this process, moments when the worker's event loop ran
+a timer LOOP_LATE_MIN_S or more late (it was busy, or the process was not given a core),
+and enqueue calls of this process that
 took SLOW_ENQUEUE_S or more (a job's clock starts at its transaction's start, so a slow
 commit shows as pickup latency). Per minute it also counts checkpoints, autovacuums and
 autoanalyzes of pgq_jobs, rows deleted (retention) and WAL written.
@@ -50,7 +54,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import asyncpg
 from bench_pgq_table import RECOMMENDED, RECOMMENDED_SERVER, table_size
@@ -74,6 +78,9 @@ SUSTAINED_S = 15.0
 P99_TARGET_MS = 25.0
 #: Garbage-collector passes at least this long are recorded, in the worker and here.
 GC_PAUSE_MIN_S = 0.005
+#: The worker's event loop is recorded as late when a timer of LOOP_TICK_S fires this late.
+LOOP_LATE_MIN_S = 0.010
+LOOP_TICK_S = 0.005
 #: Enqueue calls of this process at least this long are recorded.
 SLOW_ENQUEUE_S = 0.02
 #: What the private server logs, with times, for the events a minute is compared with.
@@ -82,7 +89,8 @@ SERVER_LOGGING = {
     "log_autovacuum_min_duration": "0",
     "log_timezone": "UTC",
 }
-#: The worker appends its garbage-collector pauses to the file this variable names.
+#: The worker appends its garbage-collector pauses and late event-loop timers to the file
+#: this variable names, a line each: wall-clock start, seconds, what.
 PAUSES_ENV = "PGQ_SOAK_GC_PAUSES"
 
 app = pgq.App()
@@ -90,7 +98,20 @@ app = pgq.App()
 
 @app.task
 async def noop(ctx: pgq.JobContext, i: int) -> None:
-    """Does nothing: the soak measures the queue."""
+    """Does nothing: the soak measures the queue (the first job in the soak's worker starts
+    the watch on its event loop)."""
+    if _pauses_file is not None and not _watch:
+        _watch.append(asyncio.get_running_loop().create_task(watch_loop(_pauses_file.write)))
+
+
+async def watch_loop(write: Callable[[str], object]) -> None:
+    """Record each time a timer of LOOP_TICK_S fires LOOP_LATE_MIN_S or more late."""
+    while True:
+        at, began = time.time(), time.perf_counter()
+        await asyncio.sleep(LOOP_TICK_S)
+        late = time.perf_counter() - began - LOOP_TICK_S
+        if late >= LOOP_LATE_MIN_S:
+            write(f"{at + LOOP_TICK_S} {late} event loop late in the worker\n")
 
 
 def record_gc_pauses(sink: Callable[[float, float, int], None]) -> None:
@@ -109,11 +130,14 @@ def record_gc_pauses(sink: Callable[[float, float, int], None]) -> None:
     gc.callbacks.append(callback)
 
 
+_pauses_file: TextIO | None = None
+_watch: list[asyncio.Task[None]] = []  # the event-loop watch, once started
 if os.environ.get(PAUSES_ENV):  # imported by the soak's `pgq worker` (soak:app)
     _pauses_file = open(os.environ[PAUSES_ENV], "a", buffering=1)  # noqa: SIM115
 
     def _log_pause(at: float, took: float, generation: int) -> None:
-        _pauses_file.write(f"{at} {took} {generation}\n")
+        assert _pauses_file is not None
+        _pauses_file.write(f"{at} {took} GC gen {generation} in the worker\n")
 
     record_gc_pauses(_log_pause)
 
@@ -234,30 +258,40 @@ async def last_id(conn: asyncpg.Connection[asyncpg.Record]) -> int:
     return int(await conn.fetchval("SELECT coalesce(max(id), 0) FROM pgq_jobs"))
 
 
-_SETTING = re.compile(r"([a-z_]+)=([0-9.]+|on|off|true|false)")
+#: A table setting's value is written into SQL: a number or a boolean only.
+_TABLE_SETTING = re.compile(r"([a-z_]+)=([0-9.]+|on|off|true|false)")
+#: A server setting's value goes on the server's command line: a number with an optional
+#: unit (4GB, 5min), or a word.
+_SERVER_SETTING = re.compile(r"([a-z_]+)=([0-9.]+[a-zA-Z]*|[a-z]+)")
 
 
-def table_settings(text: str) -> dict[str, str]:
-    """``name=value,...`` as a dict; a name of lower-case letters and underscores, a value a
-    number or a boolean (they are written into SQL)."""
+def parse_settings(text: str, option: str, pattern: re.Pattern[str]) -> dict[str, str]:
+    """``name=value,...`` as a dict; a name of lower-case letters and underscores, a value
+    that ``pattern`` accepts."""
     settings = {}
     for item in filter(None, text.split(",")):
-        m = _SETTING.fullmatch(item.strip())
+        m = pattern.fullmatch(item.strip())
         if m is None:
-            raise SystemExit(f"TABLE: {item!r} is not name=value (a number, on or off)")
+            raise SystemExit(
+                f"{option}: {item!r} is not name=value "
+                + ("(a number, on or off)" if option == "TABLE" else "(e.g. max_wal_size=4GB)")
+            )
         settings[m[1]] = m[2]
     return settings
 
 
-async def soak(minutes: int, rate: float | None, table: dict[str, str]) -> dict[str, Any]:
-    pauses = Path(tempfile.mkdtemp(prefix="pgq-soak-")) / "worker-gc.txt"
-    async with private_server({**RECOMMENDED_SERVER, **SERVER_LOGGING}) as dsn:
+async def soak(
+    minutes: int, rate: float | None, table: dict[str, str], server: dict[str, str]
+) -> dict[str, Any]:
+    pauses = Path(tempfile.mkdtemp(prefix="pgq-soak-")) / "worker-pauses.txt"
+    server = {**RECOMMENDED_SERVER, **server}
+    async with private_server({**server, **SERVER_LOGGING}) as dsn:
         await pgq_migrate(dsn)
         conn = await asyncpg.connect(dsn)
         await conn.execute(RECOMMENDED)
         for name, value in table.items():
             # Storage parameters cannot be bound as parameters; both were checked by
-            # table_settings().
+            # parse_settings().
             await conn.execute(f"ALTER TABLE pgq_jobs SET ({name} = {value})")
         drain = await drain_rate(dsn)
         print(f"one default worker drains a backlog at {drain:,.0f}/s", flush=True)
@@ -282,7 +316,7 @@ async def soak(minutes: int, rate: float | None, table: dict[str, str]) -> dict[
         "drain_rate": drain,
         "sustained_rate": most,
         "offered_rate": offered,
-        "server_settings": RECOMMENDED_SERVER,
+        "server_settings": server,
         "table_settings": table,
         "rows": rows,
     }
@@ -379,8 +413,8 @@ def worker_pauses(path: Path) -> list[tuple[float, float, str]]:
         return []
     events = []
     for line in path.read_text().splitlines():
-        at, took, generation = line.split()
-        events.append((float(at), float(took), f"GC gen {generation} in the worker"))
+        at, took, what = line.split(maxsplit=2)
+        events.append((float(at), float(took), what))
     return events
 
 
@@ -492,10 +526,11 @@ def chart(result: dict[str, Any], path: Path) -> None:
 async def main() -> None:
     minutes = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     rate = float(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else None
-    table = table_settings(sys.argv[3]) if len(sys.argv) > 3 else {}
+    table = parse_settings(sys.argv[3], "TABLE", _TABLE_SETTING) if len(sys.argv) > 3 else {}
+    server = parse_settings(sys.argv[4], "SERVER", _SERVER_SETTING) if len(sys.argv) > 4 else {}
     if minutes < 1:
         raise SystemExit("MINUTES must be at least 1")
-    result = await soak(minutes, rate, table)
+    result = await soak(minutes, rate, table, server)
     result["verdict"] = verdict(result)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "soak.json").write_text(json.dumps(result, indent=2) + "\n")

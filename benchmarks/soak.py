@@ -32,10 +32,13 @@ server's checkpoints and autovacuum or autoanalyze runs (from its log; a vacuum 
 truncated the table says how many pages), garbage-collector pauses of at least
 GC_PAUSE_MIN_S in the worker and in this process, moments when the worker's event loop ran
 a timer LOOP_LATE_MIN_S or more late (it was busy, or the process was not given a core),
-and enqueue calls of this process that
+enqueue calls of this process that
 took SLOW_ENQUEUE_S or more (a job's clock starts at its transaction's start, so a slow
-commit shows as pickup latency). Per minute it also counts checkpoints, autovacuums and
-autoanalyzes of pgq_jobs, rows deleted (retention) and WAL written.
+commit shows as pickup latency), and each HOST_SAMPLE_S in which the machine's cores were
+HOST_BUSY_SHARE or more stolen by the hypervisor or waiting for I/O (Linux's /proc/stat).
+Per minute it also counts checkpoints, autovacuums and autoanalyzes of pgq_jobs, rows
+deleted (retention), WAL written, and the share of the cores' time stolen and waiting for
+I/O.
 """
 
 from __future__ import annotations
@@ -81,6 +84,11 @@ GC_PAUSE_MIN_S = 0.005
 #: The worker's event loop is recorded as late when a timer of LOOP_TICK_S fires this late.
 LOOP_LATE_MIN_S = 0.010
 LOOP_TICK_S = 0.005
+#: The host's CPU time is sampled this often; a sample in which this share of it or more
+#: was stolen (a virtual machine whose host gave its cores to others) or waiting for I/O is
+#: recorded.
+HOST_SAMPLE_S = 0.5
+HOST_BUSY_SHARE = 0.25
 #: Enqueue calls of this process at least this long are recorded.
 SLOW_ENQUEUE_S = 0.02
 #: What the private server logs, with times, for the events a minute is compared with.
@@ -254,6 +262,38 @@ async def enqueuer(client: pgq.Client, rate: float, stop: asyncio.Event) -> int:
     return sent
 
 
+def host_cpu() -> dict[str, float]:
+    """The machine's CPU time so far, in seconds: all of it, stolen, and waiting for I/O
+    (zeros where /proc/stat is not there)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return {"cpu_s": 0.0, "steal_s": 0.0, "iowait_s": 0.0}
+    tick = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal (guest time is counted in user)
+    return {
+        "cpu_s": sum(fields[:8]) / tick,
+        "steal_s": fields[7] / tick if len(fields) > 7 else 0.0,
+        "iowait_s": fields[4] / tick,
+    }
+
+
+async def watch_host(stop: asyncio.Event) -> None:
+    """Record each HOST_SAMPLE_S in which HOST_BUSY_SHARE or more of the cores' time was
+    stolen or waiting for I/O."""
+    before, at = host_cpu(), time.time()
+    while not stop.is_set():
+        await asyncio.sleep(HOST_SAMPLE_S)
+        now, now_at = host_cpu(), time.time()
+        total = now["cpu_s"] - before["cpu_s"]
+        for key, what in (("steal_s", "stolen by the host"), ("iowait_s", "waiting for I/O")):
+            share = (now[key] - before[key]) / total if total > 0 else 0.0
+            if share >= HOST_BUSY_SHARE:
+                EVENTS.append((at, now_at - at, f"{share:.0%} of the cores' time {what}"))
+        before, at = now, now_at
+
+
 async def last_id(conn: asyncpg.Connection[asyncpg.Record]) -> int:
     return int(await conn.fetchval("SELECT coalesce(max(id), 0) FROM pgq_jobs"))
 
@@ -329,6 +369,7 @@ async def run_minutes(
     rows: list[dict[str, Any]] = []
     async with pgq.Client(dsn, app=app) as client:
         sending = asyncio.create_task(enqueuer(client, rate, stop))
+        watching = asyncio.create_task(watch_host(stop))
         start = time.perf_counter()
         bounds = [await last_id(conn)]
         counters = [await server_counters(conn)]
@@ -344,6 +385,7 @@ async def run_minutes(
                 asyncio.create_task(read_minute(conn, m, bounds[-2], bounds[-1], during))
             )
         await sending
+        await watching
         for task in pending:
             rows.append(await task)
     return rows
@@ -365,10 +407,11 @@ ORDER BY attempted_at - scheduled_at DESC LIMIT 1
 
 async def server_counters(conn: asyncpg.Connection[asyncpg.Record]) -> dict[str, float]:
     """The server's running totals a minute's row shows the change of (statistics are
-    flushed by each backend about once a second, so a minute's figure may lag a little)."""
+    flushed by each backend about once a second, so a minute's figure may lag a little),
+    and the machine's CPU time (host_cpu())."""
     r = await conn.fetchrow(COUNTERS)
     assert r is not None
-    return {k: float(v) for k, v in r.items()}
+    return {**{k: float(v) for k, v in r.items()}, **host_cpu()}
 
 
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) UTC \[\d+\] (\w+):  (.*)$")
@@ -464,10 +507,16 @@ async def read_minute(
         f"  indexes {sizes['indexes_mb']:6.1f} MB  dead {sizes['dead_tuples']:>9,.0f}"
         f"  checkpoints {during['checkpoints']:.0f}  autovacuums {during['autovacuums']:.0f}"
         f"  autoanalyzes {during['autoanalyzes']:.0f}  deleted {during['deleted']:,.0f}"
-        f"  WAL {during['wal_bytes'] / 2**20:,.0f} MB",
+        f"  WAL {during['wal_bytes'] / 2**20:,.0f} MB"
+        f"  stolen {share(during['steal_s'], during['cpu_s'])}"
+        f"  iowait {share(during['iowait_s'], during['cpu_s'])}",
         flush=True,
     )
     return row
+
+
+def share(part: float, total: float) -> str:
+    return f"{part / total:.1%}" if total > 0 else "-"
 
 
 def verdict(result: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,7 @@
+import asyncio
 import functools
 import threading
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -9,6 +11,7 @@ import asyncpg
 import pytest
 
 import pgq
+from pgq._worker.executor import CANCEL, Execution
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
 from tests.tests_support import blocking_app, until
@@ -512,6 +515,88 @@ async def test_the_claim_ahead_is_sized_from_claim_and_job_times() -> None:
     assert sized(10, 0.001, 0.010, fixed=3) == 3
 
 
+def bare_producer(claim_ahead: int = -1) -> tuple[Producer, list[Outcome], list[int]]:
+    """A producer of one slot with no pool (nothing here reaches the database), the
+    outcomes it sends, and the ids of the jobs its task ``noted`` ran."""
+    app = pgq.App()
+    ran: list[int] = []
+
+    @app.task
+    async def noted(ctx: pgq.JobContext) -> None:
+        ran.append(ctx.id)
+
+    outcomes: list[Outcome] = []
+    producer = Producer(
+        queue="default", concurrency=1, tasks=app.tasks, pool=None,  # type: ignore[arg-type]
+        outcomes=outcomes.append, limiter=anyio.CapacityLimiter(1), poll_interval=1.0,
+        fence_after_s=3600.0, claim_ahead=claim_ahead,
+    )  # fmt: skip
+    return producer, outcomes, ran
+
+
+def start_claimed(producer: Producer, job_id: int) -> asyncio.Task[None]:
+    """Start a claimed job of task ``noted`` as a batch does: registered as running, its
+    task created (it takes its first step when this one next yields)."""
+    job = pgq.Job(
+        job_id, "default", "noted", {}, pgq.JobState.RUNNING, attempt=1,
+        attempt_token=uuid.uuid4(),
+    )  # fmt: skip
+    execution = Execution(job)
+    producer.running[job_id] = execution
+    execution.task = asyncio.get_running_loop().create_task(producer._run_one(execution))
+    return execution.task
+
+
+@pytest.mark.parametrize("slot", ["free", "taken"])
+async def test_a_job_cancelled_before_its_task_begins_gets_its_outcome(slot: str) -> None:
+    """A cancel that lands between a job's task being created and its first step must
+    not cancel the task (its body, and the outcome it sends, would never run): the job is
+    cancelled, not left running with no outcome, whether a slot is free or it must wait."""
+    producer, outcomes, ran = bare_producer()
+    if slot == "taken":
+        await producer._gate.acquire()
+    task = start_claimed(producer, 1)
+    assert producer.cancel({1}, CANCEL) == [1]  # before the task's first step
+    with anyio.fail_after(10):
+        await task
+    assert not task.cancelled()
+    assert [o.state for o in outcomes] == ["cancelled"]
+    assert ran == [] and producer.running == {} and not producer._waiting
+
+
+async def test_a_job_that_comes_to_wait_after_a_stop_began_is_handed_back_at_once() -> None:
+    """stop_fetching hands back the jobs waiting for a slot; one whose task reaches the
+    wait only after it (no job duration learnt yet, so no patience) is handed back too,
+    at once, instead of waiting for a slot."""
+    producer, outcomes, ran = bare_producer()
+    await producer._gate.acquire()  # the one slot is taken
+    task = start_claimed(producer, 1)
+    producer.stop_fetching()  # before the job's task takes its first step
+    with anyio.fail_after(10):
+        await task
+    assert [(o.state, o.attempt_delta) for o in outcomes] == [("available", -1)]
+    assert "its worker is stopping" in (outcomes[0].error or "")
+    assert ran == [] and producer.running == {} and not producer._waiting
+
+
+async def test_after_a_hand_back_for_want_of_a_slot_none_are_claimed_ahead_until_a_job_ends() -> (
+    None
+):
+    """A fixed claim_ahead too: the producer would otherwise claim the job straight back."""
+    producer, outcomes, _ran = bare_producer(claim_ahead=3)
+    producer._learn(0.001)  # short jobs: a job waits MIN_PATIENCE_S for a slot
+    assert producer.ahead == 3
+    await producer._gate.acquire()
+    task = start_claimed(producer, 1)
+    with anyio.fail_after(10):
+        await task
+    assert [(o.state, o.attempt_delta) for o in outcomes] == [("available", -1)]
+    assert "freed in time" in (outcomes[0].error or "")
+    assert producer.ahead == 0
+    producer._learn(0.001)  # a job ended
+    assert producer.ahead == 3
+
+
 def holding_app() -> tuple[pgq.App, list[int], anyio.Event]:
     """An App whose task ``hold`` records its job's id in the list when it starts, then
     waits for the event."""
@@ -633,7 +718,9 @@ async def test_a_job_claimed_ahead_is_handed_back_when_no_slot_frees_in_time(
         assert now is not None and now.attempt == 0
         assert now.state is pgq.JobState.AVAILABLE
         assert now.scheduled_at == waiter.scheduled_at
-        async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=0, poll_interval=0.05):
+        async with pgq.Worker(
+            app, dsn, name="second", concurrency=1, claim_ahead=0, poll_interval=0.05
+        ):
             done = await client.wait(waiter, timeout=20)
         assert done.state is pgq.JobState.COMPLETED and done.attempt == 1
         assert hand_backs(done) == 1

@@ -42,12 +42,16 @@ class Execution:
     """One running attempt: its context, and the asyncio task that runs it (cancelling the
     task is how the worker stops the attempt)."""
 
-    __slots__ = ("ctx", "reason", "task", "waited_s")
+    __slots__ = ("ctx", "reason", "started", "task", "waited_s")
 
     def __init__(self, job: Job, settler: Settling | None = None) -> None:
         self.ctx = JobContext(job, settler)
         self.reason: str | None = None
         self.task: asyncio.Task[None] | None = None
+        #: Whether the task has taken its first step. A task cancelled before it would
+        #: never run its body (nor its ``finally``): the job would stay running with no
+        #: outcome. Until then a cancel only sets ``reason``, which the task reads first.
+        self.started = False
         #: Seconds the job waited, claimed, for a slot: its timeout counts from the claim,
         #: as the database's deadline (and so the rescuer of hung jobs) does.
         self.waited_s = 0.0
@@ -58,7 +62,7 @@ class Execution:
             return
         self.reason = reason
         self.ctx._request_cancel()
-        if self.task is not None:
+        if self.task is not None and self.started:
             self.task.cancel()
 
 

@@ -367,6 +367,7 @@ class Producer:
             raise
 
     async def _run_one(self, execution: Execution) -> None:
+        execution.started = True  # from here a cancel cancels this task (see Execution)
         job = execution.ctx.job
         task = self._tasks[job.task]
         try:
@@ -413,13 +414,13 @@ class Producer:
             # Its timeout counts from the claim: hand it back while half of it is left,
             # rather than start it with little or no time to run.
             patience = timeout / 2 if patience is None else min(patience, timeout / 2)
-        self._waiting.add(execution)
-        if self._stopping and execution.reason is None:
-            # The stop began before this job came to wait, so stop_fetching did not see it.
-            execution.reason = SHUTDOWN
-            self._waiting.discard(execution)
-            self._outcomes(stopped_before_start(job, SHUTDOWN))
+        if execution.reason is not None or self._stopping:
+            # Cancelled before its task began, or a stop began before this job came to
+            # wait (stop_fetching did not see it): neither would interrupt the wait.
+            execution.reason = execution.reason or SHUTDOWN
+            self._outcomes(stopped_before_start(job, execution.reason))
             return False
+        self._waiting.add(execution)
         try:
             async with asyncio.timeout(patience) as waiting:
                 await self._gate.acquire()

@@ -87,12 +87,10 @@ async def test_two_workers_drain_cancel_and_rescue_through_pgbouncer(
     workers += [a, b]
     a.start()
     await wait_registered(db, "bounced-a")  # a leads: its death moves the lease
-    b.start()
-    await wait_registered(db, "bounced-b")
     async with pgq.Client(bouncer.dsn, pooler="transaction") as client:
-        slow = await client.enqueue_many([pgq.JobSpec("effect", {"seconds": 2.0})] * 10)
-        fast = await client.enqueue_many([pgq.JobSpec("effect", {"seconds": 0.01})] * 400)
-        long = await client.enqueue("effect", {"seconds": 600.0})
+        # The slow jobs go to a alone (b, started with them waiting, could claim them all
+        # first), and last long enough to be still running when a is killed after b is up.
+        slow = await client.enqueue_many([pgq.JobSpec("effect", {"seconds": 30.0})] * 10)
 
         async def a_holds_slow_jobs() -> bool:
             n = await db.fetchval(
@@ -104,6 +102,10 @@ async def test_two_workers_drain_cancel_and_rescue_through_pgbouncer(
             return bool(n >= 2)
 
         await until(a_holds_slow_jobs, limit_s=30)
+        b.start()
+        await wait_registered(db, "bounced-b")
+        fast = await client.enqueue_many([pgq.JobSpec("effect", {"seconds": 0.01})] * 400)
+        long = await client.enqueue("effect", {"seconds": 600.0})
         a.kill9()
 
         async def long_running() -> bool:

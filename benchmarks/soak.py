@@ -32,9 +32,8 @@ server's checkpoints and autovacuum or autoanalyze runs (from its log; a vacuum 
 truncated the table says how many pages), garbage-collector pauses of at least
 GC_PAUSE_MIN_S in the worker and in this process, moments when the worker's event loop ran
 a timer LOOP_LATE_MIN_S or more late (it was busy, or the process was not given a core),
-enqueue calls of this process that
-took SLOW_ENQUEUE_S or more (a job's clock starts at its transaction's start, so a slow
-commit shows as pickup latency), and each HOST_SAMPLE_S in which the machine's cores were
+enqueue calls of this process that took SLOW_ENQUEUE_S or more (a job's clock starts at its
+transaction's start, so a slow commit shows as pickup latency), and each HOST_SAMPLE_S in which the machine's cores were
 HOST_BUSY_SHARE or more stolen by the hypervisor or waiting for I/O (Linux's /proc/stat).
 Per minute it also counts checkpoints, autovacuums and autoanalyzes of pgq_jobs, rows
 deleted (retention), WAL written, and the share of the cores' time stolen and waiting for
@@ -307,17 +306,14 @@ _TABLE_SETTING = re.compile(r"([a-z_]+)=([0-9.]+|on|off|true|false)")
 _SERVER_SETTING = re.compile(r"([a-z_]+)=([0-9.]+[a-zA-Z]*|[a-z]+)")
 
 
-def parse_settings(text: str, option: str, pattern: re.Pattern[str]) -> dict[str, str]:
+def parse_settings(text: str, option: str, pattern: re.Pattern[str], values: str) -> dict[str, str]:
     """``name=value,...`` as a dict; a name of lower-case letters and underscores, a value
-    that ``pattern`` accepts."""
+    that ``pattern`` accepts (``values`` says which, for the error)."""
     settings = {}
     for item in filter(None, text.split(",")):
         m = pattern.fullmatch(item.strip())
         if m is None:
-            raise SystemExit(
-                f"{option}: {item!r} is not name=value "
-                + ("(a number, on or off)" if option == "TABLE" else "(e.g. max_wal_size=4GB)")
-            )
+            raise SystemExit(f"{option}: {item!r} is not name=value ({values})")
         settings[m[1]] = m[2]
     return settings
 
@@ -590,8 +586,9 @@ def chart(result: dict[str, Any], path: Path) -> None:
 async def main() -> None:
     minutes = int(sys.argv[1]) if len(sys.argv) > 1 else 20
     rate = float(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else None
-    table = parse_settings(sys.argv[3], "TABLE", _TABLE_SETTING) if len(sys.argv) > 3 else {}
-    server = parse_settings(sys.argv[4], "SERVER", _SERVER_SETTING) if len(sys.argv) > 4 else {}
+    args = [*sys.argv[3:5], "", ""]
+    table = parse_settings(args[0], "TABLE", _TABLE_SETTING, "a number, on or off")
+    server = parse_settings(args[1], "SERVER", _SERVER_SETTING, "e.g. max_wal_size=4GB")
     if minutes < 1:
         raise SystemExit("MINUTES must be at least 1")
     result = await soak(minutes, rate, table, server)

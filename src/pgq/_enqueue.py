@@ -165,7 +165,12 @@ def _unique(
         raise ConfigError(f"{_where(index)}unique_key must be a string")
     if key is None:
         return None, None
-    return key, unique_mask(spec.unique_states or DEFAULT_UNIQUE_STATES)
+    if spec.unique_states is None:
+        return key, unique_mask(DEFAULT_UNIQUE_STATES)
+    try:
+        return key, unique_mask(spec.unique_states)
+    except ConfigError as e:
+        raise ConfigError(f"{_where(index)}{e}; nothing was enqueued") from None
 
 
 def derive_unique_key(

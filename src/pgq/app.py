@@ -216,6 +216,8 @@ class JobSpec(Generic[R]):
     unique: bool = False
     unique_period: float | None = None
     #: States the key is unique across; default: all but completed, discarded, cancelled.
+    #: Must include every one of those (a job moves between them by itself); add final
+    #: states to keep the key after the job ends.
     unique_states: Sequence[JobState | str] | None = None
     #: The key the queue's per-key limits count the job under (default: the argument the
     #: task names with ``limit_key_arg``, if any).

@@ -303,7 +303,9 @@ class Client:
         self, job_ids: Iterable[int], *, connection: AnyConnection | None = None
     ) -> list[int]:
         """Make finished, retryable or scheduled jobs available now (allowing one more
-        attempt to jobs that used theirs); returns the ids that were changed."""
+        attempt to jobs that used theirs); returns the ids that were changed. A job whose
+        unique key another job took after it finished is left out (two jobs would hold the
+        key); the others are retried."""
         return await store_jobs.retry(await self._db(connection), list(job_ids))
 
     async def pause_queue(self, name: str, *, connection: AnyConnection | None = None) -> None:

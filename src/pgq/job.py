@@ -60,7 +60,9 @@ _BITS = {state: 1 << i for i, state in enumerate(JobState)}
 
 
 def unique_mask(states: Iterable[JobState | str]) -> int:
-    """The bit mask of ``states``, as the unique index reads it (``pgq_unique_active``)."""
+    """The bit mask of ``states``, as the unique index reads it (``pgq_unique_active``).
+
+    ``states`` must include every non-final state: see the error raised otherwise."""
     mask = 0
     for state in states:
         try:
@@ -70,8 +72,18 @@ def unique_mask(states: Iterable[JobState | str]) -> int:
                 f"unknown job state {state!r} in unique_states; states are "
                 + ", ".join(s.value for s in JobState)
             ) from None
-    if not mask:
-        raise ConfigError("unique_states must name at least one state")
+    missing = [s.value for s in JobState if not s.is_final and not mask & s.bit]
+    if missing:
+        raise ConfigError(
+            "unique_states must include every state a job passes through before it finishes ("
+            + ", ".join(s.value for s in JobState if not s.is_final)
+            + "); missing: "
+            + ", ".join(missing)
+            + ". A job moves between these states by itself (claimed, retried, snoozed, "
+            "handed back, released by its parents), and a move into a listed state would "
+            "collide with a duplicate enqueued while the key was free. List completed, "
+            "discarded or cancelled as well to keep the key after the job ends"
+        )
     return mask
 
 

@@ -100,6 +100,61 @@ async def test_a_finished_job_frees_its_key_unless_its_state_is_listed(
     assert again.duplicate and again.id == kept.id
     with pytest.raises(pgq.ConfigError, match="unknown job state 'done'"):
         await client.enqueue("t", unique_key="x", unique_states=["done"])
+    kept_done = ["completed", *(s for s in pgq.JobState if not s.is_final)]
+    assert not (await client.enqueue("t", unique_key="done", unique_states=kept_done)).duplicate
+
+
+async def test_unique_states_leaving_out_a_state_a_job_moves_through_are_refused(
+    client: pgq.Client,
+) -> None:
+    # Free while running, taken while available: a duplicate enqueued while the first job
+    # runs would collide with it when it is retried, snoozed or handed back.
+    for states, missing in (
+        (["available", "scheduled", "retryable", "pending"], "missing: running"),
+        (["running"], "missing: scheduled, available, retryable, pending"),
+        (list(pgq.JobState)[:-1], "missing: pending"),
+        ([], "missing: scheduled, available, running, retryable, pending"),
+    ):
+        with pytest.raises(pgq.ConfigError, match=missing) as raised:
+            await client.enqueue("t", unique_key="k", unique_states=states)
+        assert "every state a job passes through before it finishes" in str(raised.value)
+    with pytest.raises(pgq.ConfigError, match="^job 1: .* missing: scheduled, running, "):
+        await client.enqueue_many(
+            [
+                pgq.JobSpec("t", unique_key="a"),
+                pgq.JobSpec("t", unique_key="b", unique_states=["available"]),
+            ]
+        )
+    assert sum((await client.count_by_state()).values()) == 0  # nothing of the batch written
+
+
+async def test_retrying_a_finished_job_whose_key_was_taken_leaves_it_finished(
+    client: pgq.Client, conn: Conn
+) -> None:
+    finish = "UPDATE pgq_jobs SET state = $2, finalized_at = now() WHERE id = ANY($1::bigint[])"
+    first = await client.enqueue("t", unique_key="report")
+    await conn.execute(finish, [first.id], "completed")
+    holder = await client.enqueue("t", unique_key="report")  # the key was free again
+    other = await client.enqueue("t")
+    await conn.execute(finish, [other.id], "discarded")
+    assert await client.retry([first.id, other.id]) == [other.id]
+    state = "SELECT state::text FROM pgq_jobs WHERE id = $1"
+    assert await conn.fetchval(state, first.id) == "completed"
+    assert await conn.fetchval(state, holder.id) == "available"
+    assert await conn.fetchval(state, other.id) == "available"
+    # In the caller's transaction: the conflict does not abort it.
+    async with conn.transaction():
+        assert await client.retry([first.id], connection=conn) == []
+        assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 3
+    # Two finished jobs sharing a key, nobody holding it: one of them is retried.
+    a = await client.enqueue("t", unique_key="twice")
+    await conn.execute(finish, [a.id], "cancelled")
+    c = await client.enqueue("t", unique_key="twice")
+    await conn.execute(finish, [c.id], "discarded")
+    (retried,) = await client.retry([a.id, c.id])
+    left, left_state = (c.id, "discarded") if retried == a.id else (a.id, "cancelled")
+    assert await conn.fetchval(state, retried) == "available"
+    assert await conn.fetchval(state, left) == left_state
 
 
 async def test_concurrent_enqueuers_of_one_key_make_exactly_one_job(dsn: str) -> None:

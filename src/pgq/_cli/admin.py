@@ -241,7 +241,10 @@ async def _jobs(client: Client, args: argparse.Namespace) -> int:
         return emit(
             args,
             {"retried": done, "skipped": skipped},
-            lambda: f"retried: {_ids(done)}\nskipped (not found or running): {_ids(skipped)}",
+            lambda: (
+                f"retried: {_ids(done)}\nskipped (not found, running, or its unique key taken "
+                f"by another job): {_ids(skipped)}"
+            ),
         )
     states = await client.cancel_many(ids)
     data = {

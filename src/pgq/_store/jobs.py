@@ -7,12 +7,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
+
 from pgq import _serde
 from pgq._store import sql
 from pgq._store.connections import Connection, Db
 from pgq._store.rows import RowLike, job_from_row
 from pgq.errors import ConfigError
 from pgq.job import Job, JobState
+
+#: The partial unique index that holds unique keys (schema.py).
+UNIQUE_INDEX = "pgq_jobs_unique_idx"
 
 
 @dataclass(slots=True)
@@ -364,5 +369,30 @@ async def cancel(db: Db, job_ids: list[int]) -> dict[int, JobState]:
 
 
 async def retry(db: Db, job_ids: list[int]) -> list[int]:
-    """Make finished, retryable or scheduled jobs available now; returns the ids changed."""
-    return sorted(r["id"] for r in await db.fetch(sql.RETRY_JOBS, job_ids))
+    """Make finished, retryable or scheduled jobs available now; returns the ids changed.
+
+    A job whose unique key another job took after it finished is left as it is: made
+    available, it would hold the key twice. Each try runs in a savepoint, so a caller's
+    transaction survives the conflict."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            return await _retry(conn, job_ids)
+    return await _retry(db, job_ids)
+
+
+async def _retry(conn: Connection, job_ids: list[int]) -> list[int]:
+    try:
+        async with conn.transaction():
+            return sorted(r["id"] for r in await conn.fetch(sql.RETRY_JOBS, job_ids))
+    except asyncpg.UniqueViolationError as e:
+        if e.constraint_name != UNIQUE_INDEX:
+            raise
+    changed = []  # some job's key is taken: one at a time, leaving out those whose key is
+    for job_id in job_ids:
+        try:
+            async with conn.transaction():
+                changed += [r["id"] for r in await conn.fetch(sql.RETRY_JOBS, [job_id])]
+        except asyncpg.UniqueViolationError as e:
+            if e.constraint_name != UNIQUE_INDEX:
+                raise
+    return sorted(changed)

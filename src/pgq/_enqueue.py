@@ -164,6 +164,11 @@ def _unique(
     elif key is not None and not isinstance(key, str):
         raise ConfigError(f"{_where(index)}unique_key must be a string")
     if key is None:
+        if spec.unique_states is not None:
+            raise ConfigError(
+                f"{_where(index)}unique_states applies to unique jobs: give unique_key= or "
+                "unique=True as well, or leave unique_states out; nothing was enqueued"
+            )
         return None, None
     if spec.unique_states is None:
         return key, unique_mask(DEFAULT_UNIQUE_STATES)

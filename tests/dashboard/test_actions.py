@@ -50,6 +50,23 @@ async def test_retry_a_discarded_job(http: httpx.AsyncClient, scene: Scene, conn
     assert "Retried 1 job(s)" in page.text
 
 
+async def test_retrying_a_job_whose_unique_key_was_taken_says_it_was_not_retried(
+    http: httpx.AsyncClient, client: pgq.Client, conn: Conn
+) -> None:
+    first = await client.enqueue("t", unique_key="nightly")
+    await conn.execute(
+        "UPDATE pgq_jobs SET state = 'discarded', finalized_at = now() WHERE id = $1", first.id
+    )
+    await client.enqueue("t", unique_key="nightly")
+    t = await token(http, f"/jobs/{first.id}")
+    r = await http.post(f"/jobs/{first.id}/retry", data={"csrf_token": t})
+    assert r.status_code == 303
+    assert r.headers["location"] == f"/jobs/{first.id}?done=retry_none"
+    assert await state_of(conn, first.id) == "discarded"
+    page = await http.get(r.headers["location"])
+    assert "Not retried: another job has taken its unique key" in page.text
+
+
 async def test_a_post_without_the_token_changes_nothing(
     http: httpx.AsyncClient, scene: Scene, conn: Conn
 ) -> None:

@@ -142,19 +142,34 @@ async def test_retrying_a_finished_job_whose_key_was_taken_leaves_it_finished(
     assert await conn.fetchval(state, first.id) == "completed"
     assert await conn.fetchval(state, holder.id) == "available"
     assert await conn.fetchval(state, other.id) == "available"
-    # In the caller's transaction: the conflict does not abort it.
+    # In the caller's transaction, begun by asyncpg or by a plain BEGIN: it survives.
     async with conn.transaction():
         assert await client.retry([first.id], connection=conn) == []
         assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 3
-    # Two finished jobs sharing a key, nobody holding it: one of them is retried.
+    await conn.execute("BEGIN")
+    assert await client.retry([first.id, other.id], connection=conn) == []  # other: available
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 3
+    await conn.execute("COMMIT")
+    # Finished jobs sharing a key nobody holds, retried together: the newest is retried.
     a = await client.enqueue("t", unique_key="twice")
     await conn.execute(finish, [a.id], "cancelled")
     c = await client.enqueue("t", unique_key="twice")
     await conn.execute(finish, [c.id], "discarded")
-    (retried,) = await client.retry([a.id, c.id])
-    left, left_state = (c.id, "discarded") if retried == a.id else (a.id, "cancelled")
-    assert await conn.fetchval(state, retried) == "available"
-    assert await conn.fetchval(state, left) == left_state
+    assert await client.retry([a.id, c.id]) == [c.id]
+    assert await conn.fetchval(state, a.id) == "cancelled"
+    # A retryable job holds its key: retried with a finished one of the same key, it goes
+    # and the finished one stays.
+    await conn.execute(
+        "UPDATE pgq_jobs SET state = 'retryable', finalized_at = NULL WHERE id = $1", c.id
+    )
+    assert await client.retry([a.id, c.id]) == [c.id]
+    assert await conn.fetchval(state, a.id) == "cancelled"
+
+
+async def test_unique_states_without_a_key_is_refused(client: pgq.Client) -> None:
+    with pytest.raises(pgq.ConfigError, match="give unique_key= or unique=True as well"):
+        await client.enqueue("t", unique_states=list(pgq.JobState))
+    assert sum((await client.count_by_state()).values()) == 0
 
 
 async def test_concurrent_enqueuers_of_one_key_make_exactly_one_job(dsn: str) -> None:

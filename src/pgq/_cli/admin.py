@@ -242,8 +242,8 @@ async def _jobs(client: Client, args: argparse.Namespace) -> int:
             args,
             {"retried": done, "skipped": skipped},
             lambda: (
-                f"retried: {_ids(done)}\nskipped (not found, running, or its unique key taken "
-                f"by another job): {_ids(skipped)}"
+                f"retried: {_ids(done)}\nskipped (not found, waiting or running already, or "
+                f"its unique key taken by another job): {_ids(skipped)}"
             ),
         )
     states = await client.cancel_many(ids)

@@ -11,7 +11,7 @@ import asyncpg
 
 from pgq import _serde
 from pgq._store import sql
-from pgq._store.connections import Connection, Db
+from pgq._store.connections import Connection, Db, Record
 from pgq._store.rows import RowLike, job_from_row
 from pgq.errors import ConfigError
 from pgq.job import Job, JobState
@@ -371,28 +371,44 @@ async def cancel(db: Db, job_ids: list[int]) -> dict[int, JobState]:
 async def retry(db: Db, job_ids: list[int]) -> list[int]:
     """Make finished, retryable or scheduled jobs available now; returns the ids changed.
 
-    A job whose unique key another job took after it finished is left as it is: made
-    available, it would hold the key twice. Each try runs in a savepoint, so a caller's
-    transaction survives the conflict."""
+    A finished job whose unique key another job took after it finished is left as it is:
+    made available, it would hold the key twice (see ``sql.RETRY_JOBS``)."""
     if isinstance(db, asyncpg.Pool):
         async with db.acquire() as conn:
             return await _retry(conn, job_ids)
     return await _retry(db, job_ids)
 
 
+#: How many times a retry runs when a job enqueued meanwhile takes a key it would take.
+_RETRY_TRIES = 3
+
+
 async def _retry(conn: Connection, job_ids: list[int]) -> list[int]:
-    try:
-        async with conn.transaction():
-            return sorted(r["id"] for r in await conn.fetch(sql.RETRY_JOBS, job_ids))
-    except asyncpg.UniqueViolationError as e:
-        if e.constraint_name != UNIQUE_INDEX:
-            raise
-    changed = []  # some job's key is taken: one at a time, leaving out those whose key is
-    for job_id in job_ids:
+    # The statement leaves out jobs whose key is held, but a job enqueued with that key
+    # between its check and its write still collides: the statement runs again (in a
+    # savepoint inside a caller's transaction, which survives) and then sees that job.
+    for tries_left in reversed(range(_RETRY_TRIES)):
         try:
-            async with conn.transaction():
-                changed += [r["id"] for r in await conn.fetch(sql.RETRY_JOBS, [job_id])]
+            rows = await _in_savepoint(conn, sql.RETRY_JOBS, job_ids)
         except asyncpg.UniqueViolationError as e:
-            if e.constraint_name != UNIQUE_INDEX:
+            if e.constraint_name != UNIQUE_INDEX or not tries_left:
                 raise
-    return sorted(changed)
+        else:
+            return sorted(r["id"] for r in rows)
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+async def _in_savepoint(conn: Connection, query: str, *args: Any) -> list[Record]:
+    """``fetch``; inside a transaction (the caller's, however it was begun) in a
+    savepoint, so that a statement that fails does not abort the transaction."""
+    if not conn.is_in_transaction():
+        return await conn.fetch(query, *args)
+    await conn.execute("SAVEPOINT pgq_statement")
+    try:
+        rows = await conn.fetch(query, *args)
+    except asyncpg.PostgresError:
+        await conn.execute("ROLLBACK TO SAVEPOINT pgq_statement")
+        await conn.execute("RELEASE SAVEPOINT pgq_statement")
+        raise
+    await conn.execute("RELEASE SAVEPOINT pgq_statement")
+    return rows

@@ -1091,10 +1091,26 @@ FROM upd
 )
 
 # Run again: a final or retryable job becomes available now, with one more attempt allowed
-# if it had used them all.
+# if it had used them all. A finished job that would take its unique key back is left out
+# when another job holds the key, and of several asked for that share a key only the newest
+# goes (either would hold it twice). The state is checked in the UPDATE itself, so a job
+# that changed meanwhile (claimed, say) is left alone.
 RETRY_JOBS: Final = (
     """
-WITH upd AS (
+WITH taking AS (
+    SELECT id, unique_key FROM pgq_jobs
+    WHERE id = ANY($1::bigint[]) AND state IN """
+    + _FINAL
+    + """
+      AND unique_key IS NOT NULL AND NOT pgq_unique_active(state, unique_states)
+      AND pgq_unique_active('available', unique_states)
+), refused AS (
+    SELECT t.id FROM taking t
+    WHERE EXISTS (SELECT 1 FROM pgq_jobs o
+                  WHERE o.unique_key = t.unique_key AND o.id <> t.id
+                    AND pgq_unique_active(o.state, o.unique_states))
+       OR t.id <> (SELECT max(t2.id) FROM taking t2 WHERE t2.unique_key = t.unique_key)
+), upd AS (
     UPDATE pgq_jobs
     SET state = 'available', scheduled_at = now(), finalized_at = NULL,
         cancel_requested_at = NULL, producer_id = NULL,
@@ -1104,6 +1120,7 @@ WITH upd AS (
       AND (state IN """
     + _FINAL
     + """ OR state IN ('retryable', 'scheduled'))
+      AND id NOT IN (SELECT id FROM refused)
     RETURNING id, queue
 )
 SELECT id, pg_notify("""

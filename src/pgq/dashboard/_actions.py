@@ -59,6 +59,8 @@ class Actions:
         back = _local(field_of(form, "next"), request) or f"/jobs/{job_id}"
         if action == "delete" and changed:
             back = "/jobs"
+        if action == "retry" and not changed:
+            return self._back(request, back, done="retry_none")
         return self._back(request, back, done=action, n=len(changed))
 
     async def bulk(self, request: Request) -> Response:

@@ -27,6 +27,8 @@ BULK_ACTIONS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
 #: What a notice after an action says, by the action's code (never text from the request).
 NOTICES = {
     "retry": "Retried {n} job(s): they are available now.",
+    "retry_none": "Not retried: another job has taken its unique key since it finished, or "
+    "the job changed meanwhile (it is waiting, running or gone).",
     "cancel": "Cancelled {n} job(s) (a running one stops when its worker hears of it).",
     "delete": "Deleted {n} job(s).",
     "pause": "Paused queue {q}: its workers finish what they run and claim nothing new.",

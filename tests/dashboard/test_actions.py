@@ -65,6 +65,7 @@ async def test_retrying_a_job_whose_unique_key_was_taken_says_it_was_not_retried
     assert await state_of(conn, first.id) == "discarded"
     page = await http.get(r.headers["location"])
     assert "Not retried: another job has taken its unique key" in page.text
+    assert 'class="notice warning"' in page.text
 
 
 async def test_a_post_without_the_token_changes_nothing(

@@ -34,6 +34,8 @@ NOTICES = {
     "pause": "Paused queue {q}: its workers finish what they run and claim nothing new.",
     "resume": "Resumed queue {q}.",
 }
+#: Notices that report an action not done: shown as a warning, not a success.
+WARNING_NOTICES = frozenset({"retry_none"})
 STATES = list(JobState)
 
 
@@ -65,6 +67,7 @@ class Pages:
             "now": await maintenance.database_now(pool),
             "leader": await store_leader.current(pool),
             "notice": notice,
+            "notice_warns": done in WARNING_NOTICES,
             "path": request.url.path,
         }
 

@@ -10,7 +10,7 @@ from typing import Any, TypeAlias
 
 from pgq import _serde
 from pgq._store.connections import Record
-from pgq.job import Job, JobState
+from pgq.job import STATES, Job
 
 #: A row read by column name: an asyncpg Record, or a dict (psycopg's dict_row).
 RowLike: TypeAlias = Record | Mapping[str, Any]
@@ -23,7 +23,7 @@ def job_from_row(row: RowLike) -> Job:
         queue=row["queue"],
         task=row["task"],
         args=_serde.loads(row["args"]),
-        state=JobState(row["state"]),
+        state=STATES[row["state"]],
         priority=row["priority"],
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],

@@ -7,6 +7,7 @@ import functools
 import logging
 import traceback
 from collections.abc import Awaitable, Callable
+from time import monotonic
 from typing import Any
 
 import anyio
@@ -15,7 +16,7 @@ from pgq import _serde
 from pgq._hooks import Hooks, JobEvent, Middleware
 from pgq._worker.outcome import Outcome, error_entry
 from pgq.app import Task
-from pgq.job import Cancel, Discard, Job, JobContext, JobState, Retry, Settling, Snooze
+from pgq.job import STATES, Cancel, Discard, Job, JobContext, JobState, Retry, Settling, Snooze
 
 log = logging.getLogger("pgq.executor")
 
@@ -107,13 +108,13 @@ async def _run_with_events(
     job = execution.ctx.job
     if hooks.wants("job_started"):
         await hooks.emit(JobEvent("job_started", job))
-    started = anyio.current_time()
+    started = monotonic()
     outcome = await _run(task, execution, limiter, hooks)
-    state = JobState(outcome.state)
+    state = STATES[outcome.state]
     retried = state is JobState.RETRYABLE and hooks.wants("job_retried")
     if hooks.wants("job_finished") or retried:
         error = _serde.loads(outcome.error) if outcome.error else None
-        duration = anyio.current_time() - started
+        duration = monotonic() - started
         await hooks.emit(JobEvent("job_finished", job, state, error, duration))
         if retried:
             await hooks.emit(JobEvent("job_retried", job, state, error, duration))

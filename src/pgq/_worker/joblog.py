@@ -59,6 +59,8 @@ class JobLog:
         }  # fmt: skip
 
     def _finished(self, event: JobEvent) -> None:
+        if event.state is JobState.COMPLETED and not self._log_jobs:
+            return  # most jobs: nothing to log, and no line to build
         level, text = self._line(event)
         if level is None or not log.isEnabledFor(level):
             return

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Callable, Mapping
+from time import monotonic
 from typing import Any
 
 import anyio
@@ -300,10 +301,10 @@ class Producer:
         try:
             # Shielded: a claim cut off between the server's commit and our reading of the
             # rows would leave jobs running that nobody runs (until rescued).
-            started = anyio.current_time()
+            started = monotonic()
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
                 jobs = await self._claim(limit)
-            self._claim_s = _average(self._claim_s, anyio.current_time() - started)
+            self._claim_s = _average(self._claim_s, monotonic() - started)
         finally:
             self.fetching = False
         self.fetches += 1
@@ -371,11 +372,11 @@ class Producer:
         job = execution.ctx.job
         task = self._tasks[job.task]
         try:
-            began = anyio.current_time()
+            began = monotonic()
             if self._gate.locked():  # claimed ahead: wait for a slot (most jobs need not)
                 if not await self._wait_for_slot(execution):
                     return
-                execution.waited_s = anyio.current_time() - began
+                execution.waited_s = monotonic() - began
                 began += execution.waited_s
             else:
                 await self._gate.acquire()  # a free slot: returns at once
@@ -393,7 +394,7 @@ class Producer:
                 outcome = internal_failure(job, task, exc)
             finally:
                 self._gate.release()
-                self._learn(anyio.current_time() - began)
+                self._learn(monotonic() - began)
             if execution.ctx._settled and await self._settled_by_the_task(execution):
                 return
             self._outcomes(outcome)

@@ -1,0 +1,76 @@
+"""CPU time the worker's process spends per job: a steadier figure than a rate on a shared
+machine, for comparing two versions of the hot path.
+
+`python benchmarks/bench_cpu_per_job.py [ROUNDS [CONCURRENCY]]` (defaults: 5 rounds, 1000)
+drains 60,000 jobs per round with an in-process worker (uvloop when installed, metrics
+off), no-op jobs and jobs that await 10 ms in turn, and prints the process's CPU time
+(user + system, `time.process_time`) per job during `run(burst=True)`, with the drain's
+rate beside it. To compare two trees, run it twice in turn with `PYTHONPATH=TREE/src`
+pointing at each (the migrations come from that tree too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+
+from common import emit, fresh_database, reset_jobs, run
+
+import pgq
+from pgq import migrate
+
+N = 60_000
+app = pgq.App()
+
+
+@app.task
+async def noop(ctx: pgq.JobContext, i: int) -> None:
+    """A job that does nothing."""
+
+
+@app.task
+async def io_job(ctx: pgq.JobContext, i: int) -> None:
+    """A job that waits on I/O for 10 ms."""
+    await asyncio.sleep(0.010)
+
+
+async def drain(dsn: str, task: pgq.Task, n: int, concurrency: int) -> tuple[float, float]:
+    """CPU microseconds per job and jobs/s of one burst drain of ``n`` jobs of ``task``."""
+    await reset_jobs(dsn)
+    async with pgq.Client(dsn, app=app) as client:
+        for start in range(0, n, 10_000):
+            await client.enqueue_many(
+                [pgq.JobSpec(task, {"i": i}) for i in range(start, min(n, start + 10_000))]
+            )
+    await reset_jobs(dsn, analyze=True)
+    worker = pgq.Worker(app, dsn, concurrency=concurrency, metrics=False)
+    cpu, wall = time.process_time(), time.perf_counter()
+    await worker.run(burst=True)
+    return (time.process_time() - cpu) / n * 1e6, n / (time.perf_counter() - wall)
+
+
+async def main(rounds: int, concurrency: int) -> None:
+    dsn = await fresh_database("pgq_bench_cpu")
+    await migrate.upgrade_async(dsn)
+    await drain(dsn, noop, 20_000, concurrency)  # warm-up, untimed
+    medians = {}
+    for name, task in (("noop", noop), ("io_10ms", io_job)):
+        runs = [await drain(dsn, task, N, concurrency) for _ in range(rounds)]
+        cpu = [c for c, _ in runs]
+        rate = [r for _, r in runs]
+        medians[name] = {"cpu_us": statistics.median(cpu), "rate": statistics.median(rate)}
+        print(
+            f"{name:8} concurrency {concurrency}: CPU per job "
+            + " ".join(f"{c:.1f}" for c in cpu)
+            + f" us (median {statistics.median(cpu):.1f}); rate median "
+            + f"{statistics.median(rate):,.0f}/s"
+        )
+    print(f"pgq from {pgq.__file__}")
+    emit({"system": "pgq", "workload": "cpu_per_job", "rounds": rounds, "medians": medians})
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    run(lambda: main(int(args[0]) if args else 5, int(args[1]) if len(args) > 1 else 1000))

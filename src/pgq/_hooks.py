@@ -43,11 +43,15 @@ class Hooks:
     def __init__(self) -> None:
         self.middleware: list[Middleware] = []
         self.handlers: dict[EventName, list[Hook]] = {name: [] for name in EVENTS}
+        #: ``job_finished`` hooks for outcomes other than ``completed`` only (pgq's job log,
+        #: when it does not log every job): a job that completes builds no event for them.
+        self.failure_handlers: list[Hook] = []
 
     def joined(
         self,
         handlers: dict[EventName, list[Hook]] | None = None,
         middleware: list[Middleware] | None = None,
+        failure_handlers: list[Hook] | None = None,
     ) -> Hooks:
         """These hooks with pgq's own added (a worker's metrics, job log, tracing): the
         added handlers run first, the added middleware outermost."""
@@ -55,10 +59,18 @@ class Hooks:
         joined.middleware = [*(middleware or []), *self.middleware]
         for name in EVENTS:
             joined.handlers[name] = [*(handlers or {}).get(name, []), *self.handlers[name]]
+        joined.failure_handlers = [*(failure_handlers or []), *self.failure_handlers]
         return joined
 
     def __bool__(self) -> bool:
-        return bool(self.middleware) or any(self.handlers.values())
+        return bool(self.middleware or self.failure_handlers) or any(self.handlers.values())
+
+    @property
+    def every_job(self) -> bool:
+        """Whether something runs for every job: middleware, or a hook on its start or on
+        every outcome (else only failed outcomes, retries and rescues have listeners)."""
+        handlers = self.handlers
+        return bool(self.middleware or handlers["job_started"] or handlers["job_finished"])
 
     def wants(self, name: EventName) -> bool:
         """Whether any hook listens to ``name`` (so the caller may skip building the event)."""
@@ -66,7 +78,10 @@ class Hooks:
 
     async def emit(self, event: JobEvent) -> None:
         """Call every hook for ``event``; a failing hook is logged and never affects the job."""
-        for hook in self.handlers[event.name]:
+        hooks = self.handlers[event.name]
+        if event.name == "job_finished" and event.state is not JobState.COMPLETED:
+            hooks = [*self.failure_handlers, *hooks]
+        for hook in hooks:
             try:
                 result = hook(event)
                 if inspect.isawaitable(result):

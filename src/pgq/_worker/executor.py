@@ -96,6 +96,8 @@ def execute(
     With ``hooks``, runs the App's middleware around the task and emits its events."""
     if not hooks:
         return _run(task, execution, limiter, None)  # no coroutine in between
+    if not hooks.every_job:
+        return _run_reporting_failures(task, execution, limiter, hooks)
     return _run_with_events(task, execution, limiter, hooks)
 
 
@@ -110,15 +112,36 @@ async def _run_with_events(
         await hooks.emit(JobEvent("job_started", job))
     started = monotonic()
     outcome = await _run(task, execution, limiter, hooks)
+    await _finished(hooks, job, outcome, started)
+    return outcome
+
+
+async def _run_reporting_failures(
+    task: Task,
+    execution: Execution,
+    limiter: anyio.CapacityLimiter,
+    hooks: Hooks,
+) -> Outcome:
+    """``_run_with_events`` when no hook listens for every job: a completed job emits
+    nothing (most jobs, at the least cost)."""
+    started = monotonic()
+    outcome = await _run(task, execution, limiter, hooks)
+    if outcome.state != "completed":
+        await _finished(hooks, execution.ctx.job, outcome, started)
+    return outcome
+
+
+async def _finished(hooks: Hooks, job: Job, outcome: Outcome, started: float) -> None:
+    """Emit ``job_finished`` (and ``job_retried``) for ``outcome`` to the hooks that want it."""
     state = STATES[outcome.state]
     retried = state is JobState.RETRYABLE and hooks.wants("job_retried")
-    if hooks.wants("job_finished") or retried:
+    failed = state is not JobState.COMPLETED and bool(hooks.failure_handlers)
+    if hooks.wants("job_finished") or failed or retried:
         error = _serde.loads(outcome.error) if outcome.error else None
         duration = monotonic() - started
         await hooks.emit(JobEvent("job_finished", job, state, error, duration))
         if retried:
             await hooks.emit(JobEvent("job_retried", job, state, error, duration))
-    return outcome
 
 
 async def _run(

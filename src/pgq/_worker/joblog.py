@@ -47,8 +47,12 @@ class JobLog:
         self.suppressed = 0
 
     def hooks(self) -> dict[EventName, list[Hook]]:
-        """The event hooks that write the log."""
-        return {"job_finished": [self._finished]}
+        """The event hooks that write the log: every finished job, when every job is logged."""
+        return {"job_finished": [self._finished]} if self._log_jobs else {}
+
+    def failure_hooks(self) -> list[Hook]:
+        """... else a hook for the outcomes other than completed (completed jobs skip it)."""
+        return [] if self._log_jobs else [self._finished]
 
     def fields(self, job: Job, **more: Any) -> dict[str, Any]:
         """The structured fields of a job's line (``--log-format json`` prints them)."""
@@ -59,8 +63,6 @@ class JobLog:
         }  # fmt: skip
 
     def _finished(self, event: JobEvent) -> None:
-        if event.state is JobState.COMPLETED and not self._log_jobs:
-            return  # most jobs: nothing to log, and no line to build
         level, text = self._line(event)
         if level is None or not log.isEnabledFor(level):
             return

@@ -51,4 +51,5 @@ def observers(
     for part in (metrics.hooks() if metrics else {}, joblog.hooks()):
         for name, hooks in part.items():
             handlers[name] += hooks
-    return Observers(app_hooks.joined(handlers, middleware), joblog, metrics)
+    joined = app_hooks.joined(handlers, middleware, joblog.failure_hooks())
+    return Observers(joined, joblog, metrics)

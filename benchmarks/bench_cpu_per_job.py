@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from common import emit, fresh_database, reset_jobs, run
+from common import emit, fresh_database, pgq_backlog, run
 
 import pgq
 from pgq import migrate
@@ -38,13 +38,7 @@ async def io_job(ctx: pgq.JobContext, i: int) -> None:
 
 async def drain(dsn: str, task: pgq.Task, n: int, concurrency: int) -> tuple[float, float]:
     """CPU microseconds per job and jobs/s of one burst drain of ``n`` jobs of ``task``."""
-    await reset_jobs(dsn)
-    async with pgq.Client(dsn, app=app) as client:
-        for start in range(0, n, 10_000):
-            await client.enqueue_many(
-                [pgq.JobSpec(task, {"i": i}) for i in range(start, min(n, start + 10_000))]
-            )
-    await reset_jobs(dsn, analyze=True)
+    await pgq_backlog(dsn, app, task, n)
     worker = pgq.Worker(app, dsn, concurrency=concurrency, metrics=False)
     cpu, wall = time.process_time(), time.perf_counter()
     await worker.run(burst=True)

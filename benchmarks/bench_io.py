@@ -17,7 +17,7 @@ import statistics
 import sys
 
 import anyio
-from common import emit, fresh_database, reset_jobs
+from common import emit, fresh_database, pgq_backlog
 
 import pgq
 from pgq import migrate
@@ -35,13 +35,7 @@ async def io_job(ctx: pgq.JobContext, i: int) -> None:
 async def run_once(dsn: str, concurrency: int, claim_ahead: int) -> tuple[int, float]:
     ideal = concurrency / DURATION
     n = min(60_000, max(3_000, int(ideal * 3)))
-    await reset_jobs(dsn)
-    async with pgq.Client(dsn, app=app) as client:
-        for start in range(0, n, 10_000):
-            await client.enqueue_many(
-                [pgq.JobSpec(io_job, {"i": i}) for i in range(start, min(n, start + 10_000))]
-            )
-    await reset_jobs(dsn, analyze=True)
+    await pgq_backlog(dsn, app, io_job, n)
     worker = pgq.Worker(app, dsn, concurrency=concurrency, claim_ahead=claim_ahead, metrics=False)
     await worker.run(burst=True)
     async with pgq.Client(dsn) as client:

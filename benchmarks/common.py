@@ -115,6 +115,21 @@ async def reset_jobs(dsn: str, *, analyze: bool = False) -> None:
         await conn.close()
 
 
+async def pgq_backlog(dsn: str, app: Any, task: Any, n: int) -> None:
+    """An empty jobs table, then ``n`` jobs of pgq ``task`` (args ``{"i": i}``) enqueued in
+    batches of 10,000 and analyzed: what a drain benchmark starts from. pgq is imported
+    here, not at the top, so that the peers' runners never load it."""
+    import pgq
+
+    await reset_jobs(dsn)
+    async with pgq.Client(dsn, app=app) as client:
+        for start in range(0, n, 10_000):
+            await client.enqueue_many(
+                [pgq.JobSpec(task, {"i": i}) for i in range(start, min(n, start + 10_000))]
+            )
+    await reset_jobs(dsn, analyze=True)
+
+
 async def pgq_migrate(dsn: str) -> None:
     """Install pgq's schema with `pgq migrate` in a process of its own, as a deployment
     does: the measuring process then holds what an application's would (asyncpg and pgq,

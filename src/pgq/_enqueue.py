@@ -33,6 +33,8 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
     Runs once per job of a batch: the common case (a registered task, no options) takes the
     fewest steps; every check still runs."""
     task = spec.task
+    if type(task) is Task and _sets_no_option(spec, task):
+        return _prepare_plain(index, spec.args, task)
     if type(task) is Task:
         defaults: Task | None = task
         name = task.name
@@ -85,6 +87,41 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
     if spec.depends_on is not None or spec.on_parent_failure is not None:
         row.depends_on, row.on_parent_failure = _dependencies(index, spec)
     return row
+
+
+def _sets_no_option(spec: JobSpec[Any], task: Task) -> bool:
+    """Whether ``spec`` leaves every option to its task's defaults."""
+    return (
+        spec.queue is None
+        and spec.priority is None
+        and spec.max_attempts is None
+        and spec.delay is None
+        and spec.run_at is None
+        and not spec.tags
+        and not spec.metadata
+        and spec.unique_key is None
+        and not spec.unique
+        and spec.unique_states is None
+        and spec.limit_key is None
+        and spec.depends_on is None
+        and spec.on_parent_failure is None
+        and task.limit_key_arg is None
+    )
+
+
+def _prepare_plain(index: int, args: Mapping[str, Any], task: Task) -> NewJob:
+    """:func:`prepare` of a spec that sets no option: the task's defaults, checked as a
+    spec's would be."""
+    max_attempts = task.max_attempts
+    _check_int(index, "max_attempts", max_attempts, 1)
+    args = _args(index, args)
+    problem = task.argument_problem(args)
+    if problem is not None:
+        raise ConfigError(f"{_where(index)}{problem}; nothing was enqueued")
+    return NewJob(
+        task.queue, task.name, args, _serde.dumps(args, "args"), task.priority, max_attempts,
+        None, None, [], {}, "{}", None, None,
+    )  # fmt: skip
 
 
 #: The longest limit key (it is part of an index entry, which PostgreSQL caps near 2.7 kB).

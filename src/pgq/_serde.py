@@ -43,12 +43,35 @@ def _make_encode() -> Any:
 
 _encode = _make_encode()
 _decode: Any = json.JSONDecoder().decode
+_encode_flat: Callable[[Any], bytes] | None = None
 try:  # the "speed" extra: decoding job rows is on the worker's hot path
     import orjson
 
     _decode = orjson.loads
+    _encode_flat = orjson.dumps
 except ImportError:  # pragma: no cover - depends on the installation
     pass
+
+#: The value types a flat mapping may hold for the fast encoder: each is written the same
+#: way by both encoders (floats too, once finite), and none is one that orjson writes but
+#: the standard encoder refuses (datetime, UUID, Enum, dataclass).
+_FLAT_TYPES = frozenset({str, int, bool, type(None)})
+
+
+def _flat_text(value: dict[Any, Any]) -> str | None:
+    """``value`` as JSON text by orjson (four to six times faster than the standard
+    encoder), when it is a flat dict of plain values, the common shape of job arguments;
+    None otherwise, and whenever orjson refuses it (a non-string key, an integer beyond 64
+    bits, a lone surrogate): the standard encoder then writes or explains it."""
+    assert _encode_flat is not None
+    for item in value.values():
+        kind = type(item)
+        if kind not in _FLAT_TYPES and (kind is not float or not math.isfinite(item)):
+            return None
+    try:
+        return _encode_flat(value).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return None
 
 
 #: The most JSON text pgq writes in one value, in UTF-8 bytes. PostgreSQL's jsonb holds at
@@ -62,8 +85,12 @@ def dumps(value: Any, what: str = "args") -> str:
     """Encode ``value`` as JSON text, or raise :class:`SerializationError` naming the path
     of the first value that JSON (or PostgreSQL's jsonb) cannot hold
     (``args['user']['born']``)."""
+    text: str | None = None
+    if _encode_flat is not None and type(value) is dict:
+        text = _flat_text(value)
     try:
-        text: str = _encode(value)
+        if text is None:
+            text = _encode(value)
     except (TypeError, ValueError, RecursionError):
         path, problem = _find_bad(value, what)
         if problem == "fine":  # nested deeper than the encoder goes, but not circular

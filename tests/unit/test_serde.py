@@ -1,11 +1,25 @@
+import enum
 import json
 import math
+import uuid
 from datetime import datetime
 
 import pytest
 
 from pgq import _serde as serde
 from pgq.errors import SerializationError
+
+
+class _Colour(enum.Enum):
+    RED = "red"
+
+
+class _Level(enum.IntEnum):
+    HIGH = 2
+
+
+class _Name(enum.StrEnum):
+    ADA = "ada"
 
 
 def test_round_trip() -> None:
@@ -84,3 +98,62 @@ def test_json_beyond_what_jsonb_holds_is_refused_naming_its_size() -> None:
     # Fewer characters than the limit, more bytes: 150 million two-byte characters.
     with pytest.raises(SerializationError, match=r"300,000,0\d\d bytes of JSON"):
         serde.dumps({"blob": "\u00e9" * 150_000_000}, "args")
+
+
+# A flat dict of plain values, the usual shape of job arguments, is written by orjson when
+# the "speed" extra is installed. Its text may differ from the standard library's in how a
+# float is spelt (1e16 against 1e+16), never in the value it holds, and it refuses what the
+# standard encoder refuses.
+FLAT_VALUES = [
+    {"i": 1},
+    {"user_id": 12345, "email": "someone@example.com", "admin": True, "note": None},
+    {"text": 'é\n"\\\t\u2028 \U0001f600', "": 0},
+    {"f": 2.5, "g": -0.0, "h": 1e16, "j": 1e-7, "k": 5e-324, "m": 1.7976931348623157e308},
+    {"big": 2**70, "neg": -(2**63), "edge": 2**64 - 1},
+    {1: "an int key", "s": 1},
+]
+
+
+@pytest.fixture(params=["orjson", "standard"])
+def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "orjson":
+        if serde._encode_flat is None:
+            pytest.skip("orjson (the speed extra) is not installed")
+    else:
+        monkeypatch.setattr(serde, "_encode_flat", None)
+    return str(request.param)
+
+
+@pytest.mark.parametrize("value", FLAT_VALUES)
+def test_flat_arguments_hold_the_same_values_with_either_encoder(
+    value: dict[object, object], encoder: str
+) -> None:
+    expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    text = serde.dumps(value)
+    assert json.loads(text) == json.loads(expected)
+    if not any(isinstance(v, float) for v in value.values()):
+        assert text == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ({"x": math.inf}, "infinity"),
+        ({"when": datetime(2000, 1, 1)}, "datetime"),
+        ({"id": uuid.UUID(int=1)}, "UUID"),
+        ({"colour": _Colour.RED}, "_Colour"),
+        ({"s": "caf\udce9"}, "lone surrogate"),
+        ({"s": "a\x00b"}, "NUL"),
+    ],
+)
+def test_flat_arguments_are_refused_alike_by_either_encoder(
+    value: dict[str, object], problem: str, encoder: str
+) -> None:
+    with pytest.raises(SerializationError, match=problem) as info:
+        serde.dumps(value, "args")
+    assert info.value.path == f"args[{next(iter(value))!r}]"
+
+
+def test_subclasses_of_plain_types_are_written_by_the_standard_encoder(encoder: str) -> None:
+    value = {"level": _Level.HIGH, "name": _Name.ADA}
+    assert serde.dumps(value) == '{"level":2,"name":"ada"}'

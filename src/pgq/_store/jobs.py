@@ -280,6 +280,8 @@ def copy_records(
     rows: list[NewJob], ids: Sequence[int], now: datetime, plain: bool
 ) -> tuple[list[Job], list[tuple[Any, ...]]]:
     """The jobs a COPY writes (ids from ALLOCATE_JOBS, ``now`` its clock), and its records."""
+    if plain:
+        return _plain_records(rows, ids, now)
     jobs: list[Job] = []
     records: list[tuple[Any, ...]] = []
     for job_id, r in zip(ids, rows, strict=True):
@@ -290,16 +292,34 @@ def copy_records(
         else:
             scheduled_at = now
         state = JobState.SCHEDULED if scheduled_at > now else JobState.AVAILABLE
-        if plain:
-            records.append((job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts))
-        else:
-            records.append(
-                (
-                    job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts,
-                    state.value, scheduled_at, r.tags, r.metadata_json, r.limit_key,
-                )
-            )  # fmt: skip
+        records.append(
+            (
+                job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts,
+                state.value, scheduled_at, r.tags, r.metadata_json, r.limit_key,
+            )
+        )  # fmt: skip
         jobs.append(r.job(job_id, state, scheduled_at, now))
+    return jobs, records
+
+
+def _plain_records(
+    rows: list[NewJob], ids: Sequence[int], now: datetime
+) -> tuple[list[Job], list[tuple[Any, ...]]]:
+    """:func:`copy_records` of a plain batch (see :func:`copy_plan`): every job available
+    now, six columns each."""
+    available = JobState.AVAILABLE
+    jobs: list[Job] = []
+    records: list[tuple[Any, ...]] = []
+    for job_id, r in zip(ids, rows, strict=True):
+        records.append((job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts))
+        # NewJob.job, inlined: the fields a plain row has, positionally, in Job's order.
+        jobs.append(
+            Job(
+                job_id, r.queue, r.task, r.args, available, r.priority, 0, r.max_attempts,
+                now, None, None, now, None, [], r.tags, r.metadata, None, None, False, None,
+                None, None, None,
+            )
+        )  # fmt: skip
     return jobs, records
 
 

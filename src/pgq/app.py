@@ -76,6 +76,7 @@ class Task(Generic[P, R]):
     and its result (``R``): ``task.spec(...)`` is checked by a type checker like a call."""
 
     __slots__ = (
+        "_exact",
         "_names",
         "_positional",
         "_required",
@@ -146,10 +147,17 @@ class Task(Generic[P, R]):
         self._positional = tuple(p.name for p in named if p.kind is _POSITIONAL_OR_KEYWORD)
         self._required = frozenset(p.name for p in named if p.default is inspect.Parameter.empty)
         self._var_keyword = len(named) < len(rest)
+        # When every parameter is required (and none is **kwargs), valid args have exactly
+        # these keys: one comparison decides.
+        self._exact = (
+            self._names if self._names == self._required and not self._var_keyword else None
+        )
 
     def argument_problem(self, args: Mapping[str, Any]) -> str | None:
         """Why ``args`` cannot be this task's keyword arguments, or None when they can."""
         keys = args.keys()
+        if self._exact is not None and keys == self._exact:
+            return None
         if not self._var_keyword and not keys <= self._names:
             unknown = ", ".join(sorted(k for k in keys if k not in self._names))
             return (

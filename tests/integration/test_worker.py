@@ -58,6 +58,45 @@ async def test_runs_jobs_with_their_args_and_stores_results(client: pgq.Client, 
     assert seen == [(job.id, 1, 2)]
 
 
+async def test_a_task_sees_its_job_as_stored_every_column_read(
+    client: pgq.Client, dsn: str
+) -> None:
+    # The claim reads its rows by position (rows.job_from_record); a read by id reads them
+    # by name (job_from_row). Every column set to a value of its own: they must agree.
+    app = pgq.App()
+    seen: list[tuple[pgq.Job, pgq.Job | None]] = []
+
+    @app.task
+    async def parent(ctx: pgq.JobContext) -> None:
+        pass
+
+    @app.task(max_attempts=7)
+    async def child(ctx: pgq.JobContext, n: int, note: str) -> None:
+        seen.append((ctx.job, await client.get_job(ctx.job.id)))
+
+    first = await client.enqueue(parent.spec())
+    await burst(app, dsn)
+    job = await client.enqueue(
+        child.spec(3, "é").with_options(
+            priority=5, tags=["a", "b"], metadata={"m": [1, {"x": None}]},
+            unique_key="k-1", limit_key="tenant-1", depends_on=[first],
+        )
+    )  # fmt: skip
+    await burst(app, dsn)
+    ((claimed, read),) = seen
+    assert claimed == read
+    assert (claimed.id, claimed.args, claimed.tags, claimed.metadata) == (
+        job.id, {"n": 3, "note": "é"}, ["a", "b"], {"m": [1, {"x": None}]},
+    )  # fmt: skip
+    assert (claimed.unique_key, claimed.limit_key, claimed.depends_on) == (
+        "k-1", "tenant-1", [first.id],
+    )  # fmt: skip
+    assert claimed.state is pgq.JobState.RUNNING and claimed.attempt == 1
+    assert claimed.max_attempts == 7 and claimed.priority == 5
+    assert claimed.attempt_token is not None and claimed.producer_id is not None
+    assert claimed.attempted_at is not None and claimed.created_at is not None
+
+
 async def test_plain_def_tasks_run_in_worker_threads(client: pgq.Client, dsn: str) -> None:
     app = pgq.App()
     threads: list[str] = []

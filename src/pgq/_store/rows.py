@@ -12,6 +12,8 @@ from pgq import _serde
 from pgq._store.connections import Record
 from pgq.job import STATES, Job
 
+_loads = _serde.loads
+
 #: A row read by column name: an asyncpg Record, or a dict (psycopg's dict_row).
 RowLike: TypeAlias = Record | Mapping[str, Any]
 
@@ -42,3 +44,20 @@ def job_from_row(row: RowLike) -> Job:
         limit_key=row["limit_key"],
         depends_on=row["depends_on"],
     )
+
+
+def job_from_record(row: Record) -> Job:
+    """:func:`job_from_row` for an asyncpg ``Record`` of ``sql.JOB_COLUMNS``, read in
+    column order (half the cost, on the claim's path, of reading 22 columns by name)."""
+    (
+        id_, queue, task, args, state, priority, attempt, max_attempts, scheduled_at,
+        attempted_at, finalized_at, created_at, producer_id, errors, tags, metadata, result,
+        unique_key, attempt_token, attempted_by, limit_key, depends_on,
+    ) = row  # fmt: skip
+    # Positional, in Job's field order (duplicate is False: a row read back is no duplicate).
+    return Job(
+        id_, queue, task, _loads(args), STATES[state], priority, attempt, max_attempts,
+        scheduled_at, attempted_at, finalized_at, created_at, producer_id, _loads(errors),
+        list(tags), _loads(metadata), _loads(result), unique_key, False, attempt_token,
+        attempted_by, limit_key, depends_on,
+    )  # fmt: skip

@@ -30,6 +30,7 @@ from pgq._worker.executor import (
 from pgq._worker.liveness import ProducerHealth
 from pgq._worker.outcome import Outcome
 from pgq._worker.settle import Settler
+from pgq._worker.slots import Slots
 from pgq.app import Task
 from pgq.job import Job
 
@@ -105,7 +106,7 @@ class Producer:
         self.health = ProducerHealth(queue, fence_after_s)
         self.health.on_healthy = self.wake
         # At most `concurrency` jobs execute at once; claimed jobs beyond them wait here.
-        self._gate = asyncio.Semaphore(concurrency)
+        self._gate = Slots(concurrency)
         self._half_slots = max(1, (concurrency + 1) // 2)
         #: Jobs claimed ahead of free slots, wanted now (see the class docstring); fixed
         #: when ``claim_ahead`` is 0 or more, else sized as jobs run.
@@ -113,6 +114,10 @@ class Producer:
         self._claim_ahead = max(claim_ahead, 0)
         self.ahead = self._claim_ahead
         self._claim_s: float | None = None
+        # For _learn, once per job: ahead = _ahead_per_s * claim time / job time, at most
+        # _most_ahead.
+        self._ahead_per_s = concurrency * AHEAD_ROUND_TRIPS
+        self._most_ahead = min(MAX_AHEAD, MAX_AHEAD_PER_SLOT * concurrency)
         self._job_s: float | None = None
         self._tasks = dict(tasks)
         self.plan = ClaimPlan(
@@ -373,13 +378,11 @@ class Producer:
         task = self._tasks[job.task]
         try:
             began = monotonic()
-            if self._gate.locked():  # claimed ahead: wait for a slot (most jobs need not)
+            if not self._gate.take_free():  # claimed ahead: wait for a slot (most need not)
                 if not await self._wait_for_slot(execution):
                     return
                 execution.waited_s = monotonic() - began
                 began += execution.waited_s
-            else:
-                await self._gate.acquire()  # a free slot: returns at once
             if execution.reason is None and (self._stopping or not self.health.healthy):
                 # The slot came after a stop began, or while this producer is fenced (its
                 # jobs may be rescued any moment): hand the job back rather than start it.
@@ -456,14 +459,18 @@ class Producer:
 
     def _learn(self, job_s: float) -> None:
         """Fold a job's duration into the running average, and size ``ahead`` from it."""
-        self._job_s = _average(self._job_s, job_s)
+        # Once per job: _average and the limits inlined.
+        average = self._job_s
+        average = job_s if average is None else average + _EWMA * (job_s - average)
+        self._job_s = average
         if self._fixed_ahead:
             self.ahead = self._claim_ahead
             return
-        if self._claim_s is None:
+        claim_s = self._claim_s
+        if claim_s is None:
             return
-        finishing = self.concurrency * AHEAD_ROUND_TRIPS * self._claim_s / max(self._job_s, 1e-6)
-        self.ahead = min(MAX_AHEAD, MAX_AHEAD_PER_SLOT * self.concurrency, round(finishing))
+        finishing = round(self._ahead_per_s * claim_s / (average if average > 1e-6 else 1e-6))
+        self.ahead = finishing if finishing < self._most_ahead else self._most_ahead
 
     async def _settled_by_the_task(self, execution: Execution) -> bool:
         """Whether the task's own transaction settled its attempt and committed: then that

@@ -86,19 +86,19 @@ def internal_failure(job: Job, task: Task, exc: BaseException) -> Outcome:
     return _failure(job, task, error_entry(job.attempt, "internal", message, tb))
 
 
-def execute(
-    task: Task,
-    execution: Execution,
-    limiter: anyio.CapacityLimiter,
-    hooks: Hooks | None = None,
-) -> Awaitable[Outcome]:
-    """Run ``execution``'s job and return its outcome; never raises for a task's failure.
-    With ``hooks``, runs the App's middleware around the task and emits its events."""
+#: Runs one attempt: ``(task, execution, limiter)`` to its outcome.
+Runner = Callable[[Task, Execution, anyio.CapacityLimiter], Awaitable[Outcome]]
+
+
+def runner(hooks: Hooks | None) -> Runner:
+    """How a producer with ``hooks`` runs each attempt (chosen once, not per job): the
+    runner never raises for a task's failure; with hooks, it runs the App's middleware
+    around the task and emits its events."""
     if not hooks:
-        return _run(task, execution, limiter, None)  # no coroutine in between
+        return functools.partial(_run, hooks=None)  # no coroutine in between
     if not hooks.every_job:
-        return _run_reporting_failures(task, execution, limiter, hooks)
-    return _run_with_events(task, execution, limiter, hooks)
+        return functools.partial(_run_reporting_failures, hooks=hooks)
+    return functools.partial(_run_with_events, hooks=hooks)
 
 
 async def _run_with_events(
@@ -249,8 +249,8 @@ def _raised(job: Job, task: Task, exc: Exception) -> Outcome:
 
 
 def _completed(job: Job, result: Any) -> Outcome:
-    if result is None:
-        return Outcome.of(job, "completed")
+    if result is None:  # Outcome.of, inlined: once per job
+        return Outcome(job.id, job.attempt_token, job.attempt, job.queue, "completed")
     try:
         return Outcome.of(job, "completed", result=_serde.dumps(result, "result"))
     except Exception as exc:  # SerializationError, and whatever a strange object raises

@@ -23,8 +23,8 @@ from pgq._worker.executor import (
     SHUTDOWN,
     WAITED,
     Execution,
-    execute,
     internal_failure,
+    runner,
     stopped_before_start,
 )
 from pgq._worker.liveness import ProducerHealth
@@ -132,6 +132,7 @@ class Producer:
         self._limiter = limiter
         self._poll_interval = poll_interval
         self._hooks = hooks if hooks else None
+        self._execute = runner(self._hooks)
         self.running: dict[int, Execution] = {}
         # Claimed and waiting for a slot (a part of `running`).
         self._waiting: set[Execution] = set()
@@ -392,7 +393,7 @@ class Producer:
                 self._outcomes(stopped_before_start(job, execution.reason))
                 return
             try:
-                outcome = await execute(task, execution, self._limiter, self._hooks)
+                outcome = await self._execute(task, execution, self._limiter)
             except Exception as exc:  # never an attempt without an outcome
                 outcome = internal_failure(job, task, exc)
             finally:

@@ -85,3 +85,51 @@ async def test_a_timeout_on_the_wait_loses_no_slot() -> None:
             await slots.acquire()
     slots.release()
     assert slots.take_free() and not slots.take_free()
+
+
+@pytest.mark.parametrize("first", ["handoff", "timeout"])
+async def test_a_timeout_in_the_same_tick_as_a_handoff_loses_no_slot(first: str) -> None:
+    """Whichever comes first, the waiter either holds the slot or has passed it on."""
+    slots = Slots(1)
+    assert slots.take_free()
+    loop = asyncio.get_running_loop()
+    when = loop.time() + 0.05
+    released = asyncio.Event()
+    holds: list[bool] = []
+
+    def release() -> None:
+        slots.release()
+        released.set()
+
+    async def wait() -> None:
+        try:
+            async with asyncio.timeout_at(when):
+                await slots.acquire()
+        except TimeoutError:
+            holds.append(False)
+        else:
+            holds.append(True)
+
+    task = asyncio.create_task(wait())
+    await asyncio.sleep(0)
+    loop.call_at(when - 1e-6 if first == "handoff" else when + 1e-6, release)
+    await asyncio.wait_for(task, 10)
+    await asyncio.wait_for(released.wait(), 10)
+    if holds == [True]:
+        slots.release()  # the job that took it ends
+    assert not slots.locked() and slots.take_free() and not slots.take_free()
+
+
+def test_a_waiting_coroutine_closed_leaves_the_line() -> None:
+    slots = Slots(1)
+    assert slots.take_free()
+
+    async def main() -> None:
+        waiting = slots.acquire()
+        waiting.send(None)  # now waiting in line
+        assert slots.locked()
+        waiting.close()
+        slots.release()
+
+    asyncio.run(main())
+    assert slots.take_free() and not slots.take_free()

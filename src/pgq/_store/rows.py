@@ -1,7 +1,8 @@
-"""Rows into jobs: the one mapper from a job row (read by column name) to :class:`~pgq.Job`.
+"""Rows into jobs: from a job row of ``sql.JOB_COLUMNS`` to :class:`~pgq.Job`.
 
 Every statement that returns whole jobs (reads, claims, unique-key lookups) returns
-``sql.JOB_COLUMNS``, so one mapper serves them all."""
+``sql.JOB_COLUMNS``: reads map it by column name (asyncpg records or psycopg's dict rows),
+the claim, on the hot path, by position (asyncpg records); a test holds the two equal."""
 
 from __future__ import annotations
 

@@ -114,9 +114,9 @@ class Producer:
         self._claim_ahead = max(claim_ahead, 0)
         self.ahead = self._claim_ahead
         self._claim_s: float | None = None
-        # For _learn, once per job: ahead = _ahead_per_s * claim time / job time, at most
-        # _most_ahead.
-        self._ahead_per_s = concurrency * AHEAD_ROUND_TRIPS
+        # For _learn, once per job: ahead = _ahead_factor * claim time / job time (the
+        # jobs that finish during AHEAD_ROUND_TRIPS claims), at most _most_ahead.
+        self._ahead_factor = concurrency * AHEAD_ROUND_TRIPS
         self._most_ahead = min(MAX_AHEAD, MAX_AHEAD_PER_SLOT * concurrency)
         self._job_s: float | None = None
         self._tasks = dict(tasks)
@@ -470,7 +470,7 @@ class Producer:
         claim_s = self._claim_s
         if claim_s is None:
             return
-        finishing = round(self._ahead_per_s * claim_s / (average if average > 1e-6 else 1e-6))
+        finishing = round(self._ahead_factor * claim_s / (average if average > 1e-6 else 1e-6))
         self.ahead = finishing if finishing < self._most_ahead else self._most_ahead
 
     async def _settled_by_the_task(self, execution: Execution) -> bool:

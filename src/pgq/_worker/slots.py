@@ -31,18 +31,18 @@ class Slots:
         return False
 
     async def acquire(self) -> None:
-        """Take a slot, waiting in line for one if none is free. A waiter cancelled after
-        a slot was handed to it passes the slot on."""
+        """Take a slot, waiting in line for one if none is free. A waiter stopped (cancelled,
+        timed out, closed) leaves the line, and passes on a slot handed to it meanwhile."""
         if self.take_free():
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
             await waiter
-        except asyncio.CancelledError:
+        except BaseException:  # cancelled, timed out, or the coroutine closed
             if waiter.done() and not waiter.cancelled():
-                self.release()  # handed a slot, but cancelled before it resumed
-            elif waiter in self._waiters:  # release() drops a cancelled one it meets
+                self.release()  # handed a slot, but stopped before it resumed
+            elif waiter in self._waiters:  # (release() drops a cancelled one it meets)
                 self._waiters.remove(waiter)
             raise
 

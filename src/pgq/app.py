@@ -107,6 +107,12 @@ class Task(Generic[P, R]):
     ) -> None:
         if max_attempts < 1:
             raise ConfigError(f"task {name!r}: max_attempts must be at least 1")
+        if type(priority) is not int or not -(2**31) <= priority < 2**31:
+            # Every job of the task is written with it: refused here, not at each enqueue.
+            raise ConfigError(
+                f"task {name!r}: priority must be an integer from {-(2**31)} to {2**31 - 1}, "
+                f"got {priority!r}"
+            )
         if timeout is not None and timeout <= 0:
             raise ConfigError(f"task {name!r}: timeout must be a positive number of seconds")
         self.fn: Callable[..., Any] = fn

@@ -39,6 +39,18 @@ def test_task_registration_and_lookup() -> None:
         app.task(name="send")(report.fn)
 
 
+@pytest.mark.parametrize("priority", [2**31, -(2**31) - 1, 1.5, "1", True])
+def test_a_task_priority_the_jobs_column_cannot_hold_is_refused(priority: object) -> None:
+    app = pgq.App()
+
+    async def job(ctx: pgq.JobContext) -> None:
+        pass
+
+    with pytest.raises(ConfigError, match="priority must be an integer from -2147483648"):
+        app.task(priority=priority)(job)  # type: ignore[call-overload]
+    assert app.task(name="edge", priority=2**31 - 1)(job).priority == 2**31 - 1
+
+
 @pytest.mark.parametrize("name", ["", "with space", "semi;colon", "-dash", "x" * 129, "é", None])
 def test_odd_queue_names_are_refused(name: object) -> None:
     with pytest.raises(ConfigError, match="invalid queue name"):

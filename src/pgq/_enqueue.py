@@ -13,14 +13,13 @@ from typing import Any
 
 from pgq import _serde
 from pgq._store.jobs import NewJob
-from pgq.app import App, JobSpec, Task, check_queue_name, check_task_name
+from pgq.app import INT4_MAX, INT4_MIN, App, JobSpec, Task, check_queue_name, check_task_name
 from pgq.errors import ConfigError, SerializationError
 from pgq.job import DEFAULT_QUEUE, Job, JobState, unique_mask
 
 #: States a unique key is taken in unless a spec says otherwise: until the job is final.
 DEFAULT_UNIQUE_STATES = tuple(s for s in JobState if not s.is_final)
 
-_INT4_MIN, _INT4_MAX = -(2**31), 2**31 - 1  # the range of the integer columns
 # The latest time both Python and PostgreSQL can hold (PostgreSQL goes on to 294276 AD; a
 # row past Python's year 9999 could be written but not read back). A day is kept in hand
 # for the distance between this machine's clock and the database's.
@@ -33,9 +32,9 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
     Runs once per job of a batch: the common case (a registered task, no options) takes the
     fewest steps; every check still runs."""
     task = spec.task
-    if type(task) is Task and _sets_no_option(spec, task):
-        return _prepare_plain(index, spec.args, task)
     if type(task) is Task:
+        if _sets_no_option(spec, task):
+            return _prepare_plain(index, spec.args, task)
         defaults: Task | None = task
         name = task.name
     else:
@@ -49,7 +48,7 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
     if priority is None:
         priority = defaults.priority if defaults else 0
     else:
-        _check_int(index, "priority", priority, _INT4_MIN)
+        _check_int(index, "priority", priority, INT4_MIN)
     max_attempts = spec.max_attempts
     if max_attempts is None and defaults:
         max_attempts = defaults.max_attempts
@@ -170,9 +169,9 @@ def _dependencies(index: int, spec: JobSpec[Any]) -> tuple[tuple[int, ...] | Non
 
 
 def _check_int(index: int, option: str, value: object, low: int) -> None:
-    if type(value) is not int or not low <= value <= _INT4_MAX:
+    if type(value) is not int or not low <= value <= INT4_MAX:
         raise ConfigError(
-            f"{_where(index)}{option} must be an integer from {low} to {_INT4_MAX}, got {value!r}"
+            f"{_where(index)}{option} must be an integer from {low} to {INT4_MAX}, got {value!r}"
         )
 
 

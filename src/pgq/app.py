@@ -70,6 +70,10 @@ class Backoff:
         return max(0.0, raw * (1.0 + spread))
 
 
+#: The range of the jobs' integer columns (priority, max_attempts).
+INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1
+
+
 class Task(Generic[P, R]):
     """A registered task: the function, the options its jobs get by default, and what its
     jobs' arguments must be. Typed over the function's parameters after the context (``P``)
@@ -107,10 +111,10 @@ class Task(Generic[P, R]):
     ) -> None:
         if max_attempts < 1:
             raise ConfigError(f"task {name!r}: max_attempts must be at least 1")
-        if type(priority) is not int or not -(2**31) <= priority < 2**31:
+        if type(priority) is not int or not INT4_MIN <= priority <= INT4_MAX:
             # Every job of the task is written with it: refused here, not at each enqueue.
             raise ConfigError(
-                f"task {name!r}: priority must be an integer from {-(2**31)} to {2**31 - 1}, "
+                f"task {name!r}: priority must be an integer from {INT4_MIN} to {INT4_MAX}, "
                 f"got {priority!r}"
             )
         if timeout is not None and timeout <= 0:

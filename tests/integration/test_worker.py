@@ -844,3 +844,43 @@ async def test_a_jobs_timeout_counts_from_its_claim(dsn: str, client: pgq.Client
             return now is not None and any(e["kind"] == "timeout" for e in now.errors)
 
         await until(timed_out)
+
+
+async def test_the_burst_check_finds_what_is_runnable_and_reads_no_finished_job(
+    conn: "asyncpg.Connection[asyncpg.Record]",
+) -> None:
+    """A burst ends when ``leftovers`` finds nothing its producer could claim: available
+    jobs and due retries of its tasks count; jobs scheduled for later, other tasks' jobs and
+    finished jobs do not. Right after a drain, with the statistics still counting every job
+    as available, it reads the queue's indexes: no scan of the table and its finished rows."""
+    from pgq._store import claims, sql
+
+    plan = claims.ClaimPlan("default", ("noop",), (None,), (3,))
+
+    async def runnable() -> bool:
+        return (await claims.leftovers(conn, plan, 30.0)).runnable
+
+    assert not await runnable()
+    await conn.execute(
+        "INSERT INTO pgq_jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, 20000)"
+    )
+    await conn.execute("ANALYZE pgq_jobs")  # the statistics: 20,000 available jobs
+    assert await runnable()
+    await conn.execute("UPDATE pgq_jobs SET state = 'completed', finalized_at = now(), attempt = 1")
+    assert not await runnable()
+    plan_json = await conn.fetchval(
+        "EXPLAIN (FORMAT JSON) " + sql.RUNNABLE_LEFT, "default", ["noop"], 30.0
+    )
+    assert "Seq Scan" not in plan_json, plan_json
+
+    await conn.execute("INSERT INTO pgq_jobs (task, args) VALUES ('other', '{}')")
+    await conn.execute(
+        "INSERT INTO pgq_jobs (task, args, state, scheduled_at)"
+        " VALUES ('noop', '{}', 'scheduled', now() + interval '1 hour')"
+    )
+    assert not await runnable()  # another task's job; one not due yet
+    await conn.execute(
+        "INSERT INTO pgq_jobs (task, args, state, scheduled_at, attempt)"
+        " VALUES ('noop', '{}', 'retryable', now() - interval '1 second', 1)"
+    )
+    assert await runnable()  # a due retry

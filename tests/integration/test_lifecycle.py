@@ -303,6 +303,48 @@ async def test_cancel_of_a_running_async_job(dsn: str, client: pgq.Client, poll_
     assert done.errors[-1]["kind"] == "cancel"
 
 
+@pytest.mark.parametrize("hook", ["job_started", "job_finished"])
+async def test_a_cancel_that_lands_in_an_async_hook_still_ends_the_job(
+    dsn: str, client: pgq.Client, hook: str
+) -> None:
+    """A cancel request reaches the job's task wherever it is awaiting: inside an async
+    ``job_started`` hook (before the task runs) or ``job_finished`` hook (after it returned).
+    The attempt still gets its outcome (cancelled before it ran; completed as it finished),
+    and the hook sees the cancellation, as any awaiting code would."""
+    app = pgq.App()
+    in_hook = anyio.Event()
+    hook_cancelled: list[bool] = []
+    ran: list[int] = []
+
+    @app.on(hook)  # type: ignore[arg-type]
+    async def slow_hook(event: pgq.JobEvent) -> None:
+        in_hook.set()
+        try:
+            await anyio.sleep(30)
+        except BaseException:
+            hook_cancelled.append(True)
+            raise
+
+    @app.task
+    async def work(ctx: pgq.JobContext) -> str:
+        ran.append(ctx.id)
+        return "done"
+
+    job = await client.enqueue("work")
+    async with pgq.Worker(app, dsn, **QUICK):
+        with anyio.fail_after(10):
+            await in_hook.wait()
+        await client.cancel(job.id)
+        done = await client.wait(job.id, timeout=10)
+    assert hook_cancelled == [True]
+    if hook == "job_started":
+        assert done.state is pgq.JobState.CANCELLED and ran == []
+        assert done.errors[-1]["kind"] == "cancel"
+    else:
+        assert done.state is pgq.JobState.COMPLETED and done.result == "done"
+        assert ran == [job.id]
+
+
 async def test_cancel_of_a_thread_job_sets_cancel_requested(dsn: str, client: pgq.Client) -> None:
     app = pgq.App()
     started, saw = threading.Event(), threading.Event()

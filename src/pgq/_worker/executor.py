@@ -109,10 +109,17 @@ async def _run_with_events(
 ) -> Outcome:
     job = execution.ctx.job
     if hooks.wants("job_started"):
-        await hooks.emit(JobEvent("job_started", job))
+        try:
+            await hooks.emit(JobEvent("job_started", job))
+        except asyncio.CancelledError:
+            if not cancel_spent(execution):
+                raise
+    if execution.reason is not None:
+        # Stopped while its job_started hooks ran: the task never began.
+        return stopped_before_start(job, execution.reason)
     started = monotonic()
     outcome = await _run(task, execution, limiter, hooks)
-    await _finished(hooks, job, outcome, started)
+    await _finished(hooks, execution, outcome, started)
     return outcome
 
 
@@ -127,21 +134,40 @@ async def _run_reporting_failures(
     started = monotonic()
     outcome = await _run(task, execution, limiter, hooks)
     if outcome.state != "completed":
-        await _finished(hooks, execution.ctx.job, outcome, started)
+        await _finished(hooks, execution, outcome, started)
     return outcome
 
 
-async def _finished(hooks: Hooks, job: Job, outcome: Outcome, started: float) -> None:
-    """Emit ``job_finished`` (and ``job_retried``) for ``outcome`` to the hooks that want it."""
+def cancel_spent(execution: Execution) -> bool:
+    """In an ``except asyncio.CancelledError`` around something an attempt awaits: whether
+    the worker cancelled this attempt (stop, cancel request), then the cancellation is spent
+    (it stopped what was awaited) and the attempt goes on to write its outcome; else the
+    cancellation is not the attempt's (the worker is being torn down), to be re-raised."""
+    if execution.reason is None:
+        return False
+    current = asyncio.current_task()
+    if current is not None:
+        current.uncancel()
+    return True
+
+
+async def _finished(hooks: Hooks, execution: Execution, outcome: Outcome, started: float) -> None:
+    """Emit ``job_finished`` (and ``job_retried``) for ``outcome`` to the hooks that want it.
+    A cancel of the attempt that lands in a hook ends the hook; the outcome stands."""
     state = STATES[outcome.state]
     retried = state is JobState.RETRYABLE and hooks.wants("job_retried")
     failed = state is not JobState.COMPLETED and bool(hooks.failure_handlers)
     if hooks.wants("job_finished") or failed or retried:
+        job = execution.ctx.job
         error = _serde.loads(outcome.error) if outcome.error else None
         duration = monotonic() - started
-        await hooks.emit(JobEvent("job_finished", job, state, error, duration))
-        if retried:
-            await hooks.emit(JobEvent("job_retried", job, state, error, duration))
+        try:
+            await hooks.emit(JobEvent("job_finished", job, state, error, duration))
+            if retried:
+                await hooks.emit(JobEvent("job_retried", job, state, error, duration))
+        except asyncio.CancelledError:
+            if not cancel_spent(execution):
+                raise
 
 
 async def _run(
@@ -171,11 +197,8 @@ async def _run(
                 left = max(task.timeout - execution.waited_s, 0.0)
                 result = await _within_timeout(left, task.timeout, ctx, call)
         except asyncio.CancelledError:
-            if execution.reason is None:
+            if not cancel_spent(execution):
                 raise  # not ours to stop (the worker itself is being torn down)
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()
         if execution.reason == CANCEL:
             # Requested by client.cancel(): an async task was cancelled; a thread saw
             # ctx.cancel_requested (or finished regardless). Either way it ends cancelled.

@@ -23,6 +23,7 @@ from pgq._worker.executor import (
     SHUTDOWN,
     WAITED,
     Execution,
+    cancel_spent,
     internal_failure,
     runner,
     stopped_before_start,
@@ -441,11 +442,9 @@ class Producer:
             return False
         except asyncio.CancelledError:
             # Cancelled or stopped before a slot freed: cancelled, or handed back.
-            if execution.reason is None:
+            if not cancel_spent(execution):
                 raise
-            current = asyncio.current_task()
-            if current is not None:
-                current.uncancel()
+            assert execution.reason is not None
             self._outcomes(stopped_before_start(job, execution.reason))
             return False
         finally:
@@ -478,6 +477,12 @@ class Producer:
         is the outcome, and the worker writes none (a write would only be fenced out)."""
         try:
             state = await self._settlers[execution.ctx.job.task].committed(execution.ctx)
+        except asyncio.CancelledError:
+            # A stop or cancel request that came as the attempt ended: the attempt is over,
+            # its outcome still to be written (fenced out if the task's own committed).
+            if not cancel_spent(execution):
+                raise
+            return False
         except DATABASE_ERRORS as exc:
             log.warning(
                 "job %d: could not check its transactional outcome (%s); writing the worker's",

@@ -295,18 +295,23 @@ WITH locked AS (
       AND NOT EXISTS (SELECT 1 FROM pgq_queues
                       WHERE name IN ($1, '*')
                         AND """
+# The locked rows are updated through the primary key (= ANY of an array: a join would let
+# the planner hash the whole table, finished jobs included, once the table holds some tens of
+# thousands of rows: 6 of a 500-job claim's 11 ms at 30,000), and returned in claim order.
 _CLAIM_SET = (
-    """UPDATE pgq_jobs j
-SET state = 'running', attempt = j.attempt + 1, attempted_at = statement_timestamp(),
-    producer_id = $4, attempt_token = gen_random_uuid(), attempted_by = $7,
-    deadline_at = statement_timestamp() + make_interval(
-        secs => ($5::float8[])[array_position($2::text[], j.task)]),
-    max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
-FROM locked
-WHERE j.id = locked.locked_id
-RETURNING """
+    """, claimed AS (
+    UPDATE pgq_jobs j
+    SET state = 'running', attempt = j.attempt + 1, attempted_at = statement_timestamp(),
+        producer_id = $4, attempt_token = gen_random_uuid(), attempted_by = $7,
+        deadline_at = statement_timestamp() + make_interval(
+            secs => ($5::float8[])[array_position($2::text[], j.task)]),
+        max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
+    WHERE j.id = ANY(ARRAY(SELECT locked_id FROM locked))
+    RETURNING """
     + JOB_COLUMNS
     + """
+)
+SELECT * FROM claimed ORDER BY priority DESC, scheduled_at, id
 """
 )
 _CLAIM_UPDATE = (

@@ -188,8 +188,28 @@ def emit(result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def tune_gc_if_asked() -> bool:
+    """With ``BENCH_GC=tuned`` in the environment, set up this process's garbage collector as
+    ``pgq.tune_gc()`` does (collect, freeze what lives now, first generation at 10,000), for
+    whichever system the process measures: the same for pgq's harness and the peers', which
+    never import pgq. Returns whether it did."""
+    choice = os.environ.get("BENCH_GC", "default")
+    if choice not in ("default", "tuned"):
+        raise SystemExit(f"BENCH_GC must be default or tuned, not {choice!r}")
+    if choice == "default":
+        return False
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, *gc.get_threshold()[1:])
+    return True
+
+
 def run(main: Any) -> None:
-    """Run an async main with uvloop when installed, else asyncio."""
+    """Run an async main with uvloop when installed, else asyncio (after setting up the
+    garbage collector when ``BENCH_GC=tuned``)."""
+    tune_gc_if_asked()
     try:
         import uvloop
 

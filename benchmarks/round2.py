@@ -4,7 +4,9 @@ the peers' table, or `benchmarks/.venv/bin/python benchmarks/round2.py [ROUNDS]`
 Each round runs, one after another and each in its own process against a fresh database:
 enqueue_many (20,000 in batches of 1,000) for pgq and PgQueuer; the no-op drain of 20,000
 at each system's defaults (pgq: concurrency 10; PgQueuer: batch_size 10) and at their best
-settings (pgq 1,000 and 2,000; PgQueuer 200 and 500, the best of each kept per round);
+settings (pgq 1,000 and 2,000; PgQueuer 200 and 500, the best of each kept per round), the
+best settings also with each process's garbage collector tuned as `pgq worker` tunes its
+own (BENCH_GC=tuned: start-up objects frozen, first generation at 10,000; the same for both);
 pgq's drain of 100,000 by `pgq worker` processes started by the CLI (1 process at the
 defaults and at concurrency 1,000; 4 at the defaults and at 1,000; 8 at the defaults); and
 the bare-asyncpg ceiling.
@@ -24,21 +26,28 @@ from typing import Any
 
 from run import run_one
 
-RUNS: list[tuple[str, str, list[list[str]]]] = [
-    ("pgq enqueue_many", "bench_pgq.py", [["enqueue_many"]]),
-    ("pgqueuer enqueue_many", "bench_pgqueuer.py", [["enqueue_many"]]),
-    ("pgq drain, defaults", "bench_pgq.py", [["drain", "10"]]),
-    ("pgqueuer drain, defaults", "bench_pgqueuer.py", [["drain", "10"]]),
-    ("pgq drain, best", "bench_pgq.py", [["drain", "1000"], ["drain", "2000"]]),
-    ("pgqueuer drain, best", "bench_pgqueuer.py", [["drain", "200"], ["drain", "500"]]),
-    ("pgq worker CLI x1, defaults", "bench_pgq.py", [["drain-cli", "default", "1"]]),
-    ("pgq worker CLI x1, concurrency 1000", "bench_pgq.py", [["drain-cli", "1000", "1"]]),
-    ("pgq worker CLI x4, defaults", "bench_pgq.py", [["drain-cli", "default", "4"]]),
-    ("pgq worker CLI x4, concurrency 1000", "bench_pgq.py", [["drain-cli", "1000", "4"]]),
-    ("pgq worker CLI x8, defaults", "bench_pgq.py", [["drain-cli", "default", "8"]]),
-    ("bare asyncpg ceiling", "bench_ceiling.py", [["drain"]]),
+TUNED = {"BENCH_GC": "tuned"}
+RUNS: list[tuple[str, str, list[list[str]], dict[str, str]]] = [
+    ("pgq enqueue_many", "bench_pgq.py", [["enqueue_many"]], {}),
+    ("pgqueuer enqueue_many", "bench_pgqueuer.py", [["enqueue_many"]], {}),
+    ("pgq drain, defaults", "bench_pgq.py", [["drain", "10"]], {}),
+    ("pgqueuer drain, defaults", "bench_pgqueuer.py", [["drain", "10"]], {}),
+    ("pgq drain, best", "bench_pgq.py", [["drain", "1000"], ["drain", "2000"]], {}),
+    ("pgqueuer drain, best", "bench_pgqueuer.py", [["drain", "200"], ["drain", "500"]], {}),
+    ("pgq drain, best, gc tuned", "bench_pgq.py", [["drain", "1000"], ["drain", "2000"]], TUNED),
+    (
+        "pgqueuer drain, best, gc tuned",
+        "bench_pgqueuer.py",
+        [["drain", "200"], ["drain", "500"]],
+        TUNED,
+    ),
+    ("pgq worker CLI x1, defaults", "bench_pgq.py", [["drain-cli", "default", "1"]], {}),
+    ("pgq worker CLI x1, concurrency 1000", "bench_pgq.py", [["drain-cli", "1000", "1"]], {}),
+    ("pgq worker CLI x4, defaults", "bench_pgq.py", [["drain-cli", "default", "4"]], {}),
+    ("pgq worker CLI x4, concurrency 1000", "bench_pgq.py", [["drain-cli", "1000", "4"]], {}),
+    ("pgq worker CLI x8, defaults", "bench_pgq.py", [["drain-cli", "default", "8"]], {}),
+    ("bare asyncpg ceiling", "bench_ceiling.py", [["drain"]], {}),
 ]
-
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -55,10 +64,10 @@ def main(rounds: int) -> None:
     print("big backlogs (bench_backlog.py)", flush=True)
     backlog_claim = run_one("bench_backlog.py", "claim", [])
     backlog_enqueue = run_one("bench_backlog.py", "enqueue", ["3"])
-    figures: dict[str, list[float]] = {name: [] for name, _, _ in RUNS}
+    figures: dict[str, list[float]] = {name: [] for name, _, _, _ in RUNS}
     for r in range(rounds):
-        for name, script, variants in RUNS:
-            best = max(float(run_one(script, argv[0], argv[1:])["rate"]) for argv in variants)
+        for name, script, variants, env in RUNS:
+            best = max(float(run_one(script, argv[0], argv[1:], env)["rate"]) for argv in variants)
             figures[name].append(best)
             print(f"round {r + 1}: {name:<38} {best:>10,.0f}/s", flush=True)
     med = {name: statistics.median(values) for name, values in figures.items()}
@@ -90,8 +99,12 @@ def main(rounds: int) -> None:
     target("drain at defaults, pgq / PgQueuer", x, ">= 1.5", x >= 1.5)
     x = m("pgq drain, best") / m("pgqueuer drain, best")
     target("drain at best settings, pgq / PgQueuer", x, ">= 2.0", x >= 2.0)
+    x = m("pgq drain, best, gc tuned") / m("pgqueuer drain, best, gc tuned")
+    target("  the same, both processes' gc tuned", x, ">= 2.0", x >= 2.0)
     x = m("pgq drain, best") / ceiling
     target("pgq best drain / bare-asyncpg ceiling", x, ">= 0.85", x >= 0.85)
+    x = m("pgq drain, best, gc tuned") / ceiling
+    target("  the same, pgq's process gc tuned", x, ">= 0.85", x >= 0.85)
     x = m("pgq drain, defaults") / m("pgq drain, best")
     target("pgq at defaults / pgq at best (in-process)", x, "recorded", True)
     x = m("pgq enqueue_many") / m("pgqueuer enqueue_many")

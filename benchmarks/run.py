@@ -54,13 +54,16 @@ PLAN: list[tuple[str, str, list[list[str]]]] = [
 ]
 
 
-def run_one(script: str, workload: str, extra: list[str]) -> dict[str, Any]:
+def run_one(
+    script: str, workload: str, extra: list[str], env: dict[str, str] | None = None
+) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, str(HERE / script), workload, *extra],
         capture_output=True,
         text=True,
         timeout=900,
         cwd=HERE,
+        env={**os.environ, **(env or {})},
     )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):

@@ -8,6 +8,7 @@ Every public name is here. Modules whose names start with ``_`` are internals th
 change without notice; ``pgq.migrate`` and ``pgq.schema`` are public too.
 """
 
+from pgq._gc import tune_gc
 from pgq._hooks import JobEvent
 from pgq._sync import SyncClient
 from pgq._worker.worker import Worker
@@ -56,4 +57,5 @@ __all__ = (
     "UnknownTaskError",
     "Worker",
     "WorkerSettings",
+    "tune_gc",
 )

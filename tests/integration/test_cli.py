@@ -90,6 +90,57 @@ async def test_the_worker_runs_on_uvloop_when_installed_and_says_so(
     assert started.endswith(f"on {loop}"), started
 
 
+GC_APP = textwrap.dedent("""\
+    import gc
+    import pgq
+    app = pgq.App()
+
+    @app.task
+    async def gc_settings(ctx):
+        return {"threshold": gc.get_threshold()[0], "frozen": gc.get_freeze_count()}
+    """)
+
+
+@pytest.mark.parametrize("choice", [None, "tuned", "default"])
+async def test_the_worker_process_tunes_its_garbage_collector_unless_told_not_to(
+    python: str, dsn: str, tmp_path: Path, choice: str | None
+) -> None:
+    """`pgq worker` freezes its start-up objects and raises the collector's first threshold
+    (pgq.tune_gc) by default and says so; `--gc default` leaves Python's settings alone, as
+    a job running in that process sees them."""
+    (tmp_path / "gc_tasks.py").write_text(GC_APP)
+    async with pgq.Client(dsn) as client:
+        job = await client.enqueue("gc_settings")
+    flags = [] if choice is None else ["--gc", choice]
+    run = pgq_cmd(
+        python, "--log-level", "INFO", "worker", "gc_tasks:app", "--burst", *flags,
+        cwd=tmp_path, env={"PGQ_DSN": dsn},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    async with pgq.Client(dsn) as client:
+        done = await client.get_job(job.id)
+    assert done is not None and done.state is pgq.JobState.COMPLETED
+    tuned = "garbage collector tuned for a worker" in run.stderr
+    if choice == "default":
+        assert not tuned
+        assert done.result == {"threshold": 700, "frozen": 0}
+    else:
+        assert tuned, run.stderr
+        result = done.result
+        assert isinstance(result, dict) and result["threshold"] == 10_000
+        assert result["frozen"] > 1_000
+
+
+def test_a_bad_gc_choice_in_the_environment_is_refused(python: str, tmp_path: Path) -> None:
+    (tmp_path / "gc_tasks.py").write_text(GC_APP)
+    run = pgq_cmd(
+        python, "worker", "gc_tasks:app", "--dsn", "postgresql://127.0.0.1:9/x",
+        cwd=tmp_path, env={"PGQ_GC": "off"},
+    )  # fmt: skip
+    assert run.returncode != 0
+    assert "--gc (or PGQ_GC) must be tuned or default, not 'off'" in run.stderr
+
+
 @pytest.mark.parametrize("producer", ["missing", "stale"])
 async def test_a_burst_worker_runs_the_jobs_of_a_dead_worker_before_it_exits(
     python: str, dsn: str, tmp_path: Path, producer: str

@@ -138,6 +138,13 @@ def _worker(sub: Any) -> None:
         default=os.environ.get("PGQ_EVENT_LOOP", "auto"),
         help="auto (default): uvloop when installed (the speed extra), else asyncio's own",
     )
+    p.add_argument(
+        "--gc",
+        choices=("tuned", "default"),
+        default=os.environ.get("PGQ_GC", "tuned"),
+        help="tuned (default): freeze start-up objects and collect less often (pgq.tune_gc);"
+        " default: Python's own garbage-collector settings; env PGQ_GC",
+    )
     for name, (default, text) in setting_help().items():
         _setting_flag(p, name, default, text)
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import anyio
 
+from pgq._gc import GC_THRESHOLD, tune_gc
 from pgq._worker.worker import Worker
 from pgq.app import App
 from pgq.errors import ConfigError
@@ -73,14 +74,32 @@ def run(args: argparse.Namespace) -> int:
         **overrides,
     )
 
+    backend_options = event_loop_options(args.event_loop)
+    if gc_choice(args.gc) == "tuned":
+        frozen = tune_gc()
+        log.info(
+            "garbage collector tuned for a worker: %d start-up objects frozen, first "
+            "generation at %d (--gc default keeps Python's)",
+            frozen,
+            GC_THRESHOLD,
+        )
+
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_handle_signals, worker)
             await worker.run(burst=args.burst)
             tg.cancel_scope.cancel()
 
-    anyio.run(main, backend_options=event_loop_options(args.event_loop))
+    anyio.run(main, backend_options=backend_options)
     return 0
+
+
+def gc_choice(choice: str) -> str:
+    """``--gc`` (or PGQ_GC), checked: ``tuned`` (default, see :func:`pgq.tune_gc`) or
+    ``default`` (Python's own settings)."""
+    if choice not in ("tuned", "default"):
+        raise ConfigError(f"--gc (or PGQ_GC) must be tuned or default, not {choice!r}")
+    return choice
 
 
 def event_loop_options(choice: str) -> dict[str, bool]:

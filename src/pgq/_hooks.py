@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -76,8 +77,13 @@ class Hooks:
         """Whether any hook listens to ``name`` (so the caller may skip building the event)."""
         return bool(self.handlers[name])
 
-    async def emit(self, event: JobEvent) -> None:
-        """Call every hook for ``event``; a failing hook is logged and never affects the job."""
+    async def emit(self, event: JobEvent, spent: Callable[[], bool] | None = None) -> None:
+        """Call every hook for ``event``; a failing hook is logged and never affects the job.
+
+        A cancellation that lands in an async hook stops the emit, unless ``spent`` (asked
+        then) says it was the attempt's own and is used up: it ends that hook only. A
+        ``CancelledError`` that cancels nothing (a hook awaited a future cancelled by
+        someone else) is a failing hook like any other."""
         hooks = self.handlers[event.name]
         if event.name == "job_finished" and event.state is not JobState.COMPLETED:
             hooks = [*self.failure_handlers, *hooks]
@@ -86,5 +92,12 @@ class Hooks:
                 result = hook(event)
                 if inspect.isawaitable(result):
                     await result
+            except asyncio.CancelledError:
+                if spent is not None and spent():
+                    continue
+                current = asyncio.current_task()
+                if current is None or current.cancelling():
+                    raise
+                log.exception("%s hook %r failed for job %d", event.name, hook, event.job.id)
             except Exception:
                 log.exception("%s hook %r failed for job %d", event.name, hook, event.job.id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -303,18 +304,21 @@ async def test_cancel_of_a_running_async_job(dsn: str, client: pgq.Client, poll_
     assert done.errors[-1]["kind"] == "cancel"
 
 
+@pytest.mark.parametrize("how", ["cancel request", "shutdown"])
 @pytest.mark.parametrize("hook", ["job_started", "job_finished"])
-async def test_a_cancel_that_lands_in_an_async_hook_still_ends_the_job(
-    dsn: str, client: pgq.Client, hook: str
+async def test_a_stop_that_lands_in_an_async_hook_still_ends_the_job(
+    dsn: str, client: pgq.Client, hook: str, how: str
 ) -> None:
-    """A cancel request reaches the job's task wherever it is awaiting: inside an async
-    ``job_started`` hook (before the task runs) or ``job_finished`` hook (after it returned).
-    The attempt still gets its outcome (cancelled before it ran; completed as it finished),
-    and the hook sees the cancellation, as any awaiting code would."""
+    """A cancel request or a shutdown reaches the job's task wherever it awaits: inside an
+    async ``job_started`` hook (before the task runs) or ``job_finished`` hook (after it
+    returned). That hook sees the cancellation; the hooks after it still run; the attempt
+    gets its outcome (stopped before it ran: cancelled, or handed back unstarted; or as the
+    task finished) and, as every attempt, its ``job_finished``."""
     app = pgq.App()
     in_hook = anyio.Event()
     hook_cancelled: list[bool] = []
     ran: list[int] = []
+    finished: list[pgq.JobState | None] = []
 
     @app.on(hook)  # type: ignore[arg-type]
     async def slow_hook(event: pgq.JobEvent) -> None:
@@ -325,24 +329,60 @@ async def test_a_cancel_that_lands_in_an_async_hook_still_ends_the_job(
             hook_cancelled.append(True)
             raise
 
+    @app.on("job_finished")
+    def record(event: pgq.JobEvent) -> None:
+        finished.append(event.state)
+
     @app.task
     async def work(ctx: pgq.JobContext) -> str:
         ran.append(ctx.id)
         return "done"
 
     job = await client.enqueue("work")
-    async with pgq.Worker(app, dsn, **QUICK):
+    async with pgq.Worker(app, dsn, **{**QUICK, "shutdown_timeout": 0.2}) as worker:
         with anyio.fail_after(10):
             await in_hook.wait()
-        await client.cancel(job.id)
-        done = await client.wait(job.id, timeout=10)
+        if how == "cancel request":
+            await client.cancel(job.id)
+            await client.wait(job.id, timeout=10)
+        else:
+            worker.stop()  # the hook outlives the shutdown timeout: the job is cancelled
+    done = await client.get_job(job.id)
+    assert done is not None
     assert hook_cancelled == [True]
-    if hook == "job_started":
+    if hook == "job_finished":
+        assert done.state is pgq.JobState.COMPLETED and done.result == "done"
+        assert ran == [job.id] and finished == [pgq.JobState.COMPLETED]
+    elif how == "cancel request":
         assert done.state is pgq.JobState.CANCELLED and ran == []
         assert done.errors[-1]["kind"] == "cancel"
-    else:
-        assert done.state is pgq.JobState.COMPLETED and done.result == "done"
-        assert ran == [job.id]
+        assert finished == [pgq.JobState.CANCELLED]
+    else:  # handed back unstarted: available again, the attempt not counted
+        assert done.state is pgq.JobState.AVAILABLE and ran == [] and done.attempt == 0
+        assert done.errors[-1]["kind"] == "shutdown"
+        assert finished == [pgq.JobState.AVAILABLE]
+
+
+async def test_a_cancelled_error_that_cancels_nothing_fails_the_attempt(
+    dsn: str, client: pgq.Client
+) -> None:
+    """A task that raises CancelledError without being cancelled (it awaited a future
+    someone else cancelled) fails like any other exception: retried, then discarded; the
+    job is never left running."""
+    app = pgq.App()
+
+    @app.task(max_attempts=2, backoff=pgq.Backoff(base_s=0.01, jitter=0))
+    async def awaits_a_cancelled_future(ctx: pgq.JobContext) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        fut.cancel()
+        await fut
+
+    job = await client.enqueue("awaits_a_cancelled_future")
+    async with pgq.Worker(app, dsn, **QUICK):
+        done = await client.wait(job.id, timeout=10)
+    assert done.state is pgq.JobState.DISCARDED and done.attempt == 2
+    assert [e["kind"] for e in done.errors] == ["exception", "exception"]
+    assert done.errors[-1]["message"].startswith("CancelledError")
 
 
 async def test_cancel_of_a_thread_job_sets_cancel_requested(dsn: str, client: pgq.Client) -> None:

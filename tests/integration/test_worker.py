@@ -880,6 +880,13 @@ async def test_the_burst_check_finds_what_is_runnable_and_reads_no_finished_job(
     )
     assert not await runnable()  # another task's job; one not due yet
     await conn.execute(
+        "INSERT INTO pgq_jobs (task, args, state, scheduled_at)"
+        " VALUES ('noop', '{}', 'scheduled', now() - interval '1 second')"
+    )
+    assert await runnable()  # a scheduled job now due (the leader will make it available)
+    await conn.execute("DELETE FROM pgq_jobs WHERE state = 'scheduled'")
+    assert not await runnable()
+    await conn.execute(
         "INSERT INTO pgq_jobs (task, args, state, scheduled_at, attempt)"
         " VALUES ('noop', '{}', 'retryable', now() - interval '1 second', 1)"
     )
@@ -901,6 +908,14 @@ async def test_a_claim_updates_its_jobs_through_the_primary_key_not_a_table_scan
     args = ("default", ["noop"], 500, uuid.uuid4(), [None], [3], "w")
     plan_json = await conn.fetchval("EXPLAIN (FORMAT JSON) " + sql.CLAIM_JOBS, *args)
     assert "Seq Scan" not in plan_json and "Hash" not in plan_json, plan_json
-    first = await conn.fetch("SELECT id FROM pgq_jobs ORDER BY id LIMIT 500")
+    # Claim order (priority, then schedule time, then id) differs from id order here.
+    await conn.execute(
+        "UPDATE pgq_jobs SET priority = id % 3,"
+        " scheduled_at = scheduled_at - make_interval(secs => (id * 7919) % 1000)"
+    )
+    first = await conn.fetch(
+        "SELECT id FROM pgq_jobs ORDER BY priority DESC, scheduled_at, id LIMIT 500"
+    )
     claimed = await conn.fetch(sql.CLAIM_JOBS, *args)
-    assert [r["id"] for r in claimed] == [r["id"] for r in first]  # in claim order
+    ids = [r["id"] for r in claimed]
+    assert ids == [r["id"] for r in first] and ids != sorted(ids)

@@ -43,7 +43,7 @@ class Execution:
     """One running attempt: its context, and the asyncio task that runs it (cancelling the
     task is how the worker stops the attempt)."""
 
-    __slots__ = ("ctx", "reason", "started", "task", "waited_s")
+    __slots__ = ("cancel_spent", "ctx", "reason", "started", "task", "waited_s")
 
     def __init__(self, job: Job, settler: Settling | None = None) -> None:
         self.ctx = JobContext(job, settler)
@@ -56,6 +56,8 @@ class Execution:
         #: Seconds the job waited, claimed, for a slot: its timeout counts from the claim,
         #: as the database's deadline (and so the rescuer of hung jobs) does.
         self.waited_s = 0.0
+        #: Whether the attempt's cancellation was caught and spent (see ``cancel_spent``).
+        self.cancel_spent = False
 
     def cancel(self, reason: str) -> None:
         """Stop the attempt: async tasks are cancelled, threads see ``cancel_requested``."""
@@ -108,17 +110,16 @@ async def _run_with_events(
     hooks: Hooks,
 ) -> Outcome:
     job = execution.ctx.job
-    if hooks.wants("job_started"):
-        try:
-            await hooks.emit(JobEvent("job_started", job))
-        except asyncio.CancelledError:
-            if not cancel_spent(execution):
-                raise
-    if execution.reason is not None:
-        # Stopped while its job_started hooks ran: the task never began.
-        return stopped_before_start(job, execution.reason)
     started = monotonic()
-    outcome = await _run(task, execution, limiter, hooks)
+    if hooks.wants("job_started"):
+        await hooks.emit(JobEvent("job_started", job), functools.partial(cancel_spent, execution))
+    if execution.reason is not None:
+        # Stopped while its job_started hooks ran: the task never began. Its end is still
+        # reported, as every attempt's is (hooks pair job_started with job_finished).
+        outcome = stopped_before_start(job, execution.reason)
+    else:
+        started = monotonic()
+        outcome = await _run(task, execution, limiter, hooks)
     await _finished(hooks, execution, outcome, started)
     return outcome
 
@@ -140,20 +141,29 @@ async def _run_reporting_failures(
 
 def cancel_spent(execution: Execution) -> bool:
     """In an ``except asyncio.CancelledError`` around something an attempt awaits: whether
-    the worker cancelled this attempt (stop, cancel request), then the cancellation is spent
-    (it stopped what was awaited) and the attempt goes on to write its outcome; else the
-    cancellation is not the attempt's (the worker is being torn down), to be re-raised."""
-    if execution.reason is None:
+    this is the worker's one cancellation of the attempt (a stop, a cancel request), now
+    spent: it stopped what was awaited, and the attempt goes on to its outcome. False for
+    any other (to be re-raised): one that came after the attempt's was spent, one requested
+    from elsewhere as well (the worker being torn down), or none requested at all."""
+    if execution.reason is None or execution.cancel_spent:
         return False
+    execution.cancel_spent = True
     current = asyncio.current_task()
-    if current is not None:
-        current.uncancel()
-    return True
+    return current is None or current.uncancel() == 0
+
+
+def cancels_nothing() -> bool:
+    """Whether a ``CancelledError`` being handled cancels nothing: no cancellation of the
+    running task is pending (a future cancelled by someone else was awaited). It is then
+    an error like any other, not a reason to end the task."""
+    current = asyncio.current_task()
+    return current is not None and current.cancelling() == 0
 
 
 async def _finished(hooks: Hooks, execution: Execution, outcome: Outcome, started: float) -> None:
     """Emit ``job_finished`` (and ``job_retried``) for ``outcome`` to the hooks that want it.
-    A cancel of the attempt that lands in a hook ends the hook; the outcome stands."""
+    A cancel of the attempt that lands in a hook ends that hook; the others run, and the
+    outcome stands."""
     state = STATES[outcome.state]
     retried = state is JobState.RETRYABLE and hooks.wants("job_retried")
     failed = state is not JobState.COMPLETED and bool(hooks.failure_handlers)
@@ -161,13 +171,10 @@ async def _finished(hooks: Hooks, execution: Execution, outcome: Outcome, starte
         job = execution.ctx.job
         error = _serde.loads(outcome.error) if outcome.error else None
         duration = monotonic() - started
-        try:
-            await hooks.emit(JobEvent("job_finished", job, state, error, duration))
-            if retried:
-                await hooks.emit(JobEvent("job_retried", job, state, error, duration))
-        except asyncio.CancelledError:
-            if not cancel_spent(execution):
-                raise
+        spent = functools.partial(cancel_spent, execution)
+        await hooks.emit(JobEvent("job_finished", job, state, error, duration), spent)
+        if retried:
+            await hooks.emit(JobEvent("job_retried", job, state, error, duration), spent)
 
 
 async def _run(
@@ -196,8 +203,10 @@ async def _run(
             else:
                 left = max(task.timeout - execution.waited_s, 0.0)
                 result = await _within_timeout(left, task.timeout, ctx, call)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if not cancel_spent(execution):
+                if cancels_nothing():
+                    return _raised(job, task, exc)  # a failure of the task's own
                 raise  # not ours to stop (the worker itself is being torn down)
         if execution.reason == CANCEL:
             # Requested by client.cancel(): an async task was cancelled; a thread saw
@@ -251,7 +260,7 @@ async def _within_timeout(
         raise _TimedOut(f"timed out after {limit_s:g}s") from None
 
 
-def _raised(job: Job, task: Task, exc: Exception) -> Outcome:
+def _raised(job: Job, task: Task, exc: BaseException) -> Outcome:
     """The outcome of an attempt that raised ``exc``."""
     if isinstance(exc, Retry):
         return _failure(job, task, error_entry(job.attempt, "retry", exc.reason), exc.delay_s)

@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 from pgq.job import Job, JobContext, JobState
 
+#: What a ``CancelledError`` that lands in an attempt is (``executor.judge_cancel``).
+CancelVerdict = Literal["spent", "raise", "stray"]
+
 log = logging.getLogger("pgq.hooks")
 
 EventName = Literal["job_started", "job_finished", "job_retried", "job_rescued"]
@@ -77,13 +80,15 @@ class Hooks:
         """Whether any hook listens to ``name`` (so the caller may skip building the event)."""
         return bool(self.handlers[name])
 
-    async def emit(self, event: JobEvent, spent: Callable[[], bool] | None = None) -> None:
+    async def emit(self, event: JobEvent, judge: Callable[[], CancelVerdict] | None = None) -> None:
         """Call every hook for ``event``; a failing hook is logged and never affects the job.
 
-        A cancellation that lands in an async hook stops the emit, unless ``spent`` (asked
-        then) says it was the attempt's own and is used up: it ends that hook only. A
-        ``CancelledError`` that cancels nothing (a hook awaited a future cancelled by
-        someone else) is a failing hook like any other."""
+        A cancellation that lands in an async hook is judged by ``judge`` (the attempt's,
+        see ``pgq._worker.executor.judge_cancel``): the attempt's own stop ends that hook
+        only; a teardown ends the emit; any other ``CancelledError`` (the hook awaited
+        something someone else cancelled, or cancelled itself) is a failing hook. Without
+        ``judge`` (events outside an attempt), a ``CancelledError`` ends the emit when the
+        task is being cancelled, else it is a failing hook."""
         hooks = self.handlers[event.name]
         if event.name == "job_finished" and event.state is not JobState.COMPLETED:
             hooks = [*self.failure_handlers, *hooks]
@@ -93,11 +98,14 @@ class Hooks:
                 if inspect.isawaitable(result):
                     await result
             except asyncio.CancelledError:
-                if spent is not None and spent():
-                    continue
-                current = asyncio.current_task()
-                if current is None or current.cancelling():
+                if judge is not None:
+                    verdict = judge()
+                else:
+                    current = asyncio.current_task()
+                    verdict = "raise" if current is None or current.cancelling() else "stray"
+                if verdict == "raise":
                     raise
-                log.exception("%s hook %r failed for job %d", event.name, hook, event.job.id)
+                if verdict == "stray":
+                    log.exception("%s hook %r failed for job %d", event.name, hook, event.job.id)
             except Exception:
                 log.exception("%s hook %r failed for job %d", event.name, hook, event.job.id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -363,26 +364,61 @@ async def test_a_stop_that_lands_in_an_async_hook_still_ends_the_job(
         assert finished == [pgq.JobState.AVAILABLE]
 
 
-async def test_a_cancelled_error_that_cancels_nothing_fails_the_attempt(
-    dsn: str, client: pgq.Client
+@pytest.mark.parametrize("how", ["awaits a cancelled future", "cancels itself"])
+async def test_a_cancelled_error_the_worker_did_not_ask_for_fails_the_attempt(
+    dsn: str, client: pgq.Client, how: str
 ) -> None:
-    """A task that raises CancelledError without being cancelled (it awaited a future
-    someone else cancelled) fails like any other exception: retried, then discarded; the
-    job is never left running."""
+    """A task that raises CancelledError the worker did not cause (it awaited a future
+    someone else cancelled, or cancelled its own asyncio task) fails like any other
+    exception: retried, then discarded; the job is never left running."""
     app = pgq.App()
 
     @app.task(max_attempts=2, backoff=pgq.Backoff(base_s=0.01, jitter=0))
-    async def awaits_a_cancelled_future(ctx: pgq.JobContext) -> None:
+    async def cancelled_inside(ctx: pgq.JobContext) -> None:
+        if how == "cancels itself":
+            current = asyncio.current_task()
+            assert current is not None
+            current.cancel()
+            await asyncio.sleep(1)
         fut = asyncio.get_running_loop().create_future()
         fut.cancel()
         await fut
 
-    job = await client.enqueue("awaits_a_cancelled_future")
+    job = await client.enqueue("cancelled_inside")
     async with pgq.Worker(app, dsn, **QUICK):
         done = await client.wait(job.id, timeout=10)
     assert done.state is pgq.JobState.DISCARDED and done.attempt == 2
     assert [e["kind"] for e in done.errors] == ["exception", "exception"]
     assert done.errors[-1]["message"].startswith("CancelledError")
+
+
+async def test_a_cancel_request_stops_a_task_that_once_caught_a_cancellation_of_its_own(
+    dsn: str, client: pgq.Client
+) -> None:
+    """A task that cancelled itself and caught it (as an old-style timeout does, leaving its
+    asyncio task's cancellation count above zero) is still stopped by a cancel request."""
+    app = pgq.App()
+    waiting = anyio.Event()
+
+    @app.task
+    async def timed_out_once(ctx: pgq.JobContext) -> None:
+        current = asyncio.current_task()
+        assert current is not None
+        current.cancel()
+        # its own timeout, handled without uncancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(1)
+        waiting.set()
+        await asyncio.sleep(30)
+
+    job = await client.enqueue("timed_out_once")
+    async with pgq.Worker(app, dsn, **QUICK):
+        with anyio.fail_after(10):
+            await waiting.wait()
+        await client.cancel(job.id)
+        done = await client.wait(job.id, timeout=10)
+    assert done.state is pgq.JobState.CANCELLED
+    assert done.errors[-1]["kind"] == "cancel"
 
 
 async def test_cancel_of_a_thread_job_sets_cancel_requested(dsn: str, client: pgq.Client) -> None:

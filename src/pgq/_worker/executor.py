@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from pgq import _serde
-from pgq._hooks import Hooks, JobEvent, Middleware
+from pgq._hooks import CancelVerdict, Hooks, JobEvent, Middleware
 from pgq._worker.outcome import Outcome, error_entry
 from pgq.app import Task
 from pgq.job import STATES, Cancel, Discard, Job, JobContext, JobState, Retry, Settling, Snooze
@@ -43,7 +43,10 @@ class Execution:
     """One running attempt: its context, and the asyncio task that runs it (cancelling the
     task is how the worker stops the attempt)."""
 
-    __slots__ = ("cancel_spent", "ctx", "reason", "started", "task", "waited_s")
+    __slots__ = (
+        "cancel_sent", "cancel_spent", "ctx", "reason", "started", "task", "torn_down",
+        "waited_s",
+    )  # fmt: skip
 
     def __init__(self, job: Job, settler: Settling | None = None) -> None:
         self.ctx = JobContext(job, settler)
@@ -56,8 +59,13 @@ class Execution:
         #: Seconds the job waited, claimed, for a slot: its timeout counts from the claim,
         #: as the database's deadline (and so the rescuer of hung jobs) does.
         self.waited_s = 0.0
-        #: Whether the attempt's cancellation was caught and spent (see ``cancel_spent``).
+        #: Whether :meth:`cancel` cancelled the task, and whether that cancellation was
+        #: caught and spent (see :func:`judge_cancel`).
+        self.cancel_sent = False
         self.cancel_spent = False
+        #: Set when the worker tears the task down (:meth:`tear_down`): from then on no
+        #: cancellation is the attempt's to absorb.
+        self.torn_down = False
 
     def cancel(self, reason: str) -> None:
         """Stop the attempt: async tasks are cancelled, threads see ``cancel_requested``."""
@@ -66,6 +74,13 @@ class Execution:
         self.reason = reason
         self.ctx._request_cancel()
         if self.task is not None and self.started:
+            self.cancel_sent = True
+            self.task.cancel()
+
+    def tear_down(self) -> None:
+        """Cancel the task for good: the worker is being torn down around it."""
+        self.torn_down = True
+        if self.task is not None:
             self.task.cancel()
 
 
@@ -110,16 +125,17 @@ async def _run_with_events(
     hooks: Hooks,
 ) -> Outcome:
     job = execution.ctx.job
-    started = monotonic()
     if hooks.wants("job_started"):
-        await hooks.emit(JobEvent("job_started", job), functools.partial(cancel_spent, execution))
+        await hooks.emit(JobEvent("job_started", job), functools.partial(judge_cancel, execution))
     if execution.reason is not None:
         # Stopped while its job_started hooks ran: the task never began. Its end is still
-        # reported, as every attempt's is (hooks pair job_started with job_finished).
+        # reported, as every attempt's is (hooks pair job_started with job_finished), with
+        # no duration, since it did not run.
         outcome = stopped_before_start(job, execution.reason)
-    else:
-        started = monotonic()
-        outcome = await _run(task, execution, limiter, hooks)
+        await _finished(hooks, execution, outcome, None)
+        return outcome
+    started = monotonic()
+    outcome = await _run(task, execution, limiter, hooks)
     await _finished(hooks, execution, outcome, started)
     return outcome
 
@@ -139,28 +155,26 @@ async def _run_reporting_failures(
     return outcome
 
 
-def cancel_spent(execution: Execution) -> bool:
-    """In an ``except asyncio.CancelledError`` around something an attempt awaits: whether
-    this is the worker's one cancellation of the attempt (a stop, a cancel request), now
-    spent: it stopped what was awaited, and the attempt goes on to its outcome. False for
-    any other (to be re-raised): one that came after the attempt's was spent, one requested
-    from elsewhere as well (the worker being torn down), or none requested at all."""
-    if execution.reason is None or execution.cancel_spent:
-        return False
-    execution.cancel_spent = True
-    current = asyncio.current_task()
-    return current is None or current.uncancel() == 0
+def judge_cancel(execution: Execution) -> CancelVerdict:
+    """In an ``except asyncio.CancelledError`` around something an attempt awaits, what the
+    cancellation is: ``"spent"`` when it is the worker's one cancel of this attempt (a stop,
+    a cancel request), caught for the first time: it stopped what was awaited, and the
+    attempt goes on to its outcome; ``"raise"`` when the worker is tearing the task down;
+    ``"stray"`` for any other (the task cancelled itself, or awaited something that someone
+    else cancelled): an error like any other, never a reason to end the job's task with no
+    outcome."""
+    if execution.cancel_sent and not execution.cancel_spent and not execution.torn_down:
+        execution.cancel_spent = True
+        current = asyncio.current_task()
+        if current is not None:
+            current.uncancel()
+        return "spent"
+    return "raise" if execution.torn_down else "stray"
 
 
-def cancels_nothing() -> bool:
-    """Whether a ``CancelledError`` being handled cancels nothing: no cancellation of the
-    running task is pending (a future cancelled by someone else was awaited). It is then
-    an error like any other, not a reason to end the task."""
-    current = asyncio.current_task()
-    return current is not None and current.cancelling() == 0
-
-
-async def _finished(hooks: Hooks, execution: Execution, outcome: Outcome, started: float) -> None:
+async def _finished(
+    hooks: Hooks, execution: Execution, outcome: Outcome, started: float | None
+) -> None:
     """Emit ``job_finished`` (and ``job_retried``) for ``outcome`` to the hooks that want it.
     A cancel of the attempt that lands in a hook ends that hook; the others run, and the
     outcome stands."""
@@ -170,11 +184,11 @@ async def _finished(hooks: Hooks, execution: Execution, outcome: Outcome, starte
     if hooks.wants("job_finished") or failed or retried:
         job = execution.ctx.job
         error = _serde.loads(outcome.error) if outcome.error else None
-        duration = monotonic() - started
-        spent = functools.partial(cancel_spent, execution)
-        await hooks.emit(JobEvent("job_finished", job, state, error, duration), spent)
+        duration = None if started is None else monotonic() - started
+        judge = functools.partial(judge_cancel, execution)
+        await hooks.emit(JobEvent("job_finished", job, state, error, duration), judge)
         if retried:
-            await hooks.emit(JobEvent("job_retried", job, state, error, duration), spent)
+            await hooks.emit(JobEvent("job_retried", job, state, error, duration), judge)
 
 
 async def _run(
@@ -204,10 +218,11 @@ async def _run(
                 left = max(task.timeout - execution.waited_s, 0.0)
                 result = await _within_timeout(left, task.timeout, ctx, call)
         except asyncio.CancelledError as exc:
-            if not cancel_spent(execution):
-                if cancels_nothing():
-                    return _raised(job, task, exc)  # a failure of the task's own
-                raise  # not ours to stop (the worker itself is being torn down)
+            verdict = judge_cancel(execution)
+            if verdict == "raise":
+                raise  # the worker itself is being torn down
+            if verdict == "stray":
+                return _raised(job, task, exc)  # a failure of the task's own
         if execution.reason == CANCEL:
             # Requested by client.cancel(): an async task was cancelled; a thread saw
             # ctx.cancel_requested (or finished regardless). Either way it ends cancelled.

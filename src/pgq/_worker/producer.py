@@ -23,8 +23,8 @@ from pgq._worker.executor import (
     SHUTDOWN,
     WAITED,
     Execution,
-    cancel_spent,
     internal_failure,
+    judge_cancel,
     runner,
     stopped_before_start,
 )
@@ -368,8 +368,8 @@ class Producer:
                     log.error("a job's task failed in pgq itself", exc_info=t.exception())
         except BaseException:
             # The worker is being torn down: nothing may outlive this batch.
-            for t in tasks:
-                t.cancel()
+            for execution in executions:
+                execution.tear_down()
             with anyio.CancelScope(shield=True):
                 await asyncio.wait(tasks)
             raise
@@ -442,10 +442,9 @@ class Producer:
             return False
         except asyncio.CancelledError:
             # Cancelled or stopped before a slot freed: cancelled, or handed back.
-            if not cancel_spent(execution):
+            if judge_cancel(execution) == "raise":
                 raise
-            assert execution.reason is not None
-            self._outcomes(stopped_before_start(job, execution.reason))
+            self._outcomes(stopped_before_start(job, execution.reason or SHUTDOWN))
             return False
         finally:
             self._waiting.discard(execution)
@@ -480,7 +479,7 @@ class Producer:
         except asyncio.CancelledError:
             # A stop or cancel request that came as the attempt ended: the attempt is over,
             # its outcome still to be written (fenced out if the task's own committed).
-            if not cancel_spent(execution):
+            if judge_cancel(execution) == "raise":
                 raise
             return False
         except DATABASE_ERRORS as exc:

@@ -517,15 +517,20 @@ async def test_jobs_claimed_ahead_never_run_beyond_concurrency(
     await client.enqueue_many([pgq.JobSpec("short", {"i": i}) for i in range(300)])
     async with pgq.Worker(app, dsn, concurrency=4, claim_ahead=5, poll_interval=0.05) as worker:
         (producer,) = worker._by_queue.values()
-        claimed_ahead = 0
+        claimed_ahead = waiting = most_executing = 0
         with anyio.fail_after(60):
             while await client.pool.fetchval(
                 "SELECT count(*) FROM pgq_jobs WHERE state <> 'completed'"
             ):
                 claimed_ahead = max(claimed_ahead, len(producer.running) - producer.concurrency)
+                (stats,) = worker.stats()["producers"]
+                waiting = max(waiting, stats["running"] - stats["executing"])
+                most_executing = max(most_executing, stats["executing"])
                 await anyio.sleep(0.001)
     assert most == 4  # the slots were used, and never exceeded
     assert claimed_ahead >= 1  # it did claim ahead
+    # stats() tells jobs in a slot from jobs claimed and waiting for one.
+    assert 1 <= most_executing <= 4 and waiting >= 1
 
 
 async def test_the_claim_ahead_is_sized_from_claim_and_job_times() -> None:

@@ -16,8 +16,9 @@ def anyio_backend() -> str:
 
 async def test_free_slots_are_taken_without_waiting_until_none_is_left() -> None:
     slots = Slots(2)
-    assert not slots.locked()
+    assert not slots.locked() and slots.in_use == 0
     assert slots.take_free() and slots.take_free()
+    assert slots.in_use == 2
     assert slots.locked() and not slots.take_free()
     slots.release()
     assert not slots.locked() and slots.take_free()

@@ -507,6 +507,7 @@ class Producer:
             "last_heartbeat_ok_at": self.health.last_ok_at,
             "concurrency": self.concurrency,
             "running": len(self.running),
+            "executing": self._gate.in_use,
             "claim_ahead": self.ahead,
             "fetches": self.fetches,
             "claimed": self.claimed,

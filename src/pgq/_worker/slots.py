@@ -13,11 +13,17 @@ class Slots:
     ``asyncio.Semaphore`` looks for cancelled waiters with a generator on every check,
     which cost more than the rest of a no-op job's slot handling."""
 
-    __slots__ = ("_free", "_waiters")
+    __slots__ = ("_free", "_n", "_waiters")
 
     def __init__(self, n: int) -> None:
+        self._n = n
         self._free = n
         self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def in_use(self) -> int:
+        """How many slots are taken."""
+        return self._n - self._free
 
     def locked(self) -> bool:
         """Whether a newcomer would have to wait (no free slot, or others wait already)."""

@@ -441,8 +441,8 @@ class Worker:
     def stats(self) -> dict[str, Any]:
         """A snapshot for operators: per producer its queue, health (``healthy``,
         ``consecutive_failures``, ``last_heartbeat_ok_at`` as a Unix time, None before the
-        first) and counters (``running``, claimed jobs waiting for a slot included,
-        ``claimed``, ``completed``, ``failed``, ``rejected_outcomes``, ``fetches``), and
+        first) and counters (``running``, claimed jobs waiting for a slot included, as the
+        database counts them; ``executing``, those in a slot now; ``claimed``, ``completed``, ``failed``, ``rejected_outcomes``, ``fetches``), and
         ``claim_ahead``, how many jobs it claims ahead of free slots now; the worker's leader flag and terms, the rescues,
         reaps, retention deletes and periodic jobs it did, each leader service's ``runs``/``failures``/``last_error``, heartbeats and
         re-registrations, cancels obeyed, LISTEN reconnections, and the outcomes not yet

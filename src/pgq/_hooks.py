@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pgq.job import Job, JobContext, JobState
 
-#: What a ``CancelledError`` that lands in an attempt is (``executor.judge_cancel``).
+#: What a ``CancelledError`` that lands in an attempt is (``Execution.judge_cancel``).
 CancelVerdict = Literal["spent", "raise", "stray"]
 
 log = logging.getLogger("pgq.hooks")
@@ -84,7 +84,7 @@ class Hooks:
         """Call every hook for ``event``; a failing hook is logged and never affects the job.
 
         A cancellation that lands in an async hook is judged by ``judge`` (the attempt's,
-        see ``pgq._worker.executor.judge_cancel``): the attempt's own stop ends that hook
+        see ``pgq._worker.executor.Execution.judge_cancel``): the attempt's own stop ends that hook
         only; a teardown ends the emit; any other ``CancelledError`` (the hook awaited
         something someone else cancelled, or cancelled itself) is a failing hook. Without
         ``judge`` (events outside an attempt), a ``CancelledError`` ends the emit when the

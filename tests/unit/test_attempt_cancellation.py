@@ -12,7 +12,7 @@ from typing import Any, TypeVar, cast
 import pytest
 
 from pgq._hooks import Hooks, JobEvent
-from pgq._worker.executor import CANCEL, SHUTDOWN, Execution, judge_cancel
+from pgq._worker.executor import CANCEL, SHUTDOWN, Execution
 from pgq.job import Job, JobState
 
 T = TypeVar("T")
@@ -33,7 +33,7 @@ async def caught_in(ex: Execution, fut: asyncio.Future[None], seen: list[str]) -
     try:
         await fut
     except asyncio.CancelledError:
-        verdict = judge_cancel(ex)
+        verdict = ex.judge_cancel()
         seen.append(verdict)
         if verdict == "raise":
             raise
@@ -136,7 +136,7 @@ async def test_hooks_after_the_one_the_attempts_cancel_landed_in_still_run() -> 
     hooks = Hooks()
     hooks.handlers["job_finished"] = [slow, stray, after]
     event = JobEvent("job_finished", ex.ctx.job, JobState.COMPLETED)
-    task = await started(ex, hooks.emit(event, lambda: judge_cancel(ex)))
+    task = await started(ex, hooks.emit(event, ex.judge_cancel))
     ex.cancel(CANCEL)
     await task
     assert calls == ["slow", "stray", "after"]
@@ -145,7 +145,7 @@ async def test_hooks_after_the_one_the_attempts_cancel_landed_in_still_run() -> 
     calls.clear()
     blocker = future()
     torn = execution()
-    task = await started(torn, hooks.emit(event, lambda: judge_cancel(torn)))
+    task = await started(torn, hooks.emit(event, torn.judge_cancel))
     torn.tear_down()
     with pytest.raises(asyncio.CancelledError):
         await task

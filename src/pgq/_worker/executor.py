@@ -60,7 +60,7 @@ class Execution:
         #: as the database's deadline (and so the rescuer of hung jobs) does.
         self.waited_s = 0.0
         #: Whether :meth:`cancel` cancelled the task, and whether that cancellation was
-        #: caught and spent (see :func:`judge_cancel`).
+        #: caught and spent (see :meth:`judge_cancel`).
         self.cancel_sent = False
         self.cancel_spent = False
         #: Set when the worker tears the task down (:meth:`tear_down`): from then on no
@@ -82,6 +82,22 @@ class Execution:
         self.torn_down = True
         if self.task is not None:
             self.task.cancel()
+
+    def judge_cancel(self) -> CancelVerdict:
+        """In an ``except asyncio.CancelledError`` around something the attempt awaits, what
+        the cancellation is: ``"spent"`` when it is the worker's one cancel of this attempt
+        (a stop, a cancel request), caught for the first time: it stopped what was awaited,
+        and the attempt goes on to its outcome; ``"raise"`` when the worker is tearing the
+        task down; ``"stray"`` for any other (the task cancelled itself, or awaited
+        something that someone else cancelled): an error like any other, never a reason to
+        end the job's task with no outcome."""
+        if self.cancel_sent and not self.cancel_spent and not self.torn_down:
+            self.cancel_spent = True
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            return "spent"
+        return "raise" if self.torn_down else "stray"
 
 
 def _failure(job: Job, task: Task, error: str, delay_s: float | None = None) -> Outcome:
@@ -126,7 +142,7 @@ async def _run_with_events(
 ) -> Outcome:
     job = execution.ctx.job
     if hooks.wants("job_started"):
-        await hooks.emit(JobEvent("job_started", job), functools.partial(judge_cancel, execution))
+        await hooks.emit(JobEvent("job_started", job), execution.judge_cancel)
     if execution.reason is not None:
         # Stopped while its job_started hooks ran: the task never began. Its end is still
         # reported, as every attempt's is (hooks pair job_started with job_finished), with
@@ -155,23 +171,6 @@ async def _run_reporting_failures(
     return outcome
 
 
-def judge_cancel(execution: Execution) -> CancelVerdict:
-    """In an ``except asyncio.CancelledError`` around something an attempt awaits, what the
-    cancellation is: ``"spent"`` when it is the worker's one cancel of this attempt (a stop,
-    a cancel request), caught for the first time: it stopped what was awaited, and the
-    attempt goes on to its outcome; ``"raise"`` when the worker is tearing the task down;
-    ``"stray"`` for any other (the task cancelled itself, or awaited something that someone
-    else cancelled): an error like any other, never a reason to end the job's task with no
-    outcome."""
-    if execution.cancel_sent and not execution.cancel_spent and not execution.torn_down:
-        execution.cancel_spent = True
-        current = asyncio.current_task()
-        if current is not None:
-            current.uncancel()
-        return "spent"
-    return "raise" if execution.torn_down else "stray"
-
-
 async def _finished(
     hooks: Hooks, execution: Execution, outcome: Outcome, started: float | None
 ) -> None:
@@ -185,7 +184,7 @@ async def _finished(
         job = execution.ctx.job
         error = _serde.loads(outcome.error) if outcome.error else None
         duration = None if started is None else monotonic() - started
-        judge = functools.partial(judge_cancel, execution)
+        judge = execution.judge_cancel
         await hooks.emit(JobEvent("job_finished", job, state, error, duration), judge)
         if retried:
             await hooks.emit(JobEvent("job_retried", job, state, error, duration), judge)
@@ -218,7 +217,7 @@ async def _run(
                 left = max(task.timeout - execution.waited_s, 0.0)
                 result = await _within_timeout(left, task.timeout, ctx, call)
         except asyncio.CancelledError as exc:
-            verdict = judge_cancel(execution)
+            verdict = execution.judge_cancel()
             if verdict == "raise":
                 raise  # the worker itself is being torn down
             if verdict == "stray":

@@ -24,7 +24,6 @@ from pgq._worker.executor import (
     WAITED,
     Execution,
     internal_failure,
-    judge_cancel,
     runner,
     stopped_before_start,
 )
@@ -442,7 +441,7 @@ class Producer:
             return False
         except asyncio.CancelledError:
             # Cancelled or stopped before a slot freed: cancelled, or handed back.
-            if judge_cancel(execution) == "raise":
+            if execution.judge_cancel() == "raise":
                 raise
             self._outcomes(stopped_before_start(job, execution.reason or SHUTDOWN))
             return False
@@ -479,7 +478,7 @@ class Producer:
         except asyncio.CancelledError:
             # A stop or cancel request that came as the attempt ended: the attempt is over,
             # its outcome still to be written (fenced out if the task's own committed).
-            if judge_cancel(execution) == "raise":
+            if execution.judge_cancel() == "raise":
                 raise
             return False
         except DATABASE_ERRORS as exc:

@@ -76,6 +76,46 @@ async def test_a_completion_that_committed_stands_whatever_the_task_does_next(
     assert not [r for r in caplog.records if "rejected" in r.getMessage()]
 
 
+async def test_a_stop_that_lands_as_the_worker_checks_the_commit_still_counts_the_job(
+    dsn: str, effects: Conn, client: pgq.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A shutdown that reaches the job's task after the task's own transaction committed
+    its completion, while the worker asks the database whether it did (a sync
+    ``job_finished`` hook stops the worker: the cancel lands at the task's next await,
+    that check): the worker asks again, finds the commit, and counts the job completed;
+    it writes no outcome of its own to be fenced out and logged as rejected."""
+    app = pgq.App()
+    workers: list[pgq.Worker] = []
+
+    @app.on("job_finished")
+    def stop_now(event: pgq.JobEvent) -> None:
+        workers[0].stop(now=True)
+
+    @app.task
+    async def charge(ctx: pgq.JobContext) -> None:
+        c = await asyncpg.connect(dsn)
+        try:
+            async with c.transaction():
+                await c.execute("INSERT INTO effects VALUES ($1, $2, 'charged')", ctx.id, 1)
+                await ctx.complete(connection=c, result="charged")
+        finally:
+            await c.close()
+
+    caplog.set_level(logging.WARNING)
+    job = await client.enqueue("charge")
+    worker = pgq.Worker(app, dsn, **SETTINGS)
+    workers.append(worker)
+    with anyio.fail_after(15):
+        await worker.run()
+    stats = worker.stats()["producers"][0]
+    done = await client.get_job(job.id)
+    assert done is not None and done.state is pgq.JobState.COMPLETED
+    assert done.result == "charged" and done.attempt == 1
+    assert await effect_rows(effects) == [(job.id, 1, "charged")]
+    assert stats["completed"] == 1 and stats["rejected_outcomes"] == 0
+    assert not [r for r in caplog.records if "rejected" in r.getMessage()]
+
+
 async def test_a_rolled_back_completion_leaves_the_attempt_to_go_on(
     dsn: str, effects: Conn, client: pgq.Client
 ) -> None:

@@ -473,21 +473,27 @@ class Producer:
     async def _settled_by_the_task(self, execution: Execution) -> bool:
         """Whether the task's own transaction settled its attempt and committed: then that
         is the outcome, and the worker writes none (a write would only be fenced out)."""
-        try:
-            state = await self._settlers[execution.ctx.job.task].committed(execution.ctx)
-        except asyncio.CancelledError:
-            # A stop or cancel request that came as the attempt ended: the attempt is over,
-            # its outcome still to be written (fenced out if the task's own committed).
-            if execution.judge_cancel() == "raise":
-                raise
-            return False
-        except DATABASE_ERRORS as exc:
-            log.warning(
-                "job %d: could not check its transactional outcome (%s); writing the worker's",
-                execution.ctx.job.id,
-                exc,
-            )
-            return False
+        settler = self._settlers[execution.ctx.job.task]
+        for asked in range(2):
+            try:
+                state = await settler.committed(execution.ctx)
+                break
+            except asyncio.CancelledError:
+                # A stop or cancel request that came as the attempt ended, and interrupted
+                # the check: the attempt is over either way. The worker cancels an attempt
+                # once, so the check asked again runs to its end. (Interrupted twice, by
+                # someone else: the worker's outcome is written, fenced out if need be.)
+                if execution.judge_cancel() == "raise":
+                    raise
+                if asked:
+                    return False
+            except DATABASE_ERRORS as exc:
+                log.warning(
+                    "job %d: could not check its transactional outcome (%s); writing the worker's",
+                    execution.ctx.job.id,
+                    exc,
+                )
+                return False
         if state == "completed":
             self.completed += 1
         elif state in ("retryable", "discarded"):

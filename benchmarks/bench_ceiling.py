@@ -1,7 +1,14 @@
 """The practical limit of this machine for this design: bare asyncpg, no framework.
 
-Two connections, each claiming 100 jobs with one SKIP LOCKED statement and completing them
-with one UPDATE, until the 20,000 queued no-op jobs are done. `python bench_ceiling.py drain`
+`python bench_ceiling.py drain`: two connections, each claiming 100 jobs with one SKIP
+LOCKED statement (the locked rows joined back to the table) and completing them with one
+UPDATE, until the 20,000 queued no-op jobs are done. This is the ceiling the targets of
+docs/performance.md are stated against.
+
+`python bench_ceiling.py drain-500`: the same loop as pgq runs it at concurrency 1,000:
+claims of 500, the locked rows updated through the primary key (``id = ANY(ARRAY(...))``,
+the statement shape pgq's claim uses since 9488413). A stricter reference: it shows what
+the database and driver allow when the per-job work in Python is nearly nil.
 """
 
 from __future__ import annotations
@@ -22,13 +29,24 @@ UPDATE pgq_jobs j SET state = 'running', attempt = j.attempt + 1, attempted_at =
 FROM locked WHERE j.id = locked.id
 RETURNING j.id, j.args::text
 """
+CLAIM_BY_ID = """
+WITH locked AS (
+    SELECT id FROM pgq_jobs WHERE state = 'available' AND queue = 'default'
+    ORDER BY priority DESC, scheduled_at, id LIMIT $1 FOR UPDATE SKIP LOCKED
+)
+UPDATE pgq_jobs j SET state = 'running', attempt = j.attempt + 1, attempted_at = now()
+WHERE j.id = ANY(ARRAY(SELECT id FROM locked))
+RETURNING j.id, j.args::text
+"""
 COMPLETE = """
 UPDATE pgq_jobs SET state = 'completed', finalized_at = now()
 WHERE id = ANY($1::bigint[]) AND state = 'running'
 """
 
 
-async def drain() -> None:
+async def drain(batch: int | None) -> None:
+    """Drain N jobs with two connections: claims of 100 joined back to the table
+    (``batch`` None), or claims of ``batch`` through the primary key."""
     dsn = await fresh_database("bench_ceiling")
     await pgq_migrate(dsn)
     conn = await asyncpg.connect(dsn)
@@ -44,7 +62,7 @@ async def drain() -> None:
     async def consumer() -> None:
         c = await asyncpg.connect(dsn)
         try:
-            while rows := await c.fetch(CLAIM):
+            while rows := await (c.fetch(CLAIM) if batch is None else c.fetch(CLAIM_BY_ID, batch)):
                 await c.execute(COMPLETE, [r[0] for r in rows])
         finally:
             await c.close()
@@ -54,7 +72,7 @@ async def drain() -> None:
     emit(
         {
             "system": "ceiling",
-            "workload": "drain",
+            "workload": "drain" if batch is None else f"drain_{batch}",
             "jobs": N,
             "seconds": t.seconds,
             "rate": N / t.seconds,
@@ -64,6 +82,9 @@ async def drain() -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["drain"]:
-        raise SystemExit("usage: bench_ceiling.py drain")
-    run(lambda: drain())
+    if sys.argv[1:] == ["drain"]:
+        run(lambda: drain(None))
+    elif sys.argv[1:] == ["drain-500"]:
+        run(lambda: drain(500))
+    else:
+        raise SystemExit("usage: bench_ceiling.py drain | drain-500")

@@ -1,23 +1,29 @@
 """Efficiency with I/O-bound jobs: one worker draining jobs that each await ``DURATION``
 (10 ms), at concurrency 10, 100 and 1,000, against the ideal (concurrency / duration).
 
-`python benchmarks/bench_io.py [ROUNDS [CONCURRENCY ...]]` (defaults: 3 rounds; 10 100
-1000) enqueues, per run, enough jobs for about three seconds of ideal work (3,000 to
+`python benchmarks/bench_io.py [--cli] [ROUNDS [CONCURRENCY ...]]` (defaults: 3 rounds; 10
+100 1000) enqueues, per run, enough jobs for about three seconds of ideal work (3,000 to
 60,000), drains them with an in-process worker (uvloop when installed), and takes the rate
 from the database's own clock: jobs / (last finalized_at - first attempted_at), so the
 worker's start and stop are not counted. Each round runs every concurrency twice, with
 claiming ahead as by default and with it off (claim_ahead=0). Prints each run and the
-median per concurrency and mode.
+median per concurrency and mode. With ``--cli`` the worker is a `pgq worker --burst
+--concurrency N` process started by the CLI instead, as users run it (its collector tuned,
+the CLI's default), with claiming ahead as by default only. With ``BENCH_GC=tuned`` the process's garbage collector is
+set up first as `pgq worker` sets up its own (``pgq.tune_gc()``); by default it is left as
+an embedded worker leaves its host's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import sys
+from pathlib import Path
 
 import anyio
-from common import emit, fresh_database, pgq_backlog
+from common import emit, fresh_database, pgq_backlog, tune_gc_if_asked
 
 import pgq
 from pgq import migrate
@@ -32,12 +38,19 @@ async def io_job(ctx: pgq.JobContext, i: int) -> None:
     await asyncio.sleep(DURATION)
 
 
-async def run_once(dsn: str, concurrency: int, claim_ahead: int) -> tuple[int, float]:
+async def run_once(dsn: str, concurrency: int, claim_ahead: int | None) -> tuple[int, float]:
+    """Drain one backlog: in this process (``claim_ahead``), or, with ``claim_ahead`` None,
+    in a `pgq worker` process started by the CLI at its defaults but for the concurrency."""
     ideal = concurrency / DURATION
     n = min(60_000, max(3_000, int(ideal * 3)))
     await pgq_backlog(dsn, app, io_job, n)
-    worker = pgq.Worker(app, dsn, concurrency=concurrency, claim_ahead=claim_ahead, metrics=False)
-    await worker.run(burst=True)
+    if claim_ahead is None:
+        await run_cli(dsn, concurrency)
+    else:
+        worker = pgq.Worker(
+            app, dsn, concurrency=concurrency, claim_ahead=claim_ahead, metrics=False
+        )
+        await worker.run(burst=True)
     async with pgq.Client(dsn) as client:
         span = await client.pool.fetchval(
             "SELECT extract(epoch FROM max(finalized_at) - min(attempted_at)) FROM pgq_jobs"
@@ -47,10 +60,25 @@ async def run_once(dsn: str, concurrency: int, claim_ahead: int) -> tuple[int, f
     return n, n / float(span)
 
 
-async def main(rounds: int, levels: list[int]) -> None:
+async def run_cli(dsn: str, concurrency: int) -> None:
+    """``pgq worker bench_io:app --burst --concurrency N``, until it exits."""
+    here = str(Path(__file__).resolve().parent)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "pgq", "worker", "bench_io:app", "--burst", "--dsn", dsn,
+        "--concurrency", str(concurrency),
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"pgq worker exited with {proc.returncode}: {err.decode()[-2000:]}")
+
+
+async def main(rounds: int, levels: list[int], cli: bool) -> None:
     dsn = await fresh_database("pgq_bench_io")
     await migrate.upgrade_async(dsn)
-    modes = {"ahead auto": -1, "ahead off": 0}
+    modes: dict[str, int | None] = {"cli": None} if cli else {"ahead auto": -1, "ahead off": 0}
     rates: dict[tuple[int, str], list[float]] = {(c, m): [] for c in levels for m in modes}
     for r in range(rounds):
         for c in levels:
@@ -71,17 +99,21 @@ async def main(rounds: int, levels: list[int]) -> None:
         ideal = c / DURATION
         print(f"{c:11} {mode:>10} {median:16,.0f} {ideal:8,.0f} {median / ideal:10.2f}")
         medians[f"{c} {mode}"] = median
-    emit({"system": "pgq", "workload": "io_10ms", "rounds": rounds, "medians": medians})
+    workload = "io_10ms_cli" if cli else "io_10ms"
+    emit({"system": "pgq", "workload": workload, "rounds": rounds, "medians": medians})
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    cli = "--cli" in args
+    args = [a for a in args if a != "--cli"]
     rounds = int(args[0]) if args else 3
     levels = [int(a) for a in args[1:]] or [10, 100, 1000]
+    tune_gc_if_asked()
     try:
         import uvloop
     except ImportError:
-        anyio.run(main, rounds, levels)
+        anyio.run(main, rounds, levels, cli)
     else:
-        anyio.run(main, rounds, levels, backend_options={"use_uvloop": True})
+        anyio.run(main, rounds, levels, cli, backend_options={"use_uvloop": True})
         del uvloop

@@ -100,7 +100,10 @@ async def drain_cli(concurrency: int | None, processes: int) -> None:
     argv = [sys.executable, "-m", "pgq", "worker", "bench_pgq:app", "--burst", "--dsn", dsn]
     if concurrency is not None:
         argv += ["--concurrency", str(concurrency)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent)}
+    # The benchmark's directory (for bench_pgq:app) ahead of the caller's path, which may
+    # name the pgq tree under test (PYTHONPATH=TREE/src).
+    path = [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
     with Timer() as t:
         procs = [
             subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

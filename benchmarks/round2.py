@@ -9,9 +9,11 @@ best settings also with each process's garbage collector tuned as `pgq worker` t
 own (BENCH_GC=tuned: start-up objects frozen, first generation at 10,000; the same for both);
 pgq's drain of 100,000 by `pgq worker` processes started by the CLI (1 process at the
 defaults and at concurrency 1,000; 4 at the defaults and at 1,000; 8 at the defaults); and
-the bare-asyncpg ceiling.
+the bare-asyncpg ceiling (claims of 100, the targets' reference) and the stricter bare loop
+of claims of 500 through the primary key (recorded beside it).
 Before the rounds, once: 10 ms jobs at concurrency 10, 100 and 1,000 (bench_io.py, 3
-rounds), WAL and index writes per job (bench_wal.py), and the big-backlog figures
+rounds; then again with the collector tuned as `pgq worker` tunes it; then by `pgq worker`
+processes started by the CLI), WAL and index writes per job (bench_wal.py), and the big-backlog figures
 (bench_backlog.py). Prints
 every run, the medians, and each target with its verdict; writes results/round2.json.
 """
@@ -47,6 +49,7 @@ RUNS: list[tuple[str, str, list[list[str]], dict[str, str]]] = [
     ("pgq worker CLI x4, concurrency 1000", "bench_pgq.py", [["drain-cli", "1000", "4"]], {}),
     ("pgq worker CLI x8, defaults", "bench_pgq.py", [["drain-cli", "default", "8"]], {}),
     ("bare asyncpg ceiling", "bench_ceiling.py", [["drain"]], {}),
+    ("bare asyncpg, claims of 500 by id", "bench_ceiling.py", [["drain-500"]], {}),
 ]
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -59,6 +62,10 @@ def verdict(ok: bool) -> str:
 def main(rounds: int) -> None:
     print("10 ms jobs (bench_io.py, 3 rounds)", flush=True)
     io = run_one("bench_io.py", "3", [])["medians"]
+    print("10 ms jobs, gc tuned (bench_io.py, 3 rounds)", flush=True)
+    io_tuned = run_one("bench_io.py", "3", [], TUNED)["medians"]
+    print("10 ms jobs, `pgq worker` CLI (bench_io.py --cli, 3 rounds)", flush=True)
+    io_cli = run_one("bench_io.py", "--cli", ["3"])["medians"]
     print("WAL per job (bench_wal.py)", flush=True)
     wal = run_one("bench_wal.py", "plain", ["keyed", "chained", "pgqueuer"])["modes"]
     print("big backlogs (bench_backlog.py)", flush=True)
@@ -101,6 +108,16 @@ def main(rounds: int) -> None:
     bound = min(1000 / 0.010, ceiling)
     eff = io["1000 ahead auto"] / bound
     target("10 ms jobs, concurrency 1000 / min(ideal, ceiling)", eff, ">= 0.80", eff >= 0.8)
+    for c in (10, 100):
+        eff = io_tuned[f"{c} ahead auto"] / (c / 0.010)
+        target(f"  gc tuned: concurrency {c} / ideal", eff, ">= 0.90", eff >= 0.9)
+    eff = io_tuned["1000 ahead auto"] / bound
+    target("  gc tuned: concurrency 1000 / min(ideal, ceiling)", eff, ">= 0.80", eff >= 0.8)
+    for c in (10, 100):
+        eff = io_cli[f"{c} cli"] / (c / 0.010)
+        target(f"  `pgq worker` CLI: concurrency {c} / ideal", eff, ">= 0.90", eff >= 0.9)
+    eff = io_cli["1000 cli"] / bound
+    target("  `pgq worker` CLI: concurrency 1000 / min(ideal, ceiling)", eff, ">= 0.80", eff >= 0.8)
     x = m("pgq drain, defaults") / m("pgqueuer drain, defaults")
     target("drain at defaults, pgq / PgQueuer", x, ">= 1.5", x >= 1.5)
     x = m("pgq drain, best") / m("pgqueuer drain, best")
@@ -111,6 +128,11 @@ def main(rounds: int) -> None:
     target("pgq best drain / bare-asyncpg ceiling", x, ">= 0.85", x >= 0.85)
     x = m("pgq drain, best, gc tuned") / ceiling
     target("  the same, pgq's process gc tuned", x, ">= 0.85", x >= 0.85)
+    strict = m("bare asyncpg, claims of 500 by id")
+    x = m("pgq drain, best") / strict
+    target("pgq best drain / bare loop of 500 by id", x, "recorded", True)
+    x = m("pgq drain, best, gc tuned") / strict
+    target("  the same, pgq's process gc tuned", x, "recorded", True)
     x = m("pgq drain, defaults") / m("pgq drain, best")
     target("pgq at defaults / pgq at best (in-process)", x, "recorded", True)
     x = m("pgq enqueue_many") / m("pgqueuer enqueue_many")
@@ -139,6 +161,8 @@ def main(rounds: int) -> None:
 
     print(f"\n  per-round enqueue_many ratios: {', '.join(f'{x:.2f}' for x in enq)}")
     print(f"  10 ms jobs: {', '.join(f'{k} {v:,.0f}/s' for k, v in io.items())}")
+    print(f"  10 ms jobs, gc tuned: {', '.join(f'{k} {v:,.0f}/s' for k, v in io_tuned.items())}")
+    print(f"  10 ms jobs, `pgq worker`: {', '.join(f'{k} {v:,.0f}/s' for k, v in io_cli.items())}")
     for mode, w in wal.items():
         print(
             f"  WAL per job, {mode}: {w['bytes']:,.0f} B, index records {w['index_records']:.2f}"
@@ -153,6 +177,8 @@ def main(rounds: int) -> None:
         "figures": figures,
         "medians": med,
         "io_10ms": io,
+        "io_10ms_gc_tuned": io_tuned,
+        "io_10ms_cli": io_cli,
         "wal_per_job": wal,
         "backlog_claim": backlog_claim,
         "backlog_enqueue": backlog_enqueue,

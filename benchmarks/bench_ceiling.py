@@ -5,10 +5,12 @@ LOCKED statement (the locked rows joined back to the table) and completing them 
 UPDATE, until the 20,000 queued no-op jobs are done. This is the ceiling the targets of
 docs/performance.md are stated against.
 
-`python bench_ceiling.py drain-500`: the same loop as pgq runs it at concurrency 1,000:
-claims of 500, the locked rows updated through the primary key (``id = ANY(ARRAY(...))``,
-the statement shape pgq's claim uses since 9488413). A stricter reference: it shows what
-the database and driver allow when the per-job work in Python is nearly nil.
+`python bench_ceiling.py drain-500`: the same two connections, each claiming 500 jobs (the
+most one claim of pgq's takes at concurrency 1,000) and updating the locked rows through
+the primary key (``id = ANY(ARRAY(...))``, the statement shape of pgq's claim since
+9488413); pgq itself has one claim in flight at a time. A stricter reference: what the
+database and the driver allow when the work per job in Python is nearly nil. (Both time
+the two connections' opening too, a few milliseconds.)
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def main(rounds: int) -> None:
     x = m("pgq drain, best") / strict
     target("pgq best drain / bare loop of 500 by id", x, "recorded", True)
     x = m("pgq drain, best, gc tuned") / strict
-    target("  the same, pgq's process gc tuned", x, "recorded", True)
+    target("  pgq's process gc tuned / bare loop of 500 by id", x, "recorded", True)
     x = m("pgq drain, defaults") / m("pgq drain, best")
     target("pgq at defaults / pgq at best (in-process)", x, "recorded", True)
     x = m("pgq enqueue_many") / m("pgqueuer enqueue_many")

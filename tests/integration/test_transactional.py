@@ -16,6 +16,8 @@ from sqlalchemy.orm import Session
 
 import pgq
 from pgq._dsn import sqlalchemy_url
+from pgq._worker import producer as producer_module
+from pgq._worker.settle import Settler
 from tests.integration.test_liveness import FAST
 from tests.tests_support import until
 
@@ -76,16 +78,11 @@ async def test_a_completion_that_committed_stands_whatever_the_task_does_next(
     assert not [r for r in caplog.records if "rejected" in r.getMessage()]
 
 
-async def test_a_stop_that_lands_as_the_worker_checks_the_commit_still_counts_the_job(
-    dsn: str, effects: Conn, client: pgq.Client, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A shutdown that reaches the job's task after the task's own transaction committed
-    its completion, while the worker asks the database whether it did (a sync
-    ``job_finished`` hook stops the worker: the cancel lands at the task's next await,
-    that check): the worker asks again, finds the commit, and counts the job completed;
-    it writes no outcome of its own to be fenced out and logged as rejected."""
+def _charging_app(dsn: str, workers: list[pgq.Worker]) -> pgq.App:
+    """A task that completes itself in its own transaction, and a sync ``job_finished``
+    hook that stops the worker at once: the cancel lands at the task's next await, the
+    worker's check of that commit."""
     app = pgq.App()
-    workers: list[pgq.Worker] = []
 
     @app.on("job_finished")
     def stop_now(event: pgq.JobEvent) -> None:
@@ -101,19 +98,88 @@ async def test_a_stop_that_lands_as_the_worker_checks_the_commit_still_counts_th
         finally:
             await c.close()
 
+    return app
+
+
+def _watch_checks(monkeypatch: pytest.MonkeyPatch, stall_second: bool = False) -> list[str]:
+    """Record how each of the worker's checks of a task's own commit ended ("answered",
+    "cancelled"); with ``stall_second``, the second never answers (a database that does not
+    reply), as a stalled connection would."""
+    seen: list[str] = []
+    checked = Settler.committed
+
+    async def watched(self: Settler, ctx: pgq.JobContext) -> str | None:
+        try:
+            if stall_second and seen:
+                await anyio.sleep_forever()
+            state = await checked(self, ctx)
+        except BaseException:
+            seen.append("cancelled")
+            raise
+        seen.append("answered")
+        return state
+
+    monkeypatch.setattr(Settler, "committed", watched)
+    return seen
+
+
+async def test_a_stop_that_lands_as_the_worker_checks_the_commit_still_counts_the_job(
+    dsn: str,
+    effects: Conn,
+    client: pgq.Client,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shutdown that reaches the job's task after the task's own transaction committed
+    its completion, while the worker asks the database whether it did: the worker asks
+    again, finds the commit, and counts the job completed; it writes no outcome of its own
+    to be fenced out and logged as rejected."""
+    workers: list[pgq.Worker] = []
+    app = _charging_app(dsn, workers)
+    checks = _watch_checks(monkeypatch)
     caplog.set_level(logging.WARNING)
     job = await client.enqueue("charge")
-    worker = pgq.Worker(app, dsn, **SETTINGS)
-    workers.append(worker)
+    workers.append(worker := pgq.Worker(app, dsn, **SETTINGS))
     with anyio.fail_after(15):
         await worker.run()
     stats = worker.stats()["producers"][0]
     done = await client.get_job(job.id)
+    assert checks == ["cancelled", "answered"]  # the stop landed in the check
     assert done is not None and done.state is pgq.JobState.COMPLETED
     assert done.result == "charged" and done.attempt == 1
     assert await effect_rows(effects) == [(job.id, 1, "charged")]
     assert stats["completed"] == 1 and stats["rejected_outcomes"] == 0
     assert not [r for r in caplog.records if "rejected" in r.getMessage()]
+
+
+async def test_the_check_asked_again_after_a_stop_is_bounded(
+    dsn: str,
+    effects: Conn,
+    client: pgq.Client,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When the check asked again after a stop gets no answer, the stop does not wait on
+    it: after RECHECK_S the worker writes its own outcome (fenced out: the task's commit
+    stands) and stops."""
+    monkeypatch.setattr(producer_module, "RECHECK_S", 0.3)
+    workers: list[pgq.Worker] = []
+    app = _charging_app(dsn, workers)
+    checks = _watch_checks(monkeypatch, stall_second=True)
+    caplog.set_level(logging.WARNING)
+    job = await client.enqueue("charge")
+    workers.append(worker := pgq.Worker(app, dsn, **SETTINGS))
+    with anyio.fail_after(15):
+        await worker.run()
+    stats = worker.stats()["producers"][0]
+    done = await client.get_job(job.id)
+    assert checks == ["cancelled", "cancelled"]  # the second ended by its bound
+    assert done is not None and done.state is pgq.JobState.COMPLETED
+    assert done.result == "charged" and done.attempt == 1
+    assert stats["rejected_outcomes"] == 1 and stats["completed"] == 0
+    assert [
+        r for r in caplog.records if "could not check its transactional outcome" in r.getMessage()
+    ]
 
 
 async def test_a_rolled_back_completion_leaves_the_attempt_to_go_on(

@@ -53,6 +53,9 @@ AHEAD_ROUND_TRIPS = 2.0
 #: durations (at least MIN_PATIENCE_S): a worker must not sit on jobs another could run.
 PATIENCE_JOBS = 4.0
 MIN_PATIENCE_S = 0.25
+#: How long the check of a task's own committed outcome may take when it is asked again
+#: after a stop interrupted it (a stop must not wait on a database that does not answer).
+RECHECK_S = 5.0
 #: The most jobs a producer claims ahead of its free slots, however short its jobs.
 MAX_AHEAD = 500
 #: ... and at most this many per slot: a worker killed outright takes its claimed jobs with
@@ -476,7 +479,9 @@ class Producer:
         settler = self._settlers[execution.ctx.job.task]
         for asked in range(2):
             try:
-                state = await settler.committed(execution.ctx)
+                # Asked again, the check is bounded: it no longer answers to a stop.
+                async with asyncio.timeout(RECHECK_S if asked else None):
+                    state = await settler.committed(execution.ctx)
                 break
             except asyncio.CancelledError:
                 # A stop or cancel request that came as the attempt ended, and interrupted
@@ -487,11 +492,11 @@ class Producer:
                     raise
                 if asked:
                     return False
-            except DATABASE_ERRORS as exc:
+            except DATABASE_ERRORS as exc:  # TimeoutError included
                 log.warning(
                     "job %d: could not check its transactional outcome (%s); writing the worker's",
                     execution.ctx.job.id,
-                    exc,
+                    str(exc) or type(exc).__name__,
                 )
                 return False
         if state == "completed":

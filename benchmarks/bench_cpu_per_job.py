@@ -17,10 +17,9 @@ import statistics
 import sys
 import time
 
-from common import emit, fresh_database, pgq_backlog, run
+from common import emit, fresh_database, pgq_backlog, pgq_migrate, run
 
 import pgq
-from pgq import migrate
 
 N = 60_000
 app = pgq.App()
@@ -73,7 +72,7 @@ def report(name: str, label: str, runs: list[tuple[float, float]]) -> dict[str, 
 
 async def main(rounds: int, concurrency: int) -> None:
     dsn = await fresh_database("pgq_bench_cpu")
-    await migrate.upgrade_async(dsn)
+    await pgq_migrate(dsn)  # in a process of its own: alembic is not the worker's
     await drain(dsn, noop, 20_000, concurrency)  # warm-up, untimed
     medians = {}
     for name, task in (("noop", noop), ("io_10ms", io_job)):

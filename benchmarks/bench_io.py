@@ -23,10 +23,9 @@ import sys
 from pathlib import Path
 
 import anyio
-from common import emit, fresh_database, pgq_backlog, tune_gc_if_asked
+from common import emit, fresh_database, pgq_backlog, pgq_migrate, tune_gc_if_asked
 
 import pgq
-from pgq import migrate
 
 DURATION = 0.010
 app = pgq.App()
@@ -77,7 +76,7 @@ async def run_cli(dsn: str, concurrency: int) -> None:
 
 async def main(rounds: int, levels: list[int], cli: bool) -> None:
     dsn = await fresh_database("pgq_bench_io")
-    await migrate.upgrade_async(dsn)
+    await pgq_migrate(dsn)  # in a process of its own: alembic is not the worker's
     modes: dict[str, int | None] = {"cli": None} if cli else {"ahead auto": -1, "ahead off": 0}
     rates: dict[tuple[int, str], list[float]] = {(c, m): [] for c in levels for m in modes}
     for r in range(rounds):

@@ -21,10 +21,9 @@ import sys
 import time
 
 import anyio
-from common import fresh_database, reset_jobs
+from common import fresh_database, pgq_migrate, reset_jobs
 
 import pgq
-from pgq import migrate
 
 N = 20_000
 app = pgq.App()
@@ -81,7 +80,7 @@ def _has_metrics() -> bool:
 
 async def main(rounds: int, modes: list[str]) -> None:
     dsn = await fresh_database("pgq_bench_limits")
-    await migrate.upgrade_async(dsn)
+    await pgq_migrate(dsn)  # in a process of its own: alembic is not the worker's
     rates: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(rounds):
         for mode in modes:

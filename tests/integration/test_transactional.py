@@ -123,6 +123,23 @@ def _watch_checks(monkeypatch: pytest.MonkeyPatch, stall_second: bool = False) -
     return seen
 
 
+async def _charge_and_stop(
+    dsn: str, client: pgq.Client, monkeypatch: pytest.MonkeyPatch, *, stall_second: bool = False
+) -> tuple[pgq.Job, pgq.Job | None, dict[str, Any], list[str]]:
+    """Run one job of ``_charging_app`` under a worker that its hook stops at once, the
+    checks watched (``_watch_checks``): the job as enqueued and as it ended, the producer's
+    stats, and how each check ended."""
+    workers: list[pgq.Worker] = []
+    app = _charging_app(dsn, workers)
+    checks = _watch_checks(monkeypatch, stall_second)
+    job = await client.enqueue("charge")
+    workers.append(worker := pgq.Worker(app, dsn, **SETTINGS))
+    with anyio.fail_after(15):
+        await worker.run()
+    stats = worker.stats()["producers"][0]
+    return job, await client.get_job(job.id), stats, checks
+
+
 async def test_a_stop_that_lands_as_the_worker_checks_the_commit_still_counts_the_job(
     dsn: str,
     effects: Conn,
@@ -134,16 +151,8 @@ async def test_a_stop_that_lands_as_the_worker_checks_the_commit_still_counts_th
     its completion, while the worker asks the database whether it did: the worker asks
     again, finds the commit, and counts the job completed; it writes no outcome of its own
     to be fenced out and logged as rejected."""
-    workers: list[pgq.Worker] = []
-    app = _charging_app(dsn, workers)
-    checks = _watch_checks(monkeypatch)
     caplog.set_level(logging.WARNING)
-    job = await client.enqueue("charge")
-    workers.append(worker := pgq.Worker(app, dsn, **SETTINGS))
-    with anyio.fail_after(15):
-        await worker.run()
-    stats = worker.stats()["producers"][0]
-    done = await client.get_job(job.id)
+    job, done, stats, checks = await _charge_and_stop(dsn, client, monkeypatch)
     assert checks == ["cancelled", "answered"]  # the stop landed in the check
     assert done is not None and done.state is pgq.JobState.COMPLETED
     assert done.result == "charged" and done.attempt == 1
@@ -163,16 +172,8 @@ async def test_the_check_asked_again_after_a_stop_is_bounded(
     it: after RECHECK_S the worker writes its own outcome (fenced out: the task's commit
     stands) and stops."""
     monkeypatch.setattr(producer_module, "RECHECK_S", 0.3)
-    workers: list[pgq.Worker] = []
-    app = _charging_app(dsn, workers)
-    checks = _watch_checks(monkeypatch, stall_second=True)
     caplog.set_level(logging.WARNING)
-    job = await client.enqueue("charge")
-    workers.append(worker := pgq.Worker(app, dsn, **SETTINGS))
-    with anyio.fail_after(15):
-        await worker.run()
-    stats = worker.stats()["producers"][0]
-    done = await client.get_job(job.id)
+    _, done, stats, checks = await _charge_and_stop(dsn, client, monkeypatch, stall_second=True)
     assert checks == ["cancelled", "cancelled"]  # the second ended by its bound
     assert done is not None and done.state is pgq.JobState.COMPLETED
     assert done.result == "charged" and done.attempt == 1

@@ -9,14 +9,19 @@ default is this one) runs, for each tree in turn, with `PYTHONPATH=TREE/src`:
   no-op jobs with `enqueue_many` (specs built in the loop, as in bench_pgq.py), under
   `valgrind --tool=callgrind`; instructions per job = the difference / 5,000;
 - worker: a worker process that drains 2,000 and then 12,000 no-op jobs at concurrency
-  1,000 (`run(burst=True)`, metrics off); per job = the difference / 10,000.
+  1,000 (`run(burst=True)`, metrics off); per job = the difference / 10,000;
+- the same with jobs that await 10 ms: many more jobs are in flight at once, so this one
+  also counts what the garbage collector spends walking them (Python's collector
+  settings, as an embedded worker has).
 
 Only the measured process is counted, not PostgreSQL's. Under valgrind the worker runs ~50
 times slower against a database that does not, so its claims come back fuller than they
 would: the worker figure counts the per-job path well and the per-claim path a little
 less. Two runs of one tree agreed within 0.7 % (enqueue 43,598 and 43,900; worker 149,046
-and 150,148), on a day when CPU-time figures moved by 20 %. Needs valgrind (Debian's
-`valgrind` package); about a minute and a half per tree.
+and 150,148), on a day when CPU-time figures moved by 20 %; on another, within 0.5 %
+(enqueue 38,594 and 38,398; no-op 110,675 and 110,718; 10 ms 132,558 and 132,767) while
+CPU time per 10 ms job moved between 18 and 25 us. Needs valgrind (Debian's `valgrind`
+package); a minute or two per tree.
 """
 
 from __future__ import annotations
@@ -45,14 +50,19 @@ async def _child(kind: str, n: int, dsn: str) -> None:
     async def noop(ctx: pgq.JobContext, i: int) -> None:
         """A job that does nothing."""
 
+    @app.task
+    async def io_job(ctx: pgq.JobContext, i: int) -> None:
+        """A job that waits on I/O for 10 ms."""
+        await asyncio.sleep(0.010)
+
     if kind == "enqueue":
         async with pgq.Client(dsn, app=app) as client:
             for start in range(0, n * 1_000, 1_000):
                 await client.enqueue_many(
                     [pgq.JobSpec(noop, {"i": i}) for i in range(start, start + 1_000)]
                 )
-    elif kind == "fill":
-        await pgq_backlog(dsn, app, noop, n)
+    elif kind in ("fill", "fill-io"):
+        await pgq_backlog(dsn, app, noop if kind == "fill" else io_job, n)
     else:
         await pgq.Worker(app, dsn, concurrency=1_000, metrics=False).run(burst=True)
 
@@ -92,7 +102,12 @@ async def measure(tree: Path) -> dict[str, float]:
         await asyncio.to_thread(_child_process, tree, "fill", str(n), dsn, valgrind=False)
         counts[n] = await asyncio.to_thread(_child_process, tree, "drain", "0", dsn)
     worker = (counts[12_000] - counts[2_000]) / 10_000
-    return {"enqueue_many": enqueue, "worker_noop": worker}
+    io = {}
+    for n in (2_000, 12_000):
+        await asyncio.to_thread(_child_process, tree, "fill-io", str(n), dsn, valgrind=False)
+        io[n] = await asyncio.to_thread(_child_process, tree, "drain", "0", dsn)
+    worker_io = (io[12_000] - io[2_000]) / 10_000
+    return {"enqueue_many": enqueue, "worker_noop": worker, "worker_io_10ms": worker_io}
 
 
 async def main(trees: list[Path]) -> None:
@@ -103,7 +118,8 @@ async def main(trees: list[Path]) -> None:
         results[str(tree)] = figures = await measure(tree)
         print(
             f"{tree}: enqueue_many {figures['enqueue_many']:,.0f} instructions per job "
-            f"(client), worker {figures['worker_noop']:,.0f} per no-op job",
+            f"(client), worker {figures['worker_noop']:,.0f} per no-op job, "
+            f"{figures['worker_io_10ms']:,.0f} per 10 ms job",
             flush=True,
         )
     emit({"system": "pgq", "workload": "instructions_per_job", "trees": results})

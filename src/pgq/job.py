@@ -216,13 +216,16 @@ class JobContext:
 
     def __init__(self, job: Job, settler: Settling | None = None) -> None:
         self.job = job
-        self._parents: list[Job] = []
+        # None until set: most jobs have no parents, and a running job holds the fewest
+        # objects (each one more for the garbage collector to walk while it runs).
+        self._parents: list[Job] | None = None
         # A plain flag: a task's thread reads it, the event loop sets it (atomic under the GIL).
         self._cancel = False
         self._log: JobLogger | None = None
         self._settler = settler
-        #: (token, state) of each outcome this attempt wrote in its own transactions.
-        self._settled: list[tuple[uuid.UUID, str]] = []
+        #: (token, state) of each outcome this attempt wrote in its own transactions (None:
+        #: none yet).
+        self._settled: list[tuple[uuid.UUID, str]] | None = None
 
     @property
     def id(self) -> int:
@@ -258,6 +261,8 @@ class JobContext:
         when this attempt started: a group's callback reads its members' results here
         (``[p.result for p in ctx.parents]``). Empty for a job without dependencies. A
         parent deleted since (by retention) is missing from the list."""
+        if self._parents is None:
+            self._parents = []
         return self._parents
 
     @property

@@ -40,7 +40,7 @@ async def claim(
         plan.max_attempts,
         worker_name,
     )
-    return [job_from_record(r) for r in rows]
+    return [job_from_record(r, producer_id) for r in rows]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +141,7 @@ async def claim_limited(
             window = max(period, limits.key_rate_period_s or 0.0)
             await conn.execute(sql.LOG_STARTS, plan.queue, [r["limit_key"] for r in rows], window)
     held_back = (budget < limit and len(rows) == budget) or (keys_held and len(rows) < budget)
-    return [job_from_record(r) for r in rows], held_back, limits
+    return [job_from_record(r, producer_id) for r in rows], held_back, limits
 
 
 #: In a queue with per-key limits, jobs without a key are looked for among this many of

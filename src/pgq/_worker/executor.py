@@ -130,7 +130,9 @@ def runner(hooks: Hooks | None) -> Runner:
     if not hooks:
         return functools.partial(_run, hooks=None)  # no coroutine in between
     if not hooks.every_job:
-        return functools.partial(_run_reporting_failures, hooks=hooks)
+        # A completed job emits nothing (most jobs, at the least cost): _run reports the
+        # others itself, with no coroutine in between either.
+        return functools.partial(_run, hooks=hooks, report_failures=True)
     return functools.partial(_run_with_events, hooks=hooks)
 
 
@@ -153,21 +155,6 @@ async def _run_with_events(
     started = monotonic()
     outcome = await _run(task, execution, limiter, hooks)
     await _finished(hooks, execution, outcome, started)
-    return outcome
-
-
-async def _run_reporting_failures(
-    task: Task,
-    execution: Execution,
-    limiter: anyio.CapacityLimiter,
-    hooks: Hooks,
-) -> Outcome:
-    """``_run_with_events`` when no hook listens for every job: a completed job emits
-    nothing (most jobs, at the least cost)."""
-    started = monotonic()
-    outcome = await _run(task, execution, limiter, hooks)
-    if outcome.state != "completed":
-        await _finished(hooks, execution, outcome, started)
     return outcome
 
 
@@ -195,44 +182,53 @@ async def _run(
     execution: Execution,
     limiter: anyio.CapacityLimiter,
     hooks: Hooks | None,
+    report_failures: bool = False,
 ) -> Outcome:
+    """Run one attempt to its outcome; with ``report_failures``, emit ``job_finished`` (and
+    ``job_retried``) for an attempt that did not complete, as :func:`_run_with_events` does
+    for every attempt."""
+    started = monotonic()
     ctx = execution.ctx
     job = ctx.job
+    outcome: Outcome | None = None
     problem = task.argument_problem(job.args)
     if problem is not None:
         # Enqueued by name with arguments the task does not take (a stale producer of
         # jobs): no retry can fix that.
         log.debug("job %d: %s; discarding it", job.id, problem)  # the job log says so
-        return Outcome.of(job, "discarded", error=error_entry(job.attempt, "arguments", problem))
-    call = _make_call(task, ctx, limiter, hooks.middleware if hooks is not None else [])
-    result: Any = None
-    try:
+        outcome = Outcome.of(job, "discarded", error=error_entry(job.attempt, "arguments", problem))
+    else:
+        middleware = hooks.middleware if hooks is not None else []
+        result: Any = None
         try:
-            if job.depends_on and ctx._settler is not None:
-                # Inside: a cancel or a shutdown during this read ends the attempt as any.
-                ctx._parents = await ctx._settler.parents(job)
-            if task.timeout is None:  # no coroutine in between for the common case
-                result = await call()
-            else:
-                left = max(task.timeout - execution.waited_s, 0.0)
-                result = await _within_timeout(left, task.timeout, ctx, call)
-        except asyncio.CancelledError as exc:
-            verdict = execution.judge_cancel()
-            if verdict == "raise":
-                raise  # the worker itself is being torn down
-            if verdict == "stray":
-                return _raised(job, task, exc)  # a failure of the task's own
-        if execution.reason == CANCEL:
-            # Requested by client.cancel(): an async task was cancelled; a thread saw
-            # ctx.cancel_requested (or finished regardless). Either way it ends cancelled.
-            return Outcome.of(
-                job, "cancelled", error=error_entry(job.attempt, "cancel", "cancelled by request")
-            )
-        if execution.reason is not None:
-            return interrupted(job, execution.reason)
-    except Exception as exc:
-        return _raised(job, task, exc)
-    return _completed(job, result)
+            try:
+                if job.depends_on and ctx._settler is not None:
+                    # Inside: a cancel or a shutdown during this read ends the attempt as any.
+                    ctx._parents = await ctx._settler.parents(job)
+                if task.timeout is None and task.is_async and not middleware:
+                    # The common case: the task itself, nothing in between.
+                    result = await task.fn(ctx, **job.args)
+                elif task.timeout is None:
+                    result = await _make_call(task, ctx, limiter, middleware)()
+                else:
+                    left = max(task.timeout - execution.waited_s, 0.0)
+                    call = _make_call(task, ctx, limiter, middleware)
+                    result = await _within_timeout(left, task.timeout, ctx, call)
+            except asyncio.CancelledError as exc:
+                verdict = execution.judge_cancel()
+                if verdict == "raise":
+                    raise  # the worker itself is being torn down
+                if verdict == "stray":
+                    outcome = _raised(job, task, exc)  # a failure of the task's own
+            if outcome is None and execution.reason is not None:
+                outcome = _stopped(job, execution.reason)
+        except Exception as exc:
+            outcome = _raised(job, task, exc)
+        if outcome is None:
+            return _completed(job, result)  # never reported: a completed job emits nothing
+    if report_failures and hooks is not None:
+        await _finished(hooks, execution, outcome, started)
+    return outcome
 
 
 def _make_call(
@@ -241,7 +237,6 @@ def _make_call(
     """The task call, in threads for plain ``def`` tasks, inside the App's middleware."""
     job = ctx.job
     if task.is_async and not middleware:
-        # The common case, once per job: call the task itself, no wrapper in between.
         return functools.partial(task.fn, ctx, **job.args)
 
     async def call_task() -> Any:
@@ -305,6 +300,17 @@ def _completed(job: Job, result: Any) -> Outcome:
         message = f"the result could not be stored: {exc}"
         log.warning("job %d (%s) attempt %d: %s", job.id, job.task, job.attempt, message)
         return Outcome.of(job, "completed", error=error_entry(job.attempt, "result", message))
+
+
+def _stopped(job: Job, reason: str) -> Outcome:
+    """The outcome of an attempt the worker stopped for ``reason`` once it had begun."""
+    if reason == CANCEL:
+        # Requested by client.cancel(): an async task was cancelled; a thread saw
+        # ctx.cancel_requested (or finished regardless). Either way it ends cancelled.
+        return Outcome.of(
+            job, "cancelled", error=error_entry(job.attempt, "cancel", "cancelled by request")
+        )
+    return interrupted(job, reason)
 
 
 def stopped_before_start(job: Job, reason: str) -> Outcome:

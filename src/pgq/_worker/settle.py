@@ -73,6 +73,8 @@ class Settler:
     def _settled(ctx: JobContext, settle_token: uuid.UUID, state: str | None) -> None:
         if state is None:
             raise AttemptSuperseded(ctx.job.id, ctx.job.attempt)
+        if ctx._settled is None:
+            ctx._settled = []
         ctx._settled.append((settle_token, state))
 
     async def committed(self, ctx: JobContext) -> str | None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import TYPE_CHECKING
 
@@ -12,7 +13,7 @@ import pgq
 from pgq._dsn import sqlalchemy_url
 from pgq._store.revision import SCHEMA_REVISION
 from pgq.errors import ConfigError, SerializationError, UnknownTaskError
-from tests.tests_support import job_notes
+from tests.tests_support import job_notes, until
 
 if TYPE_CHECKING:
     from tests.tests_support import Conn
@@ -139,6 +140,88 @@ async def test_a_bulk_enqueue_the_server_refuses_writes_nothing_and_wakes_no_one
         await client.enqueue_many([pgq.JobSpec("t", queue="after")] * 2)
         assert await notes.received() == ["after"]
         assert sum((await client.count_by_state()).values()) == 2
+
+
+async def test_a_bulk_enqueue_whose_commit_fails_returns_nothing_and_wakes_no_one(
+    client: pgq.Client, dsn: str
+) -> None:
+    # enqueue_many builds the jobs it returns while the COPY's commit is under way: a commit
+    # that fails must still raise, with nothing written and no one woken.
+    async with job_notes(dsn) as notes:
+        await notes.conn.execute(
+            """
+            CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.task = 'boom' THEN RAISE EXCEPTION 'no boom jobs, said at commit'; END IF;
+                RETURN NULL;
+            END $$;
+            CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON pgq_jobs
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit();
+            """
+        )
+        specs = [pgq.JobSpec("t", {"i": i}, queue="refused") for i in range(100)]
+        specs[50] = pgq.JobSpec("boom", queue="refused")
+        with pytest.raises(asyncpg.RaiseError, match="said at commit"):
+            await client.enqueue_many(specs)
+        assert sum((await client.count_by_state()).values()) == 0
+        jobs = await client.enqueue_many([pgq.JobSpec("t", queue="after")] * 2)
+        assert [j.state for j in jobs] == [pgq.JobState.AVAILABLE] * 2
+        assert await notes.received() == ["after"]
+        assert sum((await client.count_by_state()).values()) == 2
+
+
+async def test_a_bulk_enqueue_cancelled_in_its_commit_writes_nothing_and_its_pool_goes_on(
+    client: pgq.Client, conn: Conn
+) -> None:
+    # A commit held up at the server (a deferred trigger of the user's that sleeps); the
+    # caller gives up while it waits. The cancellation reaches the commit, as it did when
+    # enqueue_many awaited the commit itself: nothing is written, and the pool still works.
+    await conn.execute(
+        """
+        CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.task = 'slow' THEN PERFORM pg_sleep(60); END IF;
+            RETURN NULL;
+        END $$;
+        CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON pgq_jobs
+            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();
+        """
+    )
+
+    async def sleeping_backends() -> int:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event = 'PgSleep'"
+            )
+        )
+
+    specs = [pgq.JobSpec("t", {"i": i}) for i in range(100)] + [pgq.JobSpec("slow")]
+    returned = False
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+
+            async def enqueue(scope: anyio.CancelScope) -> None:
+                nonlocal returned
+                with scope:
+                    await client.enqueue_many(specs)
+                    returned = True
+
+            scope = anyio.CancelScope()
+            tg.start_soon(enqueue, scope)
+            await until(lambda: _equals(sleeping_backends(), 1))
+            scope.cancel()
+    assert not returned and scope.cancelled_caught
+    await until(lambda: _equals(sleeping_backends(), 0))  # the server stopped waiting
+    assert sum((await client.count_by_state()).values()) == 0
+    await conn.execute("DROP TRIGGER slow_commit ON pgq_jobs")
+    jobs = await client.enqueue_many([pgq.JobSpec("t")] * 3)
+    assert len({j.id for j in jobs}) == 3
+    assert sum((await client.count_by_state()).values()) == 3
+
+
+async def _equals(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
 
 
 async def test_unserializable_args_raise_before_anything_is_written(client: pgq.Client) -> None:

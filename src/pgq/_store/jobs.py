@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -246,15 +247,30 @@ async def copy(conn: Connection, rows: list[NewJob]) -> list[Job]:
     connections: COPY's binary format relies on the connection's jsonb codec, and a
     caller's connection may have registered another."""
     plain, due = copy_plan(rows)
-    async with conn.transaction():
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
         allocated = await conn.fetchrow(sql.ALLOCATE_JOBS, len(rows), list(due), list(due.values()))
         assert allocated is not None
-        jobs, records = copy_records(rows, allocated["ids"], allocated["now"], plain)
+        ids, now = allocated["ids"], allocated["now"]
         await conn.copy_records_to_table(
             sql.COPY_JOBS_TABLE,
-            records=records,
+            records=copy_records(rows, ids, now, plain),
             columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
         )
+    except BaseException:
+        await transaction.rollback()
+        raise
+    # The commit waits for the server to flush its log to disk: the jobs to return are built
+    # in the meantime (from rows already checked: nothing there raises but a lack of
+    # memory), and returned only once the commit has succeeded. Awaiting the commit's task
+    # passes a cancellation on to it, as awaiting the commit itself would.
+    committing = asyncio.ensure_future(transaction.commit())
+    try:
+        await asyncio.sleep(0)  # the commit's task runs first: its COMMIT is sent
+        jobs = copied_jobs(rows, ids, now, plain)
+    finally:
+        await committing
     return jobs
 
 
@@ -276,51 +292,53 @@ def copy_plan(rows: list[NewJob]) -> tuple[bool, dict[str, datetime | None]]:
     return plain, due
 
 
+def _schedule(r: NewJob, now: datetime) -> tuple[JobState, datetime]:
+    """The state and ``scheduled_at`` a COPY writes for ``r`` at ``now``."""
+    if r.run_at is not None:
+        scheduled_at = r.run_at
+    elif r.delay_s:
+        scheduled_at = now + timedelta(seconds=r.delay_s)
+    else:
+        scheduled_at = now
+    return (JobState.SCHEDULED if scheduled_at > now else JobState.AVAILABLE), scheduled_at
+
+
 def copy_records(
     rows: list[NewJob], ids: Sequence[int], now: datetime, plain: bool
-) -> tuple[list[Job], list[tuple[Any, ...]]]:
-    """The jobs a COPY writes (ids from ALLOCATE_JOBS, ``now`` its clock), and its records."""
+) -> list[tuple[Any, ...]]:
+    """The records a COPY writes (ids from ALLOCATE_JOBS, ``now`` its clock): of a plain
+    batch (see :func:`copy_plan`), six columns each."""
     if plain:
-        return _plain_records(rows, ids, now)
-    jobs: list[Job] = []
+        return [
+            (job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts)
+            for job_id, r in zip(ids, rows, strict=True)
+        ]
     records: list[tuple[Any, ...]] = []
     for job_id, r in zip(ids, rows, strict=True):
-        if r.run_at is not None:
-            scheduled_at = r.run_at
-        elif r.delay_s:
-            scheduled_at = now + timedelta(seconds=r.delay_s)
-        else:
-            scheduled_at = now
-        state = JobState.SCHEDULED if scheduled_at > now else JobState.AVAILABLE
+        state, scheduled_at = _schedule(r, now)
         records.append(
             (
                 job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts,
                 state.value, scheduled_at, r.tags, r.metadata_json, r.limit_key,
             )
         )  # fmt: skip
-        jobs.append(r.job(job_id, state, scheduled_at, now))
-    return jobs, records
+    return records
 
 
-def _plain_records(
-    rows: list[NewJob], ids: Sequence[int], now: datetime
-) -> tuple[list[Job], list[tuple[Any, ...]]]:
-    """:func:`copy_records` of a plain batch (see :func:`copy_plan`): every job available
-    now, six columns each."""
+def copied_jobs(rows: list[NewJob], ids: Sequence[int], now: datetime, plain: bool) -> list[Job]:
+    """The jobs the COPY of :func:`copy_records` wrote."""
+    if not plain:
+        return [r.job(job_id, *_schedule(r, now), now) for job_id, r in zip(ids, rows, strict=True)]
     available = JobState.AVAILABLE
-    jobs: list[Job] = []
-    records: list[tuple[Any, ...]] = []
-    for job_id, r in zip(ids, rows, strict=True):
-        records.append((job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts))
-        # NewJob.job, inlined: the fields a plain row has, positionally, in Job's order.
-        jobs.append(
-            Job(
-                job_id, r.queue, r.task, r.args, available, r.priority, 0, r.max_attempts,
-                now, None, None, now, None, [], r.tags, r.metadata, None, None, False, None,
-                None, None, None,
-            )
-        )  # fmt: skip
-    return jobs, records
+    # NewJob.job, inlined: the fields a plain row has, positionally, in Job's order.
+    return [
+        Job(
+            job_id, r.queue, r.task, r.args, available, r.priority, 0, r.max_attempts,
+            now, None, None, now, None, [], r.tags, r.metadata, None, None, False, None,
+            None, None, None,
+        )
+        for job_id, r in zip(ids, rows, strict=True)
+    ]  # fmt: skip
 
 
 async def get(db: Db, job_id: int) -> Job | None:

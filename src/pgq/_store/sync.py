@@ -15,6 +15,7 @@ from pgq._store.jobs import (
     NewJob,
     assemble,
     chain_after,
+    copied_jobs,
     copy_plan,
     copy_records,
     dependent_job,
@@ -114,9 +115,10 @@ def copy(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
             sql.ALLOCATE_JOBS, [len(rows), list(due), list(due.values())]
         ).fetchone()
         assert allocated is not None
-        jobs, records = copy_records(rows, allocated["ids"], allocated["now"], plain)
+        ids, now = allocated["ids"], allocated["now"]
+        jobs = copied_jobs(rows, ids, now, plain)
         with cur.copy(sql.COPY_JOBS_PLAIN if plain else sql.COPY_JOBS_FULL) as copier:
-            for record in records:
+            for record in copy_records(rows, ids, now, plain):
                 copier.write_row(record)
     return jobs
 

@@ -95,7 +95,7 @@ class Hooks:
         for hook in hooks:
             try:
                 result = hook(event)
-                if inspect.isawaitable(result):
+                if result is not None and inspect.isawaitable(result):  # None: most hooks
                     await result
             except asyncio.CancelledError:
                 if judge is not None:

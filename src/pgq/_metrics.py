@@ -74,6 +74,11 @@ class WorkerMetrics:
             registry=r,
         )  # fmt: skip
         r.register(_StatsCollector(stats))
+        # Each job's series, found once: ``labels()`` checks and locks on every call, and it
+        # ran three times per job (a busy worker's costliest step after the job itself).
+        self._pickups: dict[str, Histogram] = {}
+        self._outcomes: dict[tuple[str, str, str], Counter] = {}
+        self._durations: dict[tuple[str, str], Histogram] = {}
 
     def hooks(self) -> dict[EventName, list[Hook]]:
         """The event hooks that feed the job metrics."""
@@ -87,14 +92,23 @@ class WorkerMetrics:
         job = event.job
         if job.scheduled_at is not None and job.attempted_at is not None:
             wait = (job.attempted_at - job.scheduled_at).total_seconds()
-            self.pickup.labels(job.queue).observe(max(wait, 0.0))
+            pickup = self._pickups.get(job.queue)
+            if pickup is None:
+                pickup = self._pickups[job.queue] = self.pickup.labels(job.queue)
+            pickup.observe(max(wait, 0.0))
 
     def _finished(self, event: JobEvent) -> None:
         job, state = event.job, event.state
-        outcome = state.value if state is not None else "unknown"
-        self.jobs.labels(job.queue, job.task, outcome).inc()
+        key = (job.queue, job.task, state.value if state is not None else "unknown")
+        outcomes = self._outcomes.get(key)
+        if outcomes is None:
+            outcomes = self._outcomes[key] = self.jobs.labels(*key)
+        outcomes.inc()
         if event.duration_s is not None:
-            self.duration.labels(job.queue, job.task).observe(event.duration_s)
+            duration = self._durations.get(key[:2])
+            if duration is None:
+                duration = self._durations[key[:2]] = self.duration.labels(*key[:2])
+            duration.observe(event.duration_s)
 
     def _rescued(self, event: JobEvent) -> None:
         self.rescued.labels(event.reason or "unknown").inc()

@@ -9,8 +9,11 @@ when scraped, so the hot path pays nothing for it.
 
 from __future__ import annotations
 
+import functools
+import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pgq._hooks import EventName, Hook, JobEvent
 from pgq._store import inspect
@@ -20,7 +23,7 @@ from pgq.job import JobState
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
-    from prometheus_client.metrics_core import Metric
+    from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
 
 #: Seconds: from a millisecond to an hour, for attempts; to a minute, for pickup.
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
@@ -53,32 +56,21 @@ class WorkerMetrics:
         self, stats: Callable[[], dict[str, Any]], registry: CollectorRegistry | None = None
     ) -> None:
         require()
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter
 
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        self.jobs = Counter(
-            "pgq_jobs", "Attempts by their outcome (the state the job went to)",
-            ["queue", "task", "outcome"], registry=r,
-        )  # fmt: skip
-        self.duration = Histogram(
-            "pgq_job_duration_seconds", "How long attempts ran", ["queue", "task"],
-            buckets=DURATION_BUCKETS, registry=r,
-        )  # fmt: skip
-        self.pickup = Histogram(
-            "pgq_pickup_latency_seconds", "From a job's scheduled time to its attempt's start",
-            ["queue"], buckets=PICKUP_BUCKETS, registry=r,
-        )  # fmt: skip
+        # The per-job series are counted in plain Python and turned into metric families
+        # when scraped (_JobCollector): a prometheus_client Counter or Histogram takes a
+        # lock per update, and a histogram scans its buckets one by one, costs a busy
+        # worker pays for every job.
+        self._series = _JobCollector()
+        r.register(self._series)
         self.rescued = Counter(
             "pgq_jobs_rescued", "Jobs this worker rescued as leader, by reason", ["reason"],
             registry=r,
         )  # fmt: skip
         r.register(_StatsCollector(stats))
-        # Each job's series, found once: ``labels()`` checks and locks on every call, and it
-        # ran three times per job (a busy worker's costliest step after the job itself).
-        self._pickups: dict[str, Histogram] = {}
-        self._outcomes: dict[tuple[str, str, str], Counter] = {}
-        self._durations: dict[tuple[str, str], Histogram] = {}
 
     def hooks(self) -> dict[EventName, list[Hook]]:
         """The event hooks that feed the job metrics."""
@@ -92,22 +84,24 @@ class WorkerMetrics:
         job = event.job
         if job.scheduled_at is not None and job.attempted_at is not None:
             wait = (job.attempted_at - job.scheduled_at).total_seconds()
-            pickup = self._pickups.get(job.queue)
+            pickups = self._series.pickups
+            pickup = pickups.get(job.queue)
             if pickup is None:
-                pickup = self._pickups[job.queue] = self.pickup.labels(job.queue)
-            pickup.observe(max(wait, 0.0))
+                pickup = pickups[job.queue] = _Histogram(PICKUP_BUCKETS)
+            pickup.observe(wait if wait > 0.0 else 0.0)
 
     def _finished(self, event: JobEvent) -> None:
         job, state = event.job, event.state
+        series = self._series
         key = (job.queue, job.task, state.value if state is not None else "unknown")
-        outcomes = self._outcomes.get(key)
+        outcomes = series.outcomes.get(key)
         if outcomes is None:
-            outcomes = self._outcomes[key] = self.jobs.labels(*key)
-        outcomes.inc()
+            outcomes = series.outcomes[key] = _Counter()
+        outcomes.value += 1
         if event.duration_s is not None:
-            duration = self._durations.get(key[:2])
+            duration = series.durations.get(key[:2])
             if duration is None:
-                duration = self._durations[key[:2]] = self.duration.labels(*key[:2])
+                duration = series.durations[key[:2]] = _Histogram(DURATION_BUCKETS)
             duration.observe(event.duration_s)
 
     def _rescued(self, event: JobEvent) -> None:
@@ -118,6 +112,111 @@ class WorkerMetrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+class _Counter:
+    """One counter series: its value, and when it was first counted."""
+
+    __slots__ = ("created", "value")
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.created = time.time()
+
+
+class _Histogram:
+    """One histogram series: a count per bucket (the last for values above every bound),
+    the sum, and when it was first counted."""
+
+    __slots__ = ("bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.created = time.time()
+
+    def observe(self, value: float) -> None:
+        # The first bound at or above the value: Prometheus' bucket "le" (less or equal).
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative counts by bound, as the exposition format has them."""
+        counts = list(self.counts)  # one read, should a scrape run in another thread
+        total, out = 0, []
+        for le, count in zip(_le_labels(self.bounds), counts, strict=True):
+            total += count
+            out.append((le, float(total)))
+        return out
+
+
+@functools.cache
+def _le_labels(bounds: tuple[float, ...]) -> tuple[str, ...]:
+    """The ``le`` label of each bucket, "+Inf" last, spelt as prometheus_client spells it."""
+    from prometheus_client.utils import floatToGoString
+
+    spell = cast(Callable[[float], str], floatToGoString)
+    return (*(spell(b) for b in bounds), "+Inf")
+
+
+class _JobCollector:
+    """The job counters and histograms, fed by the worker's hooks on its event loop and
+    read when scraped: the same series, names and help texts as prometheus_client's own
+    ``Counter`` and ``Histogram`` would export (a test holds them equal)."""
+
+    def __init__(self) -> None:
+        self.outcomes: dict[tuple[str, str, str], _Counter] = {}
+        self.durations: dict[tuple[str, str], _Histogram] = {}
+        self.pickups: dict[str, _Histogram] = {}
+
+    def describe(self) -> Iterator[Metric]:
+        """The families, without samples (the registry checks their names are free)."""
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        jobs, durations, pickups = self._families()
+        # list(): one read of each dict, should a scrape run in another thread.
+        for key, counter in list(self.outcomes.items()):
+            jobs.add_metric(key, counter.value, created=counter.created)
+        for pair, histogram in list(self.durations.items()):
+            _add_histogram(durations, ("queue", "task"), pair, histogram)
+        for queue, histogram in list(self.pickups.items()):
+            _add_histogram(pickups, ("queue",), (queue,), histogram)
+        return iter((jobs, durations, pickups))
+
+    @staticmethod
+    def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, HistogramMetricFamily]:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        return (
+            CounterMetricFamily(
+                "pgq_jobs", "Attempts by their outcome (the state the job went to)",
+                labels=["queue", "task", "outcome"],
+            ),
+            HistogramMetricFamily(
+                "pgq_job_duration_seconds", "How long attempts ran", labels=["queue", "task"]
+            ),
+            HistogramMetricFamily(
+                "pgq_pickup_latency_seconds",
+                "From a job's scheduled time to its attempt's start", labels=["queue"],
+            ),
+        )  # fmt: skip
+
+
+def _add_histogram(
+    family: HistogramMetricFamily,
+    names: tuple[str, ...],
+    labels: tuple[str, ...],
+    histogram: _Histogram,
+) -> None:
+    """One series into ``family``, with the ``_created`` sample prometheus_client's own
+    ``Histogram`` exports beside it."""
+    from prometheus_client.samples import Sample
+
+    family.add_metric(labels, histogram.buckets(), histogram.sum)
+    created = dict(zip(names, labels, strict=True))
+    family.samples.append(Sample(family.name + "_created", created, histogram.created, None))
 
 
 class _StatsCollector:

@@ -30,6 +30,9 @@ DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
                     120, 300, 600, 1800, 3600)  # fmt: skip
 PICKUP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
                   60)  # fmt: skip
+#: The ``outcome`` label of each state (a dict: an enum's ``.value`` is a Python-level
+#: descriptor, read once per job).
+_OUTCOME_LABELS: dict[JobState | None, str] = {None: "unknown", **{s: s.value for s in JobState}}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -93,7 +96,7 @@ class WorkerMetrics:
     def _finished(self, event: JobEvent) -> None:
         job, state = event.job, event.state
         series = self._series
-        key = (job.queue, job.task, state.value if state is not None else "unknown")
+        key = (job.queue, job.task, _OUTCOME_LABELS[state])
         outcomes = series.outcomes.get(key)
         if outcomes is None:
             outcomes = series.outcomes[key] = _Counter()

@@ -8,7 +8,7 @@ import logging
 import traceback
 from collections.abc import Awaitable, Callable
 from time import monotonic
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -123,39 +123,20 @@ def internal_failure(job: Job, task: Task, exc: BaseException) -> Outcome:
 Runner = Callable[[Task, Execution, anyio.CapacityLimiter], Awaitable[Outcome]]
 
 
+#: Which attempts emit their events: "failures" (``job_finished`` and ``job_retried`` for an
+#: attempt that did not complete: only failure hooks listen), "every" (``job_started``, and
+#: ``job_finished`` for every attempt), or None (no hook listens).
+Report = Literal["failures", "every"] | None
+
+
 def runner(hooks: Hooks | None) -> Runner:
     """How a producer with ``hooks`` runs each attempt (chosen once, not per job): the
     runner never raises for a task's failure; with hooks, it runs the App's middleware
-    around the task and emits its events."""
+    around the task and emits its events. Always :func:`_run` itself: no coroutine in
+    between."""
     if not hooks:
-        return functools.partial(_run, hooks=None)  # no coroutine in between
-    if not hooks.every_job:
-        # A completed job emits nothing (most jobs, at the least cost): _run reports the
-        # others itself, with no coroutine in between either.
-        return functools.partial(_run, hooks=hooks, report_failures=True)
-    return functools.partial(_run_with_events, hooks=hooks)
-
-
-async def _run_with_events(
-    task: Task,
-    execution: Execution,
-    limiter: anyio.CapacityLimiter,
-    hooks: Hooks,
-) -> Outcome:
-    job = execution.ctx.job
-    if hooks.wants("job_started"):
-        await hooks.emit(JobEvent("job_started", job), execution.judge_cancel)
-    if execution.reason is not None:
-        # Stopped while its job_started hooks ran: the task never began. Its end is still
-        # reported, as every attempt's is (hooks pair job_started with job_finished), with
-        # no duration, since it did not run.
-        outcome = stopped_before_start(job, execution.reason)
-        await _finished(hooks, execution, outcome, None)
-        return outcome
-    started = monotonic()
-    outcome = await _run(task, execution, limiter, hooks)
-    await _finished(hooks, execution, outcome, started)
-    return outcome
+        return functools.partial(_run, hooks=None, report=None)
+    return functools.partial(_run, hooks=hooks, report="every" if hooks.every_job else "failures")
 
 
 async def _finished(
@@ -182,15 +163,23 @@ async def _run(
     execution: Execution,
     limiter: anyio.CapacityLimiter,
     hooks: Hooks | None,
-    report_failures: bool = False,
+    report: Report = None,
 ) -> Outcome:
-    """Run one attempt to its outcome; with ``report_failures``, emit ``job_finished`` (and
-    ``job_retried``) for an attempt that did not complete, as :func:`_run_with_events` does
-    for every attempt."""
-    started = monotonic()
+    """Run one attempt to its outcome, emitting the events ``report`` names to ``hooks``."""
     ctx = execution.ctx
     job = ctx.job
     outcome: Outcome | None = None
+    if report == "every" and hooks is not None:
+        if hooks.wants("job_started"):
+            await hooks.emit(JobEvent("job_started", job), execution.judge_cancel)
+        if execution.reason is not None:
+            # Stopped while its job_started hooks ran: the task never began. Its end is
+            # still reported, as every attempt's is (hooks pair job_started with
+            # job_finished), with no duration, since it did not run.
+            outcome = stopped_before_start(job, execution.reason)
+            await _finished(hooks, execution, outcome, None)
+            return outcome
+    started = monotonic()
     problem = task.argument_problem(job.args)
     if problem is not None:
         # Enqueued by name with arguments the task does not take (a stale producer of
@@ -225,8 +214,10 @@ async def _run(
         except Exception as exc:
             outcome = _raised(job, task, exc)
         if outcome is None:
-            return _completed(job, result)  # never reported: a completed job emits nothing
-    if report_failures and hooks is not None:
+            outcome = _completed(job, result)
+            if report != "every":
+                return outcome  # only failure hooks listen, if any: a completed job emits nothing
+    if report is not None and hooks is not None:
         await _finished(hooks, execution, outcome, started)
     return outcome
 

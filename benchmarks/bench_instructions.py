@@ -14,6 +14,11 @@ default is this one) runs, for each tree in turn, with `PYTHONPATH=TREE/src`:
   also counts what the garbage collector spends walking them (Python's collector
   settings, as an embedded worker has).
 
+The workers run with metrics off; with ``BENCH_METRICS=1`` they run with Prometheus metrics
+on, as `pgq worker` does by default once the `metrics` extra is installed (this script then
+needs `prometheus_client` in its environment, which benchmarks/requirements.txt leaves
+out, so that the other benchmarks' CLI workers run without metrics, as before).
+
 Only the measured process is counted, not PostgreSQL's. Under valgrind the worker runs ~50
 times slower against a database that does not, so its claims come back fuller than they
 would: the worker figure counts the per-job path well and the per-claim path a little
@@ -64,7 +69,8 @@ async def _child(kind: str, n: int, dsn: str) -> None:
     elif kind in ("fill", "fill-io"):
         await pgq_backlog(dsn, app, noop if kind == "fill" else io_job, n)
     else:
-        await pgq.Worker(app, dsn, concurrency=1_000, metrics=False).run(burst=True)
+        metrics = os.environ.get("BENCH_METRICS") == "1"
+        await pgq.Worker(app, dsn, concurrency=1_000, metrics=metrics).run(burst=True)
 
 
 def _child_process(tree: Path, *args: str, valgrind: bool = True) -> int:
@@ -113,6 +119,11 @@ async def measure(tree: Path) -> dict[str, float]:
 async def main(trees: list[Path]) -> None:
     if shutil.which("valgrind") is None:
         sys.exit("bench_instructions.py needs valgrind: apt-get install valgrind")
+    if os.environ.get("BENCH_METRICS") == "1":
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            sys.exit("BENCH_METRICS=1 needs prometheus_client: pip install prometheus_client")
     results = {}
     for tree in trees:
         results[str(tree)] = figures = await measure(tree)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import TYPE_CHECKING
@@ -170,32 +171,33 @@ async def test_a_bulk_enqueue_whose_commit_fails_returns_nothing_and_wakes_no_on
         assert sum((await client.count_by_state()).values()) == 2
 
 
+SLOW_COMMIT = """
+    CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NEW.task = 'slow' THEN PERFORM pg_sleep(60); END IF;
+        RETURN NULL;
+    END $$;
+    CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON pgq_jobs
+        DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();
+"""
+
+
+async def _sleeping_backends(conn: Conn) -> int:
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event = 'PgSleep'"
+        )
+    )
+
+
 async def test_a_bulk_enqueue_cancelled_in_its_commit_writes_nothing_and_its_pool_goes_on(
     client: pgq.Client, conn: Conn
 ) -> None:
     # A commit held up at the server (a deferred trigger of the user's that sleeps); the
     # caller gives up while it waits. The cancellation reaches the commit, as it did when
     # enqueue_many awaited the commit itself: nothing is written, and the pool still works.
-    await conn.execute(
-        """
-        CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.task = 'slow' THEN PERFORM pg_sleep(60); END IF;
-            RETURN NULL;
-        END $$;
-        CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON pgq_jobs
-            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit();
-        """
-    )
-
-    async def sleeping_backends() -> int:
-        return int(
-            await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event = 'PgSleep'"
-            )
-        )
-
+    await conn.execute(SLOW_COMMIT)
     specs = [pgq.JobSpec("t", {"i": i}) for i in range(100)] + [pgq.JobSpec("slow")]
     returned = False
     with anyio.fail_after(30):
@@ -209,15 +211,39 @@ async def test_a_bulk_enqueue_cancelled_in_its_commit_writes_nothing_and_its_poo
 
             scope = anyio.CancelScope()
             tg.start_soon(enqueue, scope)
-            await until(lambda: _equals(sleeping_backends(), 1))
+            await until(lambda: _equals(_sleeping_backends(conn), 1))
             scope.cancel()
     assert not returned and scope.cancelled_caught
-    await until(lambda: _equals(sleeping_backends(), 0))  # the server stopped waiting
+    await until(lambda: _equals(_sleeping_backends(conn), 0))  # the server stopped waiting
     assert sum((await client.count_by_state()).values()) == 0
     await conn.execute("DROP TRIGGER slow_commit ON pgq_jobs")
     jobs = await client.enqueue_many([pgq.JobSpec("t")] * 3)
     assert len({j.id for j in jobs}) == 3
     assert sum((await client.count_by_state()).values()) == 3
+
+
+async def test_a_stop_before_the_commit_is_awaited_still_reaches_it(
+    client: pgq.Client, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A one-shot cancel (a deadline, a sibling task's failure) can land at the step between
+    # sending the COMMIT and awaiting it, where the jobs are built: raised there, it must
+    # still stop the commit, promptly, not wait out a slow one and then report it.
+    await conn.execute(SLOW_COMMIT)
+    from pgq._store import jobs as store_jobs
+
+    def stopped_while_building(*args: object) -> list[pgq.Job[object]]:
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(store_jobs, "copied_jobs", stopped_while_building)
+    specs = [pgq.JobSpec("t", {"i": i}) for i in range(100)] + [pgq.JobSpec("slow")]
+    with anyio.fail_after(20):  # the slow commit alone would take 60 s
+        with pytest.raises(asyncio.CancelledError):
+            await client.enqueue_many(specs)
+        await until(lambda: _equals(_sleeping_backends(conn), 0))
+    assert sum((await client.count_by_state()).values()) == 0
+    monkeypatch.undo()
+    await conn.execute("DROP TRIGGER slow_commit ON pgq_jobs")
+    assert len(await client.enqueue_many([pgq.JobSpec("t")] * 2)) == 2
 
 
 async def _equals(value: Awaitable[int], expected: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -247,8 +248,10 @@ async def copy(conn: Connection, rows: list[NewJob]) -> list[Job]:
     connections: COPY's binary format relies on the connection's jsonb codec, and a
     caller's connection may have registered another."""
     plain, due = copy_plan(rows)
+    # The transaction's enter and exit called by hand, so that the exit (the commit) can run
+    # as a task while the jobs are built; entered, it is a managed one, as in `async with`.
     transaction = conn.transaction()
-    await transaction.start()
+    await transaction.__aenter__()
     try:
         allocated = await conn.fetchrow(sql.ALLOCATE_JOBS, len(rows), list(due), list(due.values()))
         assert allocated is not None
@@ -258,19 +261,24 @@ async def copy(conn: Connection, rows: list[NewJob]) -> list[Job]:
             records=copy_records(rows, ids, now, plain),
             columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
         )
-    except BaseException:
-        await transaction.rollback()
+    except BaseException as exc:
+        await transaction.__aexit__(type(exc), exc, exc.__traceback__)  # rolls back
         raise
     # The commit waits for the server to flush its log to disk: the jobs to return are built
-    # in the meantime (from rows already checked: nothing there raises but a lack of
-    # memory), and returned only once the commit has succeeded. Awaiting the commit's task
-    # passes a cancellation on to it, as awaiting the commit itself would.
-    committing = asyncio.ensure_future(transaction.commit())
+    # in the meantime, and returned only once the commit has succeeded.
+    committing = asyncio.ensure_future(transaction.__aexit__(None, None, None))
     try:
         await asyncio.sleep(0)  # the commit's task runs first: its COMMIT is sent
         jobs = copied_jobs(rows, ids, now, plain)
-    finally:
-        await committing
+    except BaseException:
+        # Stopped before the commit is awaited (a cancel landing at the sleep): the stop
+        # reaches the COMMIT, as it would have had the commit itself been awaited, and it is
+        # what the caller sees, whatever the commit's own end.
+        committing.cancel()
+        with contextlib.suppress(BaseException):
+            await committing
+        raise
+    await committing  # a cancel landing here reaches the COMMIT too (awaiting a task does)
     return jobs
 
 

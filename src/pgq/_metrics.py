@@ -13,7 +13,7 @@ import functools
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pgq._hooks import EventName, Hook, JobEvent
 from pgq._store import inspect
@@ -33,7 +33,21 @@ PICKUP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.
 #: The ``outcome`` label of each state (a dict: an enum's ``.value`` is a Python-level
 #: descriptor, read once per job).
 _OUTCOME_LABELS: dict[JobState | None, str] = {None: "unknown", **{s: s.value for s in JobState}}
+#: Name, help text and labels of the job series.
+_JOBS = ("pgq_jobs", "Attempts by their outcome (the state the job went to)",
+         ("queue", "task", "outcome"))  # fmt: skip
+_DURATIONS = ("pgq_job_duration_seconds", "How long attempts ran", ("queue", "task"))
+_PICKUPS = ("pgq_pickup_latency_seconds", "From a job's scheduled time to its attempt's start",
+            ("queue",))  # fmt: skip
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _Observer(Protocol):
+    def observe(self, value: float, /) -> None: ...
+
+
+class _Incrementer(Protocol):
+    def inc(self) -> None: ...
 
 
 def available() -> bool:
@@ -59,16 +73,39 @@ class WorkerMetrics:
         self, stats: Callable[[], dict[str, Any]], registry: CollectorRegistry | None = None
     ) -> None:
         require()
-        from prometheus_client import CollectorRegistry, Counter
+        from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
-        # The per-job series are counted in plain Python and turned into metric families
-        # when scraped (_JobCollector): a prometheus_client Counter or Histogram takes a
-        # lock per update, and a histogram scans its buckets one by one, costs a busy
-        # worker pays for every job.
-        self._series = _JobCollector()
-        r.register(self._series)
+        # Each job's series, found once per label set and kept.
+        self._pickups: dict[str, _Observer]
+        self._outcomes: dict[tuple[str, str, str], _Incrementer]
+        self._durations: dict[tuple[str, str], _Observer]
+        self._new_pickup: Callable[[str], _Observer]
+        self._new_outcome: Callable[[tuple[str, str, str]], _Incrementer]
+        self._new_duration: Callable[[tuple[str, str]], _Observer]
+        if _multiprocess():
+            # prometheus_client's multiprocess mode aggregates the values its own metrics
+            # keep in files, and nothing else: use them, whatever they cost per job.
+            jobs = Counter(*_JOBS, registry=r)
+            durations = Histogram(*_DURATIONS, registry=r, buckets=DURATION_BUCKETS)
+            pickups = Histogram(*_PICKUPS, registry=r, buckets=PICKUP_BUCKETS)
+            self._new_outcome = lambda key: jobs.labels(*key)
+            self._new_duration = lambda pair: durations.labels(*pair)
+            self._new_pickup = pickups.labels
+            self._pickups, self._outcomes, self._durations = {}, {}, {}
+        else:
+            # Counted in plain Python and turned into metric families when scraped: a
+            # prometheus_client Counter or Histogram takes a lock per update, and a
+            # histogram scans its buckets one by one, costs a busy worker pays per job.
+            counted = _JobCollector()
+            r.register(counted)
+            self._new_outcome = lambda key: _Counter()
+            self._new_duration = lambda pair: _Histogram(DURATION_BUCKETS)
+            self._new_pickup = lambda queue: _Histogram(PICKUP_BUCKETS)
+            # The collector reads the very dicts the hooks fill (its own, typed exactly).
+            self._pickups, self._outcomes = counted.pickups, counted.outcomes  # type: ignore[assignment]
+            self._durations = counted.durations  # type: ignore[assignment]
         self.rescued = Counter(
             "pgq_jobs_rescued", "Jobs this worker rescued as leader, by reason", ["reason"],
             registry=r,
@@ -87,24 +124,22 @@ class WorkerMetrics:
         job = event.job
         if job.scheduled_at is not None and job.attempted_at is not None:
             wait = (job.attempted_at - job.scheduled_at).total_seconds()
-            pickups = self._series.pickups
-            pickup = pickups.get(job.queue)
+            pickup = self._pickups.get(job.queue)
             if pickup is None:
-                pickup = pickups[job.queue] = _Histogram(PICKUP_BUCKETS)
+                pickup = self._pickups[job.queue] = self._new_pickup(job.queue)
             pickup.observe(wait if wait > 0.0 else 0.0)
 
     def _finished(self, event: JobEvent) -> None:
-        job, state = event.job, event.state
-        series = self._series
-        key = (job.queue, job.task, _OUTCOME_LABELS[state])
-        outcomes = series.outcomes.get(key)
+        job = event.job
+        key = (job.queue, job.task, _OUTCOME_LABELS[event.state])
+        outcomes = self._outcomes.get(key)
         if outcomes is None:
-            outcomes = series.outcomes[key] = _Counter()
-        outcomes.value += 1
+            outcomes = self._outcomes[key] = self._new_outcome(key)
+        outcomes.inc()
         if event.duration_s is not None:
-            duration = series.durations.get(key[:2])
+            duration = self._durations.get(key[:2])
             if duration is None:
-                duration = series.durations[key[:2]] = _Histogram(DURATION_BUCKETS)
+                duration = self._durations[key[:2]] = self._new_duration(key[:2])
             duration.observe(event.duration_s)
 
     def _rescued(self, event: JobEvent) -> None:
@@ -125,6 +160,9 @@ class _Counter:
     def __init__(self) -> None:
         self.value = 0
         self.created = time.time()
+
+    def inc(self) -> None:
+        self.value += 1
 
 
 class _Histogram:
@@ -175,36 +213,30 @@ class _JobCollector:
 
     def describe(self) -> Iterator[Metric]:
         """The families, without samples (the registry checks their names are free)."""
-        return iter(self._families())
+        return iter(self.families())
 
     def collect(self) -> Iterator[Metric]:
-        jobs, durations, pickups = self._families()
-        # list(): one read of each dict, should a scrape run in another thread.
-        for key, counter in list(self.outcomes.items()):
-            jobs.add_metric(key, counter.value, created=counter.created)
-        for pair, histogram in list(self.durations.items()):
-            _add_histogram(durations, ("queue", "task"), pair, histogram)
-        for queue, histogram in list(self.pickups.items()):
-            _add_histogram(pickups, ("queue",), (queue,), histogram)
+        jobs, durations, pickups = self.families()
+        created = _created_wanted()
+        # copy(): one read of each dict, should a scrape run in another thread.
+        for key, counter in self.outcomes.copy().items():
+            jobs.add_metric(key, counter.value, created=counter.created if created else None)
+        for pair, histogram in self.durations.copy().items():
+            _add_histogram(durations, _DURATIONS[2], pair, histogram, created)
+        for queue, histogram in self.pickups.copy().items():
+            _add_histogram(pickups, _PICKUPS[2], (queue,), histogram, created)
         return iter((jobs, durations, pickups))
 
     @staticmethod
-    def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, HistogramMetricFamily]:
+    def families() -> tuple[CounterMetricFamily, HistogramMetricFamily, HistogramMetricFamily]:
+        """The three families, without samples."""
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
         return (
-            CounterMetricFamily(
-                "pgq_jobs", "Attempts by their outcome (the state the job went to)",
-                labels=["queue", "task", "outcome"],
-            ),
-            HistogramMetricFamily(
-                "pgq_job_duration_seconds", "How long attempts ran", labels=["queue", "task"]
-            ),
-            HistogramMetricFamily(
-                "pgq_pickup_latency_seconds",
-                "From a job's scheduled time to its attempt's start", labels=["queue"],
-            ),
-        )  # fmt: skip
+            CounterMetricFamily(_JOBS[0], _JOBS[1], labels=_JOBS[2]),
+            HistogramMetricFamily(_DURATIONS[0], _DURATIONS[1], labels=_DURATIONS[2]),
+            HistogramMetricFamily(_PICKUPS[0], _PICKUPS[1], labels=_PICKUPS[2]),
+        )
 
 
 def _add_histogram(
@@ -212,14 +244,33 @@ def _add_histogram(
     names: tuple[str, ...],
     labels: tuple[str, ...],
     histogram: _Histogram,
+    created: bool,
 ) -> None:
     """One series into ``family``, with the ``_created`` sample prometheus_client's own
-    ``Histogram`` exports beside it."""
+    ``Histogram`` exports beside it (unless its created series are turned off)."""
     from prometheus_client.samples import Sample
 
     family.add_metric(labels, histogram.buckets(), histogram.sum)
-    created = dict(zip(names, labels, strict=True))
-    family.samples.append(Sample(family.name + "_created", created, histogram.created, None))
+    if created:
+        label_set = dict(zip(names, labels, strict=True))
+        family.samples.append(Sample(family.name + "_created", label_set, histogram.created, None))
+
+
+def _created_wanted() -> bool:
+    """Whether ``_created`` series are exported: prometheus_client's own switch
+    (``PROMETHEUS_DISABLE_CREATED_SERIES``, ``disable_created_metrics()``), which its metrics
+    read when collected."""
+    from prometheus_client import metrics
+
+    return bool(getattr(metrics, "_use_created", True))
+
+
+def _multiprocess() -> bool:
+    """Whether prometheus_client runs in its multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``
+    set when it was imported): its metrics then keep their values in files."""
+    from prometheus_client import values
+
+    return values.ValueClass is not values.MutexValue
 
 
 class _StatsCollector:

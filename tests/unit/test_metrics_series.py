@@ -3,8 +3,12 @@ Counter and Histogram would: same series, buckets, sums and counts."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -89,3 +93,59 @@ def test_a_series_name_taken_in_the_callers_registry_is_refused() -> None:
     prometheus_client.Counter("pgq_jobs", "someone else's", registry=registry)
     with pytest.raises(ValueError, match="pgq_jobs"):
         WorkerMetrics(lambda: STATS, registry)
+
+
+def test_created_series_follow_prometheus_clients_own_switch() -> None:
+    # PROMETHEUS_DISABLE_CREATED_SERIES or disable_created_metrics() turn them off for
+    # prometheus_client's own metrics; pgq's job series follow.
+    ours = WorkerMetrics(lambda: STATS, prometheus_client.CollectorRegistry())
+    job = _job("mail", "send", 0.5)
+    ours._started(JobEvent("job_started", job))
+    ours._finished(JobEvent("job_finished", job, pgq.JobState.COMPLETED, None, 0.2))
+    assert "pgq_jobs_created{" in ours.render().decode()
+    prometheus_client.disable_created_metrics()
+    try:
+        text = ours.render().decode()
+    finally:
+        prometheus_client.enable_created_metrics()
+    assert "pgq_jobs_total{" in text and "_created" not in text
+
+
+MULTIPROCESS = """
+import sys
+from datetime import UTC, datetime, timedelta
+import prometheus_client
+from prometheus_client import multiprocess
+import pgq
+from pgq._hooks import JobEvent
+from pgq._metrics import WorkerMetrics
+
+stats = {"producers": [], "heartbeat_failures": 0, "leader": False,
+         "outcomes_salvaged": 0, "outcomes_pending": 0}
+metrics = WorkerMetrics(lambda: stats, prometheus_client.CollectorRegistry())
+at = datetime(2026, 1, 1, tzinfo=UTC)
+job = pgq.Job(1, "mail", "send", {}, pgq.JobState.RUNNING, scheduled_at=at,
+              attempted_at=at + timedelta(seconds=0.3))
+for _ in range(3):
+    metrics._started(JobEvent("job_started", job))
+    metrics._finished(JobEvent("job_finished", job, pgq.JobState.COMPLETED, None, 0.02))
+aggregate = prometheus_client.CollectorRegistry()
+multiprocess.MultiProcessCollector(aggregate)
+sys.stdout.write(prometheus_client.generate_latest(aggregate).decode())
+"""
+
+
+def test_in_prometheus_clients_multiprocess_mode_the_job_series_are_aggregated(
+    tmp_path: Path,
+) -> None:
+    # That mode aggregates only the values prometheus_client's own metrics keep in files: a
+    # process in it (an embedded worker under a multi-process server) must still show its jobs.
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", MULTIPROCESS], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert 'pgq_jobs_total{outcome="completed",queue="mail",task="send"} 3.0' in text
+    assert 'pgq_job_duration_seconds_count{queue="mail",task="send"} 3.0' in text
+    assert 'pgq_pickup_latency_seconds_bucket{le="0.5",queue="mail"} 3.0' in text

@@ -384,7 +384,7 @@ class Worker:
         tg.start_soon(parts.completer.run)
         tg.start_soon(parts.heartbeater.run)
         await parts.elector.attempt()
-        tg.start_soon(parts.elector.run)
+        tg.start_soon(functools.partial(parts.elector.run, attempted=True))
         tg.start_soon(parts.leader.run)
         tg.start_soon(parts.control.poll_cancels)
         tg.start_soon(self._observers.joblog.run)

@@ -47,11 +47,14 @@ class Elector:
         """Seek the lease now (the leader resigned)."""
         self._wake.set()
 
-    async def run(self) -> None:
-        """Seek or renew the lease until cancelled."""
+    async def run(self, *, attempted: bool = False) -> None:
+        """Seek or renew the lease until cancelled; ``attempted``: :meth:`attempt` has just
+        run, so the first round waits its turn (or a :meth:`wake`)."""
         while True:
-            self._wake = anyio.Event()
-            await self.attempt()
+            if not attempted:
+                self._wake = anyio.Event()
+                await self.attempt()
+            attempted = False
             with anyio.move_on_after(self.renew_interval_s):
                 await self._wake.wait()
 

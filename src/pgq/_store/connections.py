@@ -103,16 +103,60 @@ _connect_errors: tuple[type[Exception], ...] = (
 DATABASE_ERRORS: tuple[type[Exception], ...] = (*CONNECTION_ERRORS, asyncpg.PostgresError)
 
 
+#: The array types pgq's statements send and read, as (array oid, element oid, element
+#: name). PostgreSQL fixes the oids of its built-in types: they are the same on every server.
+_ARRAY_TYPES = (
+    (1000, 16, "bool"),
+    (1007, 23, "int4"),
+    (1009, 25, "text"),
+    (1016, 20, "int8"),
+    (1022, 701, "float8"),
+    (1185, 1184, "timestamptz"),
+    (2951, 2950, "uuid"),
+)
+# Each in the shape of a row of asyncpg's type introspection, which is what it registers.
+_ARRAY_TYPE_ROWS = tuple(
+    {
+        "oid": oid, "ns": "pg_catalog", "name": f"_{element}", "kind": b"b", "basetype": None,
+        "elemtype": element_oid, "elemdelim": ",", "range_subtype": None, "attrtypoids": None,
+        "attrnames": None, "depth": 0, "basetype_name": None, "elemtype_name": element,
+        "range_subtype_name": None,
+    }
+    for oid, element_oid, element in _ARRAY_TYPES
+)  # fmt: skip
+
+
+async def declare_array_types(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    """Give a new connection the codecs of :data:`_ARRAY_TYPES` up front.
+
+    asyncpg asks the server about every array type a connection meets for the first time:
+    a recursive catalog query planned afresh (3-15 ms on a busy two-core machine), with
+    ``jit`` switched off and back around it, once per connection and type set, so several
+    times over as a worker's pool connections take turns at its statements. The answer
+    for built-in types never varies, so pgq declares it instead. This goes through
+    asyncpg's protocol settings, which are not public API: should they change, the
+    connection is left as it was, and asyncpg asks the server as before."""
+    try:
+        protocol: Any = getattr(conn, "_protocol")  # noqa: B009 - not in asyncpg's stubs
+        protocol.get_settings().register_data_types(_ARRAY_TYPE_ROWS)
+    except Exception as exc:  # pragma: no cover - depends on the asyncpg release
+        log.debug("array codecs not declared (%s): asyncpg will introspect them", exc)
+
+
 async def connect(
     dsn: str | None, *, timeout_s: float = 10.0, **kwargs: Any
 ) -> asyncpg.Connection[asyncpg.Record]:
     """Open one connection, turning driver and socket failures into DatabaseUnavailable."""
     try:
-        return await asyncpg.connect(dsn, timeout=timeout_s, **kwargs)
+        conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(
+            dsn, timeout=timeout_s, **kwargs
+        )
     except _connect_errors as exc:
         raise _unavailable(dsn, exc) from exc
     except ValueError as exc:  # asyncpg's own DSN parser
         raise _unparsable(dsn, exc) from None
+    await declare_array_types(conn)
+    return conn
 
 
 #: Session settings for the worker's connections. Its batch statements join arrays whose
@@ -222,6 +266,7 @@ async def create_pool(
     """Open a pool (its first connections too) for pgq's own use, with the same error
     translation."""
     kwargs.setdefault("reset", _reset)
+    kwargs.setdefault("init", declare_array_types)
     try:
         pool = await asyncpg.create_pool(
             dsn, min_size=min_size, max_size=max_size, timeout=timeout_s, **kwargs

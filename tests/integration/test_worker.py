@@ -924,3 +924,26 @@ async def test_a_claim_updates_its_jobs_through_the_primary_key_not_a_table_scan
     claimed = await conn.fetch(sql.CLAIM_JOBS, *args)
     ids = [r["id"] for r in claimed]
     assert ids == [r["id"] for r in first] and ids != sorted(ids)
+
+
+async def test_each_producer_counts_its_own_queues_outcomes(client: pgq.Client, dsn: str) -> None:
+    app = pgq.App()
+
+    @app.task(queue="mail", max_attempts=1)
+    async def send(ctx: pgq.JobContext, ok: bool) -> None:
+        if not ok:
+            raise ValueError("bounced")
+
+    @app.task(queue="billing", max_attempts=1)
+    async def charge(ctx: pgq.JobContext, ok: bool) -> None:
+        if not ok:
+            raise ValueError("declined")
+
+    await client.enqueue_many(
+        [send.spec(ok=True)] * 3 + [send.spec(ok=False)] + [charge.spec(ok=False)] * 2
+    )
+    worker = pgq.Worker(app, dsn, queues={"mail": 2, "billing": 2})
+    with anyio.fail_after(30):
+        await worker.run(burst=True)
+    counts = {p["queue"]: (p["completed"], p["failed"]) for p in worker.stats()["producers"]}
+    assert counts == {"mail": (3, 1), "billing": (0, 2)}

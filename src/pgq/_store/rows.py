@@ -64,6 +64,7 @@ def job_from_record(row: Record, claimed_by: uuid.UUID | None = None) -> Job:
     return Job(
         id_, queue, task, _loads(args), STATES[state], priority, attempt, max_attempts,
         scheduled_at, attempted_at, finalized_at, created_at, claimed_by or producer_id,
-        _loads(errors), tags, _loads(metadata), None if result is None else _loads(result),
+        [] if errors == "[]" else _loads(errors), tags,
+        {} if metadata == "{}" else _loads(metadata), None if result is None else _loads(result),
         unique_key, False, attempt_token, attempted_by, limit_key, depends_on,
     )  # fmt: skip

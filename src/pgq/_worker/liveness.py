@@ -35,6 +35,9 @@ class ProducerHealth:
         self._queue = queue
         self._healthy = anyio.Event()
         self._healthy.set()
+        #: False while the producer has fenced itself (``_healthy`` is set when True; the
+        #: flag is what each job reads, without a call).
+        self.healthy = True
         self._fence_after_s = fence_after_s
         # The registration counts as the first proof of life.
         self._alive_at = anyio.current_time()
@@ -44,11 +47,6 @@ class ProducerHealth:
         self.last_ok_at: float | None = None
         #: Called when the producer becomes healthy again (to claim at once).
         self.on_healthy: Callable[[], None] = lambda: None
-
-    @property
-    def healthy(self) -> bool:
-        """False while the producer has fenced itself."""
-        return self._healthy.is_set()
 
     async def wait_healthy(self) -> None:
         """Return once the producer is healthy."""
@@ -81,6 +79,7 @@ class ProducerHealth:
             log.info("queue %s: heartbeat ok again; claiming resumes", self._queue)
         self.consecutive_failures = 0
         if not self.healthy:
+            self.healthy = True
             self._healthy.set()
             self.on_healthy()
 
@@ -108,10 +107,12 @@ class ProducerHealth:
 
     def release(self) -> None:
         """Let a waiter through for good (the producer is stopping)."""
+        self.healthy = True
         self._healthy.set()
 
     def _fence(self) -> None:
-        if self._healthy.is_set():
+        if self.healthy:
+            self.healthy = False
             self._healthy = anyio.Event()
 
 

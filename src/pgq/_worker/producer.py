@@ -140,7 +140,8 @@ class Producer:
         # Claimed and waiting for a slot (a part of `running`).
         self._waiting: set[Execution] = set()
         self._wake = anyio.Event()
-        self._slot = anyio.Event()
+        # Set as each job ends (asyncio's own event: set once per job, it skips anyio's layer).
+        self._slot = asyncio.Event()
         self._empty = anyio.Event()
         self._empty.set()
         self._stopping = False
@@ -206,21 +207,26 @@ class Producer:
         """Return when no job runs."""
         await self._empty.wait()
 
-    def counted(self, outcome: Outcome, accepted: bool) -> None:
-        """Count an outcome of this producer's as the database took it."""
+    def counted(self, outcomes: list[Outcome], accepted: bool) -> None:
+        """Count outcomes of this producer's as the database took them (written, or
+        rejected by the fence)."""
+        if not outcomes:
+            return
         if self._held_back:
-            # Written: the job no longer counts against the queue's limit. Claim again now.
+            # Written: the jobs no longer count against the queue's limit. Claim again now.
             self._wake.set()
         if not accepted:
-            self.rejected_outcomes += 1
-        elif outcome.state == "completed":
-            self.completed += 1
-        elif (
-            outcome.error is not None
-            and outcome.attempt_delta == 0
-            and outcome.state != "cancelled"
-        ):
-            self.failed += 1
+            self.rejected_outcomes += len(outcomes)
+            return
+        for outcome in outcomes:
+            if outcome.state == "completed":
+                self.completed += 1
+            elif (
+                outcome.error is not None
+                and outcome.attempt_delta == 0
+                and outcome.state != "cancelled"
+            ):
+                self.failed += 1
 
     # ------------------------------------------------------------------ liveness
 
@@ -265,7 +271,7 @@ class Producer:
             unlimited = limits is not None and not limits.limited
             capacity = self.concurrency + (self.ahead if unlimited else 0)
             if len(self.running) >= capacity:
-                self._slot = anyio.Event()
+                self._slot = asyncio.Event()
                 if len(self.running) >= capacity:
                     await self._slot.wait()
                 continue

@@ -429,12 +429,18 @@ class Worker:
 
     def _counted(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         by_queue = self._by_queue
-        for o in written:
-            if (producer := by_queue.get(o.queue)) is not None:
-                producer.counted(o, accepted=True)
-        for o in rejected:
-            if (producer := by_queue.get(o.queue)) is not None:
-                producer.counted(o, accepted=False)
+        if len(by_queue) == 1:  # one producer: every outcome is its own
+            (producer,) = by_queue.values()
+            producer.counted(written, accepted=True)
+            producer.counted(rejected, accepted=False)
+            return
+        for outcomes, accepted in ((written, True), (rejected, False)):
+            mine: dict[str, list[Outcome]] = {}
+            for o in outcomes:
+                mine.setdefault(o.queue, []).append(o)
+            for queue, theirs in mine.items():
+                if queue in by_queue:
+                    by_queue[queue].counted(theirs, accepted)
 
     # ------------------------------------------------------------------ stats
 

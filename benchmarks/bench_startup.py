@@ -67,4 +67,7 @@ async def main(runs: int) -> None:
 
 
 if __name__ == "__main__":
-    run(lambda: main(int(sys.argv[1]) if len(sys.argv) > 1 else 15))
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 15
+    if runs < 2:
+        raise SystemExit("RUNS must be 2 or more (the quartiles need two runs)")
+    run(lambda: main(runs))

@@ -133,7 +133,9 @@ async def declare_array_types(conn: asyncpg.Connection[asyncpg.Record]) -> None:
     a recursive catalog query planned afresh (3-15 ms on a busy two-core machine), with
     ``jit`` switched off and back around it, once per connection and type set, so several
     times over as a worker's pool connections take turns at its statements. The answer
-    for built-in types never varies, so pgq declares it instead. This goes through
+    for built-in types never varies, so pgq declares it instead. (pgq's own enum, whose oid
+    differs from database to database, is passed as text and cast in the statements.)
+    This goes through
     asyncpg's protocol settings, which are not public API: should they change, the
     connection is left as it was, and asyncpg asks the server as before."""
     try:
@@ -266,7 +268,14 @@ async def create_pool(
     """Open a pool (its first connections too) for pgq's own use, with the same error
     translation."""
     kwargs.setdefault("reset", _reset)
-    kwargs.setdefault("init", declare_array_types)
+    init = kwargs.pop("init", None)
+
+    async def setup(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+        await declare_array_types(conn)
+        if init is not None:
+            await init(conn)
+
+    kwargs["init"] = setup
     try:
         pool = await asyncpg.create_pool(
             dsn, min_size=min_size, max_size=max_size, timeout=timeout_s, **kwargs

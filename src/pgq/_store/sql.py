@@ -927,7 +927,7 @@ RETURNING p.id, p.worker_name, p.queue
 DELETE_FINISHED: Final = """
 WITH old AS (
     SELECT id FROM pgq_jobs
-    WHERE state = $1::pgq_job_state AND finalized_at < now() - make_interval(secs => $2)
+    WHERE state = $1::text::pgq_job_state AND finalized_at < now() - make_interval(secs => $2)
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
@@ -985,7 +985,7 @@ SELECT """
     + JOB_COLUMNS
     + """
 FROM pgq_jobs
-WHERE ($1::pgq_job_state[] IS NULL OR state = ANY($1::pgq_job_state[]))
+WHERE ($1::text[] IS NULL OR state = ANY($1::text[]::pgq_job_state[]))
   AND ($2::text IS NULL OR queue = $2)
   AND ($3::text IS NULL OR task = $3)
   AND ($5::jsonb IS NULL OR args @> $5::jsonb)
@@ -1006,7 +1006,7 @@ FROM pgq_jobs WHERE attempted_at >= $1 ORDER BY id
 # Every job matching the filters, oldest first (bulk retry or cancel by filter).
 MATCHING_IDS: Final = """
 SELECT id FROM pgq_jobs
-WHERE ($1::pgq_job_state[] IS NULL OR state = ANY($1::pgq_job_state[]))
+WHERE ($1::text[] IS NULL OR state = ANY($1::text[]::pgq_job_state[]))
   AND ($2::text IS NULL OR queue = $2)
   AND ($3::text IS NULL OR task = $3)
 ORDER BY id
@@ -1182,7 +1182,7 @@ SELECT name, pg_notify("""
 # $4 a tag, $5 JSON text of an object the args must contain, $6 an id (each NULL: any). A
 # statement that uses it takes its own parameters from $7 on.
 _JOB_FILTER = """
-    ($1::pgq_job_state[] IS NULL OR state = ANY($1::pgq_job_state[]))
+    ($1::text[] IS NULL OR state = ANY($1::text[]::pgq_job_state[]))
     AND ($2::text IS NULL OR queue = $2)
     AND ($3::text IS NULL OR task = $3)
     AND ($4::text IS NULL OR tags @> ARRAY[$4::text])

@@ -117,52 +117,34 @@ async def test_bulk_enqueue_wakes_only_queues_with_a_job_due_now_once_committed(
         assert sorted(await notes.received()) == ["now", "past"]
 
 
+# A rule of the user's own that Postgres enforces on row 51 of 100: as the row is written,
+# or only at commit (enqueue_many builds the jobs it returns while the COPY's commit is under
+# way: a commit that fails must still raise, with nothing written and no one woken).
+REFUSE_BOOM = """
+    CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NEW.task = 'boom' THEN RAISE EXCEPTION 'no boom jobs'; END IF;
+        RETURN NEW;
+    END $$;
+"""
+REFUSE_WHEN = {
+    "row": "CREATE TRIGGER refuse_boom BEFORE INSERT ON pgq_jobs",
+    "commit": "CREATE CONSTRAINT TRIGGER refuse_boom AFTER INSERT ON pgq_jobs"
+    " DEFERRABLE INITIALLY DEFERRED",
+}
+
+
+@pytest.mark.parametrize("when", list(REFUSE_WHEN))
 async def test_a_bulk_enqueue_the_server_refuses_writes_nothing_and_wakes_no_one(
-    client: pgq.Client, dsn: str
+    client: pgq.Client, dsn: str, when: str
 ) -> None:
     async with job_notes(dsn) as notes:
-        # A rule of the user's own that Postgres enforces on row 51 of 100.
         await notes.conn.execute(
-            """
-            CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF NEW.task = 'boom' THEN RAISE EXCEPTION 'no boom jobs'; END IF;
-                RETURN NEW;
-            END $$;
-            CREATE TRIGGER refuse_boom BEFORE INSERT ON pgq_jobs
-                FOR EACH ROW EXECUTE FUNCTION refuse_boom();
-            """
+            REFUSE_BOOM + REFUSE_WHEN[when] + " FOR EACH ROW EXECUTE FUNCTION refuse_boom()"
         )
         specs = [pgq.JobSpec("t", {"i": i}, queue="refused") for i in range(100)]
         specs[50] = pgq.JobSpec("boom", queue="refused")
         with pytest.raises(asyncpg.RaiseError, match="no boom jobs"):
-            await client.enqueue_many(specs)
-        assert sum((await client.count_by_state()).values()) == 0
-        await client.enqueue_many([pgq.JobSpec("t", queue="after")] * 2)
-        assert await notes.received() == ["after"]
-        assert sum((await client.count_by_state()).values()) == 2
-
-
-async def test_a_bulk_enqueue_whose_commit_fails_returns_nothing_and_wakes_no_one(
-    client: pgq.Client, dsn: str
-) -> None:
-    # enqueue_many builds the jobs it returns while the COPY's commit is under way: a commit
-    # that fails must still raise, with nothing written and no one woken.
-    async with job_notes(dsn) as notes:
-        await notes.conn.execute(
-            """
-            CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                IF NEW.task = 'boom' THEN RAISE EXCEPTION 'no boom jobs, said at commit'; END IF;
-                RETURN NULL;
-            END $$;
-            CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON pgq_jobs
-                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit();
-            """
-        )
-        specs = [pgq.JobSpec("t", {"i": i}, queue="refused") for i in range(100)]
-        specs[50] = pgq.JobSpec("boom", queue="refused")
-        with pytest.raises(asyncpg.RaiseError, match="said at commit"):
             await client.enqueue_many(specs)
         assert sum((await client.count_by_state()).values()) == 0
         jobs = await client.enqueue_many([pgq.JobSpec("t", queue="after")] * 2)

@@ -24,7 +24,10 @@ growing by more than 10 %), and writes benchmarks/results/soak.json and soak.png
 At a fixed offered rate, a minute's throughput is the rate offered unless the worker falls
 behind; its jobs still unclaimed when the minute is read (SETTLE_S after it ends) are
 counted apart and fail the latency target. Pickup latency ends at the claim: a job claimed
-ahead of a free slot starts a little later (docs/configuration.md, `claim_ahead`).
+ahead of a free slot starts a little later (docs/configuration.md, `claim_ahead`). A job
+handed back unstarted (its slot did not free in time) and claimed again counts to its last
+claim: each minute counts the jobs with an entry in `errors` (a no-op job fails nothing
+else), and the worst job's entries are printed with it.
 
 To find what a slow minute waited on, each minute also names its worst job (the moment it
 was enqueued and how long it waited) and every event that overlapped that wait: the
@@ -159,6 +162,7 @@ MINUTE = """
 SELECT count(*) AS jobs,
        count(*) FILTER (WHERE state = 'completed') AS completed,
        count(*) FILTER (WHERE attempted_at IS NULL) AS not_picked_up,
+       count(*) FILTER (WHERE errors <> '[]'::jsonb) AS with_errors,
        percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
            ORDER BY extract(epoch FROM attempted_at - scheduled_at)) AS pickup,
        max(extract(epoch FROM attempted_at - scheduled_at)) AS pickup_max
@@ -397,7 +401,8 @@ FROM pg_stat_user_tables s WHERE s.relname = 'pgq_jobs'
 """
 
 WORST = """
-SELECT extract(epoch FROM scheduled_at) AS due, extract(epoch FROM attempted_at) AS claimed
+SELECT extract(epoch FROM scheduled_at) AS due, extract(epoch FROM attempted_at) AS claimed,
+       jsonb_array_length(errors) AS entries, errors -> -1 ->> 'message' AS last_error
 FROM pgq_jobs WHERE id > $1 AND id <= $2 AND attempted_at IS NOT NULL
 ORDER BY attempted_at - scheduled_at DESC LIMIT 1
 """
@@ -490,11 +495,14 @@ async def read_minute(
         "jobs": r["jobs"],
         "completed": r["completed"],
         "not_picked_up": r["not_picked_up"],
+        "with_errors": r["with_errors"],
         "p50_ms": None if p50 is None else p50 * 1000,
         "p99_ms": None if p99 is None else p99 * 1000,
         "max_ms": None if r["pickup_max"] is None else float(r["pickup_max"]) * 1000,
         "worst_due": None if worst is None else float(worst["due"]),
         "worst_claimed": None if worst is None else float(worst["claimed"]),
+        "worst_errors": None if worst is None else worst["entries"],
+        "worst_last_error": None if worst is None else worst["last_error"],
         **sizes,
         **during,  # per minute (sizes' own "autovacuums" is the running total)
     }
@@ -623,6 +631,12 @@ async def main() -> None:
         due = datetime.fromtimestamp(row["worst_due"], UTC)
         wait = (row["worst_claimed"] - row["worst_due"]) * 1000
         print(f"minute {row['minute']:>3}: {due:%H:%M:%S.%f}"[:-3] + f", waited {wait:,.1f} ms")
+        if row.get("worst_errors"):
+            # Noop jobs fail nothing: an entry means it was claimed before and handed back
+            # (or interrupted), and its wait counts to its last claim.
+            print(f"    errors before: {row['worst_errors']}, the last: {row['worst_last_error']}")
+        if row.get("with_errors"):
+            print(f"    jobs of the minute with an error entry: {row['with_errors']:,}")
         for event in row["worst_events"]:
             print(f"    {event}")
     print(f"wrote {RESULTS / 'soak.json'} and {RESULTS / 'soak.png'}")

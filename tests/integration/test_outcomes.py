@@ -4,11 +4,15 @@ jsonb refuses, and outcomes the database itself refuses never strand a job in `r
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import asyncpg
 import pytest
 
 import pgq
+from pgq._store import claims
 from pgq._worker import completer
 from tests.integration.test_liveness import FAST
 from tests.tests_support import until
@@ -174,3 +178,51 @@ async def test_an_outcome_refused_in_every_form_is_held_and_written_later(
         assert worker.stats()["outcomes_pending"] == 0
     done = await client.get_job(job.id)
     assert done is not None and done.state is pgq.JobState.COMPLETED and done.result == 1
+
+
+@pytest.mark.parametrize("with_result", [False, True], ids=["no-result", "result"])
+async def test_the_lean_completion_writes_and_announces_only_what_the_fence_lets_through(
+    dsn: str, conn: Conn, client: pgq.Client, with_result: bool
+) -> None:
+    # complete_successes, as the completer calls it for plain successes (without a result:
+    # its statement without the results array). Three running attempts, each with its token.
+    jobs = await client.enqueue_many([pgq.JobSpec("anything", {"i": i}) for i in range(3)])
+    rows = await conn.fetch(
+        "UPDATE pgq_jobs SET state = 'running', attempt = 1, attempt_token = gen_random_uuid()"
+        " WHERE id = ANY($1::bigint[]) RETURNING id, attempt_token",
+        [j.id for j in jobs],
+    )
+    token = {r["id"]: r["attempt_token"] for r in rows}
+    a, b, c = sorted(token)
+    result = '{"x": 1}' if with_result else None
+    announced: list[str] = []
+    heard = anyio.Event()
+
+    def on_done(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        announced.append(str(payload))
+        heard.set()
+
+    listener = await asyncpg.connect(dsn)
+    try:
+        await listener.add_listener("pgq_done", on_done)
+        # A zombie's batch: every token stale. Nothing written, nothing announced.
+        stale = [uuid.uuid4()] * 3
+        assert await claims.complete_successes(conn, [a, b, c], stale, [result] * 3) == set()
+        assert await claims.complete_successes(conn, [a], [token[a]], [result]) == {a}
+        with anyio.fail_after(10):
+            await heard.wait()
+        # Notifications arrive in commit order: the zombie's batch would have come first.
+        assert announced[0] == str(a)
+        # Part of a batch let through: only that part is returned, and written.
+        written = await claims.complete_successes(
+            conn, [b, c], [token[b], uuid.uuid4()], [result, None]
+        )
+        assert written == {b}
+    finally:
+        await listener.close()
+    states = {j.id: j for j in [await client.get_job(i) for i in (a, b, c)] if j is not None}
+    assert [states[i].state for i in (a, b, c)] == [
+        pgq.JobState.COMPLETED, pgq.JobState.COMPLETED, pgq.JobState.RUNNING,
+    ]  # fmt: skip
+    expected = {"x": 1} if with_result else None
+    assert (states[a].result, states[b].result, states[c].result) == (expected, expected, None)

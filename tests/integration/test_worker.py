@@ -3,6 +3,7 @@ import functools
 import threading
 import uuid
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -61,8 +62,9 @@ async def test_runs_jobs_with_their_args_and_stores_results(client: pgq.Client, 
 async def test_a_task_sees_its_job_as_stored_every_column_read(
     client: pgq.Client, dsn: str
 ) -> None:
-    # The claim reads its rows by position (rows.job_from_record); a read by id reads them
-    # by name (job_from_row). Every column set to a value of its own: they must agree.
+    # The claim returns fewer columns, read by position (rows.job_from_claim); a read by id
+    # reads them all by name (job_from_row). Every column set to a value of its own: they
+    # must agree.
     app = pgq.App()
     seen: list[tuple[pgq.Job, pgq.Job | None]] = []
 
@@ -82,8 +84,15 @@ async def test_a_task_sees_its_job_as_stored_every_column_read(
             unique_key="k-1", limit_key="tenant-1", depends_on=[first],
         )
     )  # fmt: skip
+    # Due before it was created (the claim sends scheduled_at only when it differs from
+    # created_at), claimed in the same claim after the first (which carries the start).
+    past = datetime.now(UTC) - timedelta(days=1)
+    late = await client.enqueue(child.spec(4, "x").with_options(run_at=past))
     await burst(app, dsn)
-    ((claimed, read),) = seen
+    ((claimed, read), (claimed_late, read_late)) = sorted(seen, key=lambda s: s[0].id)
+    assert claimed_late.id == late.id and claimed_late == read_late
+    assert claimed_late.scheduled_at == past != claimed_late.created_at
+    assert claimed_late.attempted_at == claimed.attempted_at  # one claim
     assert claimed == read
     assert (claimed.id, claimed.args, claimed.tags, claimed.metadata) == (
         job.id, {"n": 3, "note": "é"}, ["a", "b"], {"m": [1, {"x": None}]},

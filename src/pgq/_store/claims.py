@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pgq._store import sql
-from pgq._store.connections import Connection, Db, Pool
-from pgq._store.rows import RowLike, job_from_record
+from pgq._store.connections import Connection, Db, Pool, Record
+from pgq._store.rows import RowLike, job_from_claim
 from pgq.job import Job
 
 
@@ -40,7 +40,7 @@ async def claim(
         plan.max_attempts,
         worker_name,
     )
-    return [job_from_record(r, producer_id) for r in rows]
+    return _jobs(rows, producer_id, worker_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +141,7 @@ async def claim_limited(
             window = max(period, limits.key_rate_period_s or 0.0)
             await conn.execute(sql.LOG_STARTS, plan.queue, [r["limit_key"] for r in rows], window)
     held_back = (budget < limit and len(rows) == budget) or (keys_held and len(rows) < budget)
-    return [job_from_record(r, producer_id) for r in rows], held_back, limits
+    return _jobs(rows, producer_id, worker_name), held_back, limits
 
 
 #: In a queue with per-key limits, jobs without a key are looked for among this many of
@@ -204,10 +204,14 @@ async def complete_successes(
     db: Db, ids: Sequence[int], tokens: Sequence[uuid.UUID | None], results: Sequence[str | None]
 ) -> set[int]:
     """Mark jobs completed (with their results); returns the ids the fence let through."""
-    rows = await db.fetch(
-        sql.COMPLETE_SUCCESSES, ids, tokens, results, _done_payload([str(i) for i in ids])
-    )
-    return {r["id"] for r in rows}
+    payload = _done_payload([str(i) for i in ids])
+    # One row, its ids in one array (none when the fence let none through): a row per job
+    # would cost a record each to build and read. Without results, no array of NULLs.
+    if results.count(None) == len(results):
+        row = await db.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, payload)
+    else:
+        row = await db.fetchrow(sql.COMPLETE_SUCCESSES, ids, tokens, results, payload)
+    return set() if row is None else set(row[0])
 
 
 async def write_outcomes(db: Db, outcomes: Sequence[OutcomeRow]) -> set[int]:
@@ -255,3 +259,11 @@ async def leftovers(db: Db, plan: ClaimPlan, fencing_bound: float) -> Leftovers:
 def _done_payload(ids: list[str], per_notification: int = 500) -> list[str]:
     # NOTIFY payloads stop at 8000 bytes: 500 ids a notification stays well under.
     return [",".join(ids[i : i + per_notification]) for i in range(0, len(ids), per_notification)]
+
+
+def _jobs(rows: list[Record], producer_id: uuid.UUID, worker_name: str) -> list[Job]:
+    """The jobs of a claim's rows (``sql.CLAIM_COLUMNS``): the first row carries the start."""
+    if not rows:
+        return []
+    started = rows[0]["attempted_at"]
+    return [job_from_claim(r, started, producer_id, worker_name) for r in rows]

@@ -1,18 +1,20 @@
 """Rows into jobs: from a job row of ``sql.JOB_COLUMNS`` to :class:`~pgq.Job`.
 
-Every statement that returns whole jobs (reads, claims, unique-key lookups) returns
-``sql.JOB_COLUMNS``: reads map it by column name (asyncpg records or psycopg's dict rows),
-the claim, on the hot path, by position (asyncpg records); a test holds the two equal."""
+Every statement that returns whole jobs (reads, unique-key lookups) returns
+``sql.JOB_COLUMNS``, mapped by column name (asyncpg records or psycopg's dict rows). The
+claim, on the hot path, returns ``sql.CLAIM_COLUMNS`` (less what the claiming producer
+knows), read by position; a test holds the two equal."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, TypeAlias
 
 from pgq import _serde
 from pgq._store.connections import Record
-from pgq.job import STATES, Job
+from pgq.job import STATES, Job, JobState
 
 _loads = _serde.loads
 
@@ -48,23 +50,30 @@ def job_from_row(row: RowLike) -> Job:
     )
 
 
-def job_from_record(row: Record, claimed_by: uuid.UUID | None = None) -> Job:
-    """:func:`job_from_row` for an asyncpg ``Record`` of ``sql.JOB_COLUMNS``, read in
-    column order (half the cost, on the claim's path, of reading 22 columns by name).
+_RUNNING = JobState.RUNNING
 
-    A claim passes its producer's id as ``claimed_by`` (the id its rows were written with):
-    its jobs then share that one object instead of holding a copy each while they run."""
+
+def job_from_claim(
+    row: Record, started: datetime | None, producer_id: uuid.UUID, worker_name: str
+) -> Job:
+    """The :class:`~pgq.Job` of a row of ``sql.CLAIM_COLUMNS``, claimed by ``producer_id`` of
+    worker ``worker_name`` at ``started`` (the attempt's start, which the claim's first row
+    carries for all), read in column order (half the cost, on the claim's path, of reading by
+    name). What the claim wrote from what the producer passed (its id and its worker's name)
+    is not read back, and the state is running: its jobs share the producer's objects, and
+    one start and (when due at creation) one creation time, instead of holding a copy each
+    while they run."""
     (
-        id_, queue, task, args, state, priority, attempt, max_attempts, scheduled_at,
-        attempted_at, finalized_at, created_at, producer_id, errors, tags, metadata, result,
-        unique_key, attempt_token, attempted_by, limit_key, depends_on,
+        id_, queue, task, args, priority, attempt, max_attempts, scheduled_at, _, finalized_at,
+        created_at, errors, tags, metadata, result, unique_key, attempt_token, limit_key,
+        depends_on,
     ) = row  # fmt: skip
     # Positional, in Job's field order (duplicate is False: a row read back is no duplicate);
     # tags as asyncpg decoded them, a list of the job's own.
     return Job(
-        id_, queue, task, _loads(args), STATES[state], priority, attempt, max_attempts,
-        scheduled_at, attempted_at, finalized_at, created_at, claimed_by or producer_id,
-        [] if errors == "[]" else _loads(errors), tags,
+        id_, queue, task, _loads(args), _RUNNING, priority, attempt, max_attempts,
+        created_at if scheduled_at is None else scheduled_at, started, finalized_at, created_at,
+        producer_id, [] if errors == "[]" else _loads(errors), tags,
         {} if metadata == "{}" else _loads(metadata), None if result is None else _loads(result),
-        unique_key, False, attempt_token, attempted_by, limit_key, depends_on,
+        unique_key, False, attempt_token, worker_name, limit_key, depends_on,
     )  # fmt: skip

@@ -48,6 +48,25 @@ JOB_COLUMNS: Final = """
        depends_on
 """
 
+# A claimed job, as the claim returns it: JOB_COLUMNS without what the claiming producer
+# already knows (the state is running, producer_id and attempted_by are its own), and fewer
+# timestamps to decode: scheduled_at is NULL when it equals created_at (a job run when due,
+# as most are; both columns are NOT NULL), and the attempt's start, the statement's own
+# clock and the same for every row, comes in the first row only. rows.job_from_claim reads
+# it by position and fills in the rest; a test holds the job it makes equal to a read by id.
+# Over the claimed rows (the CTE below), in claim order (the window).
+CLAIM_COLUMNS: Final = """
+       id, queue, task, args::text AS args, priority, attempt, max_attempts,
+       CASE WHEN scheduled_at <> created_at
+            THEN LEAST(GREATEST(scheduled_at, '0001-01-02Z'), '9999-12-30Z') END AS scheduled_at,
+       CASE WHEN row_number() OVER claim_order = 1 THEN attempted_at END AS attempted_at,
+       CASE WHEN finalized_at IS NOT NULL
+            THEN LEAST(GREATEST(finalized_at, '0001-01-02Z'), '9999-12-30Z') END AS finalized_at,
+       LEAST(GREATEST(created_at, '0001-01-02Z'), '9999-12-30Z') AS created_at,
+       errors::text AS errors, tags, metadata::text AS metadata, result::text AS result,
+       unique_key, attempt_token, limit_key, depends_on
+"""
+
 # --------------------------------------------------------------------------- schema check
 
 SCHEMA_VERSION_TABLES: Final = """
@@ -307,11 +326,13 @@ _CLAIM_SET = (
             secs => ($5::float8[])[array_position($2::text[], j.task)]),
         max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
     WHERE j.id = ANY(ARRAY(SELECT locked_id FROM locked))
-    RETURNING """
-    + JOB_COLUMNS
-    + """
+    RETURNING j.*
 )
-SELECT * FROM claimed ORDER BY priority DESC, scheduled_at, id
+SELECT"""
+    + CLAIM_COLUMNS
+    + """FROM claimed
+WINDOW claim_order AS (ORDER BY claimed.priority DESC, claimed.scheduled_at, claimed.id)
+ORDER BY claimed.priority DESC, claimed.scheduled_at, claimed.id
 """
 )
 _CLAIM_UPDATE = (
@@ -533,21 +554,30 @@ FROM upd
 
 # The common outcome, lean: completed, with an optional result, fenced like the others. The
 # ids of finished jobs are announced for client.wait() ($4: comma-joined chunks built by the
-# caller; a spurious id is harmless, waiters re-read the job).
-COMPLETE_SUCCESSES: Final = (
+# caller; a spurious id is harmless, waiters re-read the job). One row, the ids written in
+# one array, or none when the fence let none through (nor is anything announced then).
+_COMPLETE_SUCCESSES = (
     """
 WITH upd AS (
     UPDATE pgq_jobs j
-    SET state = 'completed', finalized_at = now(), result = u.result::jsonb, deadline_at = NULL
-    FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS u(id, token, result)
+    SET state = 'completed', finalized_at = now(), result = {result}, deadline_at = NULL
+    FROM unnest($1::bigint[], $2::uuid[]{results}) AS u(id, token{result_column})
     WHERE j.id = u.id AND j.attempt_token = u.token AND j.state = 'running'
     RETURNING j.id
 )
-SELECT id, (SELECT count(pg_notify("""
+SELECT w.ids, (SELECT count(pg_notify("""
     + _DONE
-    + """, c)) FROM unnest($4::text[]) c) AS done
-FROM upd
+    + """, c)) FROM unnest(${payload}::text[]) c) AS done
+FROM (SELECT ARRAY(SELECT id FROM upd) AS ids) w
+WHERE cardinality(w.ids) > 0
 """
+)
+COMPLETE_SUCCESSES: Final = _COMPLETE_SUCCESSES.format(
+    result="u.result::jsonb", results=", $3::text[]", result_column=", result", payload=4
+)
+# The same when no job of the batch returned a result (most): no array of NULLs to send.
+COMPLETE_SUCCESSES_NO_RESULT: Final = _COMPLETE_SUCCESSES.format(
+    result="NULL", results="", result_column="", payload=3
 )
 
 # The last resort for an outcome the database refused in every other form: the attempt

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from operator import attrgetter
 
 import anyio
 
@@ -27,6 +28,8 @@ Reporter = Callable[[list[Outcome], list[Outcome]], None]
 
 #: Seconds between tries of an outcome the database refused in every form.
 HELD_RETRY_S = 30.0
+
+_BY_JOB_ID = attrgetter("job_id")
 
 
 def brief(exc: BaseException | None, limit: int = 300) -> str:
@@ -219,7 +222,7 @@ class Completer:
 
     async def _write(self, batch: list[Outcome]) -> None:
         """One statement for outcomes of one kind (plain successes, or the rest)."""
-        batch.sort(key=lambda o: o.job_id)  # a stable lock order across concurrent writers
+        batch.sort(key=_BY_JOB_ID)  # a stable lock order across concurrent writers
         with anyio.fail_after(30):
             if batch[0].state == "completed" and batch[0].error is None:
                 written = await claims.complete_successes(

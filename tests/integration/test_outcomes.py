@@ -181,7 +181,7 @@ async def test_an_outcome_refused_in_every_form_is_held_and_written_later(
 
 
 @pytest.mark.parametrize("with_result", [False, True], ids=["no-result", "result"])
-async def test_the_lean_completion_writes_and_announces_only_what_the_fence_lets_through(
+async def test_the_lean_completion_returns_what_the_fence_let_through_and_is_silent_on_none(
     dsn: str, conn: Conn, client: pgq.Client, with_result: bool
 ) -> None:
     # complete_successes, as the completer calls it for plain successes (without a result:

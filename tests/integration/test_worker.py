@@ -59,12 +59,13 @@ async def test_runs_jobs_with_their_args_and_stores_results(client: pgq.Client, 
     assert seen == [(job.id, 1, 2)]
 
 
+@pytest.mark.parametrize("limits", [{}, {"concurrency": 50}, {"key_concurrency": 5}])
 async def test_a_task_sees_its_job_as_stored_every_column_read(
-    client: pgq.Client, dsn: str
+    client: pgq.Client, dsn: str, limits: dict[str, int]
 ) -> None:
     # The claim returns fewer columns, read by position (rows.job_from_claim); a read by id
     # reads them all by name (job_from_row). Every column set to a value of its own: they
-    # must agree.
+    # must agree, whichever statement claims (plain, under the queue's limits, per key).
     app = pgq.App()
     seen: list[tuple[pgq.Job, pgq.Job | None]] = []
 
@@ -76,20 +77,23 @@ async def test_a_task_sees_its_job_as_stored_every_column_read(
     async def child(ctx: pgq.JobContext, n: int, note: str) -> None:
         seen.append((ctx.job, await client.get_job(ctx.job.id)))
 
+    if limits:
+        await client.set_queue_limits("default", **limits)
     first = await client.enqueue(parent.spec())
     await burst(app, dsn)
+    # Due before it was created (the claim sends scheduled_at only when it differs from
+    # created_at), and claimed in the same claim as the next, after it (the first row in
+    # claim order carries the start for all: here it is not the lower id).
+    past = datetime.now(UTC) - timedelta(days=1)
+    late = await client.enqueue(child.spec(4, "x").with_options(run_at=past))
     job = await client.enqueue(
         child.spec(3, "é").with_options(
             priority=5, tags=["a", "b"], metadata={"m": [1, {"x": None}]},
             unique_key="k-1", limit_key="tenant-1", depends_on=[first],
         )
     )  # fmt: skip
-    # Due before it was created (the claim sends scheduled_at only when it differs from
-    # created_at), claimed in the same claim after the first (which carries the start).
-    past = datetime.now(UTC) - timedelta(days=1)
-    late = await client.enqueue(child.spec(4, "x").with_options(run_at=past))
     await burst(app, dsn)
-    ((claimed, read), (claimed_late, read_late)) = sorted(seen, key=lambda s: s[0].id)
+    ((claimed_late, read_late), (claimed, read)) = sorted(seen, key=lambda s: s[0].id)
     assert claimed_late.id == late.id and claimed_late == read_late
     assert claimed_late.scheduled_at == past != claimed_late.created_at
     assert claimed_late.attempted_at == claimed.attempted_at  # one claim

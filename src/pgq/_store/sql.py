@@ -59,7 +59,8 @@ CLAIM_COLUMNS: Final = """
        id, queue, task, args::text AS args, priority, attempt, max_attempts,
        CASE WHEN scheduled_at <> created_at
             THEN LEAST(GREATEST(scheduled_at, '0001-01-02Z'), '9999-12-30Z') END AS scheduled_at,
-       CASE WHEN row_number() OVER claim_order = 1 THEN attempted_at END AS attempted_at,
+       CASE WHEN row_number() OVER claim_order = 1
+            THEN LEAST(GREATEST(attempted_at, '0001-01-02Z'), '9999-12-30Z') END AS attempted_at,
        CASE WHEN finalized_at IS NOT NULL
             THEN LEAST(GREATEST(finalized_at, '0001-01-02Z'), '9999-12-30Z') END AS finalized_at,
        LEAST(GREATEST(created_at, '0001-01-02Z'), '9999-12-30Z') AS created_at,
@@ -553,31 +554,43 @@ FROM upd
 )
 
 # The common outcome, lean: completed, with an optional result, fenced like the others. The
-# ids of finished jobs are announced for client.wait() ($4: comma-joined chunks built by the
-# caller; a spurious id is harmless, waiters re-read the job). One row, the ids written in
-# one array, or none when the fence let none through (nor is anything announced then).
-_COMPLETE_SUCCESSES = (
-    """
+# ids of finished jobs are announced for client.wait() (the last parameter: comma-joined
+# chunks built by the caller; a spurious id is harmless, waiters re-read the job). One row,
+# the ids written in one array, or none when the fence let none through (nor is anything
+# announced then).
+_SUCCESSES_SET = """
 WITH upd AS (
     UPDATE pgq_jobs j
-    SET state = 'completed', finalized_at = now(), result = {result}, deadline_at = NULL
-    FROM unnest($1::bigint[], $2::uuid[]{results}) AS u(id, token{result_column})
+    SET state = 'completed', finalized_at = now(), deadline_at = NULL, result = """
+_SUCCESSES_FENCE = (
+    """
     WHERE j.id = u.id AND j.attempt_token = u.token AND j.state = 'running'
     RETURNING j.id
 )
 SELECT w.ids, (SELECT count(pg_notify("""
     + _DONE
-    + """, c)) FROM unnest(${payload}::text[]) c) AS done
+    + """, c)) FROM unnest("""
+)
+_SUCCESSES_END = """::text[]) c) AS done
 FROM (SELECT ARRAY(SELECT id FROM upd) AS ids) w
 WHERE cardinality(w.ids) > 0
 """
-)
-COMPLETE_SUCCESSES: Final = _COMPLETE_SUCCESSES.format(
-    result="u.result::jsonb", results=", $3::text[]", result_column=", result", payload=4
+COMPLETE_SUCCESSES: Final = (
+    _SUCCESSES_SET
+    + """u.result::jsonb
+    FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS u(id, token, result)"""
+    + _SUCCESSES_FENCE
+    + "$4"
+    + _SUCCESSES_END
 )
 # The same when no job of the batch returned a result (most): no array of NULLs to send.
-COMPLETE_SUCCESSES_NO_RESULT: Final = _COMPLETE_SUCCESSES.format(
-    result="NULL", results="", result_column="", payload=3
+COMPLETE_SUCCESSES_NO_RESULT: Final = (
+    _SUCCESSES_SET
+    + """NULL
+    FROM unnest($1::bigint[], $2::uuid[]) AS u(id, token)"""
+    + _SUCCESSES_FENCE
+    + "$3"
+    + _SUCCESSES_END
 )
 
 # The last resort for an outcome the database refused in every other form: the attempt

@@ -59,9 +59,12 @@ async def test_runs_jobs_with_their_args_and_stores_results(client: pgq.Client, 
     assert seen == [(job.id, 1, 2)]
 
 
-@pytest.mark.parametrize("limits", [{}, {"concurrency": 50}, {"key_concurrency": 5}])
+@pytest.mark.parametrize(
+    ("concurrency", "key_concurrency"), [(None, None), (50, None), (None, 5)],
+    ids=["plain", "limited", "keyed"],
+)  # fmt: skip
 async def test_a_task_sees_its_job_as_stored_every_column_read(
-    client: pgq.Client, dsn: str, limits: dict[str, int]
+    client: pgq.Client, dsn: str, concurrency: int | None, key_concurrency: int | None
 ) -> None:
     # The claim returns fewer columns, read by position (rows.job_from_claim); a read by id
     # reads them all by name (job_from_row). Every column set to a value of its own: they
@@ -77,8 +80,10 @@ async def test_a_task_sees_its_job_as_stored_every_column_read(
     async def child(ctx: pgq.JobContext, n: int, note: str) -> None:
         seen.append((ctx.job, await client.get_job(ctx.job.id)))
 
-    if limits:
-        await client.set_queue_limits("default", **limits)
+    if concurrency or key_concurrency:
+        await client.set_queue_limits(
+            "default", concurrency=concurrency, key_concurrency=key_concurrency
+        )
     first = await client.enqueue(parent.spec())
     await burst(app, dsn)
     # Due before it was created (the claim sends scheduled_at only when it differs from

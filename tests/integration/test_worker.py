@@ -66,7 +66,7 @@ async def test_runs_jobs_with_their_args_and_stores_results(client: pgq.Client, 
 async def test_a_task_sees_its_job_as_stored_every_column_read(
     client: pgq.Client, dsn: str, concurrency: int | None, key_concurrency: int | None
 ) -> None:
-    # The claim returns fewer columns, read by position (rows.job_from_claim); a read by id
+    # The claim returns fewer columns, read by position (rows.jobs_from_claim); a read by id
     # reads them all by name (job_from_row). Every column set to a value of its own: they
     # must agree, whichever statement claims (plain, under the queue's limits, per key).
     app = pgq.App()
@@ -79,6 +79,8 @@ async def test_a_task_sees_its_job_as_stored_every_column_read(
     @app.task(max_attempts=7)
     async def child(ctx: pgq.JobContext, n: int, note: str) -> None:
         seen.append((ctx.job, await client.get_job(ctx.job.id)))
+        if note == "again" and ctx.job.attempt == 1:
+            raise pgq.Retry(0, "once more")  # its second attempt is claimed with its errors
 
     if concurrency or key_concurrency:
         await client.set_queue_limits(
@@ -86,11 +88,20 @@ async def test_a_task_sees_its_job_as_stored_every_column_read(
         )
     first = await client.enqueue(parent.spec())
     await burst(app, dsn)
-    # Due before it was created (the claim sends scheduled_at only when it differs from
-    # created_at), and claimed in the same claim as the next, after it (the first row in
-    # claim order carries the start for all: here it is not the lower id).
+    # Five jobs in one claim. In claim order (priority, then schedule): two of one enqueue
+    # (one creation time, sent once: the second row carries none), the job of every column,
+    # the third of that enqueue (its creation time sent again, after the other's), and a
+    # job due before it was created (scheduled_at is sent only when it differs from
+    # created_at). The first row carries the start for all, and is not the lowest id.
     past = datetime.now(UTC) - timedelta(days=1)
     late = await client.enqueue(child.spec(4, "x").with_options(run_at=past))
+    batch = await client.enqueue_many(
+        [
+            child.spec(5, "a").with_options(priority=9),
+            child.spec(6, "again").with_options(priority=9),
+            child.spec(7, "c").with_options(priority=1),
+        ]
+    )
     job = await client.enqueue(
         child.spec(3, "é").with_options(
             priority=5, tags=["a", "b"], metadata={"m": [1, {"x": None}]},
@@ -98,11 +109,20 @@ async def test_a_task_sees_its_job_as_stored_every_column_read(
         )
     )  # fmt: skip
     await burst(app, dsn)
-    ((claimed_late, read_late), (claimed, read)) = sorted(seen, key=lambda s: s[0].id)
-    assert claimed_late.id == late.id and claimed_late == read_late
+    assert len(seen) == 6  # five jobs, one of them twice
+    for claimed, read in seen:
+        assert claimed == read
+    once = {c.id: c for c, _ in seen if c.attempt == 1}
+    assert sorted(once) == sorted([late.id, *(j.id for j in batch), job.id])
+    assert len({c.attempted_at for c in once.values()}) == 1  # one claim
+    assert once[batch[0].id].created_at == once[batch[2].id].created_at != job.created_at
+    claimed_late = once[late.id]
     assert claimed_late.scheduled_at == past != claimed_late.created_at
-    assert claimed_late.attempted_at == claimed.attempted_at  # one claim
-    assert claimed == read
+    ((again, read_again),) = [(c, r) for c, r in seen if c.attempt == 2]
+    assert again.id == batch[1].id
+    assert [e["message"] for e in again.errors] == ["once more"]
+    assert again == read_again
+    claimed = once[job.id]
     assert (claimed.id, claimed.args, claimed.tags, claimed.metadata) == (
         job.id, {"n": 3, "note": "é"}, ["a", "b"], {"m": [1, {"x": None}]},
     )  # fmt: skip
@@ -113,6 +133,7 @@ async def test_a_task_sees_its_job_as_stored_every_column_read(
     assert claimed.max_attempts == 7 and claimed.priority == 5
     assert claimed.attempt_token is not None and claimed.producer_id is not None
     assert claimed.attempted_at is not None and claimed.created_at is not None
+    assert (claimed.queue, batch[0].tags, once[batch[0].id].errors) == ("default", [], [])
 
 
 async def test_plain_def_tasks_run_in_worker_threads(client: pgq.Client, dsn: str) -> None:

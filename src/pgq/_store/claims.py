@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from pgq._store import sql
-from pgq._store.connections import Connection, Db, Pool, Record
-from pgq._store.rows import RowLike, job_from_claim
+from pgq._store.connections import Connection, Db, Pool
+from pgq._store.rows import RowLike, jobs_from_claim
 from pgq.job import Job
 
 
@@ -40,7 +40,7 @@ async def claim(
         plan.max_attempts,
         worker_name,
     )
-    return _jobs(rows, producer_id, worker_name)
+    return jobs_from_claim(rows, plan.queue, producer_id, worker_name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +141,7 @@ async def claim_limited(
             window = max(period, limits.key_rate_period_s or 0.0)
             await conn.execute(sql.LOG_STARTS, plan.queue, [r["limit_key"] for r in rows], window)
     held_back = (budget < limit and len(rows) == budget) or (keys_held and len(rows) < budget)
-    return _jobs(rows, producer_id, worker_name), held_back, limits
+    return jobs_from_claim(rows, plan.queue, producer_id, worker_name), held_back, limits
 
 
 #: In a queue with per-key limits, jobs without a key are looked for among this many of
@@ -259,11 +259,3 @@ async def leftovers(db: Db, plan: ClaimPlan, fencing_bound: float) -> Leftovers:
 def _done_payload(ids: list[str], per_notification: int = 500) -> list[str]:
     # NOTIFY payloads stop at 8000 bytes: 500 ids a notification stays well under.
     return [",".join(ids[i : i + per_notification]) for i in range(0, len(ids), per_notification)]
-
-
-def _jobs(rows: list[Record], producer_id: uuid.UUID, worker_name: str) -> list[Job]:
-    """The jobs of a claim's rows (``sql.CLAIM_COLUMNS``): the first row carries the start."""
-    if not rows:
-        return []
-    started = rows[0]["attempted_at"]
-    return [job_from_claim(r, started, producer_id, worker_name) for r in rows]

@@ -53,27 +53,39 @@ def job_from_row(row: RowLike) -> Job:
 _RUNNING = JobState.RUNNING
 
 
-def job_from_claim(
-    row: Record, started: datetime | None, producer_id: uuid.UUID, worker_name: str
-) -> Job:
-    """The :class:`~pgq.Job` of a row of ``sql.CLAIM_COLUMNS``, claimed by ``producer_id`` of
-    worker ``worker_name`` at ``started`` (the attempt's start, which the claim's first row
-    carries for all), read in column order (half the cost, on the claim's path, of reading by
-    name). What the claim wrote from what the producer passed (its id and its worker's name)
-    is not read back, and the state is running: its jobs share the producer's objects, and
-    one start and (when due at creation) one creation time, instead of holding a copy each
-    while they run."""
-    (
-        id_, queue, task, args, priority, attempt, max_attempts, scheduled_at, _, finalized_at,
-        created_at, errors, tags, metadata, result, unique_key, attempt_token, limit_key,
-        depends_on,
-    ) = row  # fmt: skip
-    # Positional, in Job's field order (duplicate is False: a row read back is no duplicate);
-    # tags as asyncpg decoded them, a list of the job's own.
-    return Job(
-        id_, queue, task, _loads(args), _RUNNING, priority, attempt, max_attempts,
-        created_at if scheduled_at is None else scheduled_at, started, finalized_at, created_at,
-        producer_id, [] if errors == "[]" else _loads(errors), tags,
-        {} if metadata == "{}" else _loads(metadata), None if result is None else _loads(result),
-        unique_key, False, attempt_token, worker_name, limit_key, depends_on,
-    )  # fmt: skip
+def jobs_from_claim(
+    rows: list[Record], queue: str, producer_id: uuid.UUID, worker_name: str
+) -> list[Job]:
+    """The :class:`~pgq.Job` of each row of ``sql.CLAIM_COLUMNS``, claimed from ``queue`` by
+    ``producer_id`` of worker ``worker_name``, read in column order (half the cost, on the
+    claim's path, of reading by name). What the claim wrote from what the producer passed
+    (its id and its worker's name) and the queue it claimed from are not read back, and the
+    state is running. The attempt's start comes in the first row; a creation time, only
+    where it differs from the row before; empty errors, tags and metadata as NULL. Its jobs
+    share the producer's objects, one start and one creation time per enqueue, instead of
+    holding a copy each while they run."""
+    jobs: list[Job] = []
+    if not rows:
+        return jobs
+    append = jobs.append
+    started: datetime | None = rows[0][7]
+    created: datetime | None = None
+    for row in rows:
+        (
+            id_, task, args, priority, attempt, max_attempts, scheduled_at, _, finalized_at,
+            created_at, errors, tags, metadata, result, unique_key, attempt_token, limit_key,
+            depends_on,
+        ) = row  # fmt: skip
+        if created_at is not None:
+            created = created_at
+        # Positional, in Job's field order (duplicate is False: a row read back is no
+        # duplicate); errors, tags and metadata each the job's own.
+        job = Job(
+            id_, queue, task, _loads(args), _RUNNING, priority, attempt, max_attempts,
+            created if scheduled_at is None else scheduled_at, started, finalized_at, created,
+            producer_id, [] if errors is None else _loads(errors), [] if tags is None else tags,
+            {} if metadata is None else _loads(metadata), None if result is None else _loads(result),
+            unique_key, False, attempt_token, worker_name, limit_key, depends_on,
+        )  # fmt: skip
+        append(job)
+    return jobs

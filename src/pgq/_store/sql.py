@@ -49,23 +49,31 @@ JOB_COLUMNS: Final = """
 """
 
 # A claimed job, as the claim returns it: JOB_COLUMNS without what the claiming producer
-# already knows (the state is running, producer_id and attempted_by are its own), and fewer
-# timestamps to decode: scheduled_at is NULL when it equals created_at (a job run when due,
-# as most are; both columns are NOT NULL), and the attempt's start, the statement's own
-# clock and the same for every row, comes in the first row only. rows.job_from_claim reads
-# it by position and fills in the rest; a test holds the job it makes equal to a read by id.
-# Over the claimed rows (the CTE below), in claim order (the window).
+# already knows (its queue; the state is running; producer_id and attempted_by are its own),
+# and as little else to decode as the claim's rows allow, read in claim order (the window,
+# over the claimed rows of the CTE below):
+# - the attempt's start, the statement's own clock and the same for every row, comes in the
+#   first row only;
+# - created_at only where it differs from the row before (the jobs of one enqueue share it),
+#   and scheduled_at only where it differs from created_at (a job run when due, as most
+#   are; both columns are NOT NULL);
+# - errors, tags and metadata are NULL when empty, as most are (all three are NOT NULL).
+# rows.job_from_claim reads it by position and fills in the rest; a test holds the job it
+# makes equal to a read by id.
 CLAIM_COLUMNS: Final = """
-       id, queue, task, args::text AS args, priority, attempt, max_attempts,
+       id, task, args::text AS args, priority, attempt, max_attempts,
        CASE WHEN scheduled_at <> created_at
             THEN LEAST(GREATEST(scheduled_at, '0001-01-02Z'), '9999-12-30Z') END AS scheduled_at,
        CASE WHEN row_number() OVER claim_order = 1
             THEN LEAST(GREATEST(attempted_at, '0001-01-02Z'), '9999-12-30Z') END AS attempted_at,
        CASE WHEN finalized_at IS NOT NULL
             THEN LEAST(GREATEST(finalized_at, '0001-01-02Z'), '9999-12-30Z') END AS finalized_at,
-       LEAST(GREATEST(created_at, '0001-01-02Z'), '9999-12-30Z') AS created_at,
-       errors::text AS errors, tags, metadata::text AS metadata, result::text AS result,
-       unique_key, attempt_token, limit_key, depends_on
+       CASE WHEN created_at IS DISTINCT FROM lag(created_at) OVER claim_order
+            THEN LEAST(GREATEST(created_at, '0001-01-02Z'), '9999-12-30Z') END AS created_at,
+       CASE WHEN errors <> '[]' THEN errors::text END AS errors,
+       CASE WHEN tags <> '{}' THEN tags END AS tags,
+       CASE WHEN metadata <> '{}' THEN metadata::text END AS metadata,
+       result::text AS result, unique_key, attempt_token, limit_key, depends_on
 """
 
 # --------------------------------------------------------------------------- schema check

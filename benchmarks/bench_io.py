@@ -1,15 +1,16 @@
 """Efficiency with I/O-bound jobs: one worker draining jobs that each await ``DURATION``
 (10 ms), at concurrency 10, 100 and 1,000, against the ideal (concurrency / duration).
 
-`python benchmarks/bench_io.py [--cli] [ROUNDS [CONCURRENCY ...]]` (defaults: 3 rounds; 10
-100 1000) enqueues, per run, enough jobs for about three seconds of ideal work (3,000 to
+`python benchmarks/bench_io.py [--cli | --auto-only] [ROUNDS [CONCURRENCY ...]]` (defaults: 3
+rounds; 10 100 1000) enqueues, per run, enough jobs for about three seconds of ideal work (3,000 to
 60,000), drains them with an in-process worker (uvloop when installed), and takes the rate
 from the database's own clock: jobs / (last finalized_at - first attempted_at), so the
 worker's start and stop are not counted. Each round runs every concurrency twice, with
 claiming ahead as by default and with it off (claim_ahead=0). Prints each run and the
 median per concurrency and mode. With ``--cli`` the worker is a `pgq worker --burst
 --concurrency N` process started by the CLI instead, as users run it (its collector tuned,
-the CLI's default), with claiming ahead as by default only. With ``BENCH_GC=tuned`` the process's garbage collector is
+the CLI's default), with claiming ahead as by default only; with ``--auto-only``, in process, the same (round2.py
+runs concurrency 1,000 so in each of its rounds, beside the ceiling). With ``BENCH_GC=tuned`` the process's garbage collector is
 set up first as `pgq worker` sets up its own (``pgq.tune_gc()``); by default it is left as
 an embedded worker leaves its host's.
 """
@@ -74,10 +75,12 @@ async def run_cli(dsn: str, concurrency: int) -> None:
         raise RuntimeError(f"pgq worker exited with {proc.returncode}: {err.decode()[-2000:]}")
 
 
-async def main(rounds: int, levels: list[int], cli: bool) -> None:
+async def main(rounds: int, levels: list[int], cli: bool, auto_only: bool) -> None:
     dsn = await fresh_database("pgq_bench_io")
     await pgq_migrate(dsn)  # in a process of its own: alembic is not the worker's
     modes: dict[str, int | None] = {"cli": None} if cli else {"ahead auto": -1, "ahead off": 0}
+    if auto_only:
+        modes = {"ahead auto": -1}
     rates: dict[tuple[int, str], list[float]] = {(c, m): [] for c in levels for m in modes}
     for r in range(rounds):
         for c in levels:
@@ -99,20 +102,25 @@ async def main(rounds: int, levels: list[int], cli: bool) -> None:
         print(f"{c:11} {mode:>10} {median:16,.0f} {ideal:8,.0f} {median / ideal:10.2f}")
         medians[f"{c} {mode}"] = median
     workload = "io_10ms_cli" if cli else "io_10ms"
-    emit({"system": "pgq", "workload": workload, "rounds": rounds, "medians": medians})
+    result: dict[str, object] = {"system": "pgq", "workload": workload, "rounds": rounds}
+    result["medians"] = medians
+    if len(medians) == 1:  # one concurrency, one mode: its rate, as the other benchmarks give
+        (result["rate"],) = medians.values()
+    emit(result)
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
     cli = "--cli" in args
-    args = [a for a in args if a != "--cli"]
+    auto_only = "--auto-only" in args
+    args = [a for a in args if a not in ("--cli", "--auto-only")]
     rounds = int(args[0]) if args else 3
     levels = [int(a) for a in args[1:]] or [10, 100, 1000]
     tune_gc_if_asked()
     try:
         import uvloop
     except ImportError:
-        anyio.run(main, rounds, levels, cli)
+        anyio.run(main, rounds, levels, cli, auto_only)
     else:
-        anyio.run(main, rounds, levels, cli, backend_options={"use_uvloop": True})
+        anyio.run(main, rounds, levels, cli, auto_only, backend_options={"use_uvloop": True})
         del uvloop

@@ -134,6 +134,8 @@ async def test_a_task_sees_its_job_as_stored_every_column_read(
     assert claimed.attempt_token is not None and claimed.producer_id is not None
     assert claimed.attempted_at is not None and claimed.created_at is not None
     assert (claimed.queue, batch[0].tags, once[batch[0].id].errors) == ("default", [], [])
+    a, c = once[batch[0].id], once[batch[2].id]  # empty, yet each job's own to change
+    assert a.errors is not c.errors and a.tags is not c.tags and a.metadata is not c.metadata
 
 
 async def test_plain_def_tasks_run_in_worker_threads(client: pgq.Client, dsn: str) -> None:

@@ -60,10 +60,11 @@ def jobs_from_claim(
     ``producer_id`` of worker ``worker_name``, read in column order (half the cost, on the
     claim's path, of reading by name). What the claim wrote from what the producer passed
     (its id and its worker's name) and the queue it claimed from are not read back, and the
-    state is running. The attempt's start comes in the first row; a creation time, only
-    where it differs from the row before; empty errors, tags and metadata as NULL. Its jobs
-    share the producer's objects, one start and one creation time per enqueue, instead of
-    holding a copy each while they run."""
+    state is running. The attempt's start comes in the first row (``attempted_at``, the
+    eighth column); a creation time, only where it differs from the row before; empty
+    errors, tags and metadata as NULL. Its jobs share the producer's objects, one start, and
+    one creation time for each run of rows that have the same, instead of holding a copy
+    each while they run; each job has lists and a dict of its own."""
     jobs: list[Job] = []
     if not rows:
         return jobs
@@ -83,9 +84,10 @@ def jobs_from_claim(
         job = Job(
             id_, queue, task, _loads(args), _RUNNING, priority, attempt, max_attempts,
             created if scheduled_at is None else scheduled_at, started, finalized_at, created,
-            producer_id, [] if errors is None else _loads(errors), [] if tags is None else tags,
-            {} if metadata is None else _loads(metadata), None if result is None else _loads(result),
-            unique_key, False, attempt_token, worker_name, limit_key, depends_on,
+            producer_id, [] if errors is None else _loads(errors),
+            [] if tags is None else tags, {} if metadata is None else _loads(metadata),
+            None if result is None else _loads(result), unique_key, False, attempt_token,
+            worker_name, limit_key, depends_on,
         )  # fmt: skip
         append(job)
     return jobs

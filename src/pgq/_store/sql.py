@@ -54,11 +54,11 @@ JOB_COLUMNS: Final = """
 # over the claimed rows of the CTE below):
 # - the attempt's start, the statement's own clock and the same for every row, comes in the
 #   first row only;
-# - created_at only where it differs from the row before (the jobs of one enqueue share it),
-#   and scheduled_at only where it differs from created_at (a job run when due, as most
-#   are; both columns are NOT NULL);
+# - created_at only where it differs from the row before (the jobs of one transaction share
+#   it), and scheduled_at only where it differs from created_at (a job run when due, as
+#   most are; both columns are NOT NULL);
 # - errors, tags and metadata are NULL when empty, as most are (all three are NOT NULL).
-# rows.job_from_claim reads it by position and fills in the rest; a test holds the job it
+# rows.jobs_from_claim reads it by position and fills in the rest; a test holds the job it
 # makes equal to a read by id.
 CLAIM_COLUMNS: Final = """
        id, task, args::text AS args, priority, attempt, max_attempts,

@@ -16,7 +16,6 @@ comes from clock ticks (10 ms on Linux): 60 claims of 500 take several hundred o
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -26,6 +25,7 @@ import uuid
 from pathlib import Path
 
 from common import emit, fresh_database, pgq_backlog, run
+from run import run_one
 
 HERE = Path(__file__).resolve().parent
 JOBS = 20_000
@@ -73,14 +73,10 @@ async def _child(dsn: str) -> None:
 
 
 def _measure(tree: Path, dsn: str) -> dict[str, float]:
-    env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}{os.pathsep}{HERE}"}
-    command = [sys.executable, str(HERE / "bench_claim_cpu.py"), "--child", dsn]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            result: dict[str, float] = json.loads(line[len("RESULT ") :])
-            return result
-    raise RuntimeError(f"{tree} failed:\n{proc.stderr[-3000:]}")
+    """One tree's figures, from a child process that imports that tree's pgq."""
+    env = {"PYTHONPATH": f"{tree / 'src'}{os.pathsep}{HERE}"}
+    result = run_one("bench_claim_cpu.py", "--child", [dsn], env)
+    return {"server_us": float(result["server_us"]), "client_us": float(result["client_us"])}
 
 
 async def main(trees: list[Path], rounds: int) -> None:

@@ -1,17 +1,18 @@
 """Efficiency with I/O-bound jobs: one worker draining jobs that each await ``DURATION``
 (10 ms), at concurrency 10, 100 and 1,000, against the ideal (concurrency / duration).
 
-`python benchmarks/bench_io.py [--cli | --auto-only] [ROUNDS [CONCURRENCY ...]]` (defaults: 3
-rounds; 10 100 1000) enqueues, per run, enough jobs for about three seconds of ideal work (3,000 to
-60,000), drains them with an in-process worker (uvloop when installed), and takes the rate
+`python benchmarks/bench_io.py [--cli | --auto-only] [ROUNDS [CONCURRENCY ...]]` (defaults:
+3 rounds; 10 100 1000) enqueues, per run, enough jobs for about three seconds of ideal work
+(3,000 to 60,000), drains them with an in-process worker (uvloop when installed), and takes the rate
 from the database's own clock: jobs / (last finalized_at - first attempted_at), so the
 worker's start and stop are not counted. Each round runs every concurrency twice, with
 claiming ahead as by default and with it off (claim_ahead=0). Prints each run and the
 median per concurrency and mode. With ``--cli`` the worker is a `pgq worker --burst
 --concurrency N` process started by the CLI instead, as users run it (its collector tuned,
-the CLI's default), with claiming ahead as by default only; with ``--auto-only``, in process, the same (round2.py
-runs concurrency 1,000 so in each of its rounds, beside the ceiling). With ``BENCH_GC=tuned`` the process's garbage collector is
-set up first as `pgq worker` sets up its own (``pgq.tune_gc()``); by default it is left as
+the CLI's default), with claiming ahead as by default only. With ``--auto-only`` the worker
+runs in process with claiming ahead as by default only (round2.py runs concurrency 1,000 so
+in each of its rounds, beside the ceiling). With ``BENCH_GC=tuned`` the process's garbage
+collector is set up first as `pgq worker` sets up its own (``pgq.tune_gc()``); by default it is left as
 an embedded worker leaves its host's.
 """
 
@@ -78,8 +79,10 @@ async def run_cli(dsn: str, concurrency: int) -> None:
 async def main(rounds: int, levels: list[int], cli: bool, auto_only: bool) -> None:
     dsn = await fresh_database("pgq_bench_io")
     await pgq_migrate(dsn)  # in a process of its own: alembic is not the worker's
-    modes: dict[str, int | None] = {"cli": None} if cli else {"ahead auto": -1, "ahead off": 0}
-    if auto_only:
+    modes: dict[str, int | None] = {"ahead auto": -1, "ahead off": 0}
+    if cli:
+        modes = {"cli": None}
+    elif auto_only:
         modes = {"ahead auto": -1}
     rates: dict[tuple[int, str], list[float]] = {(c, m): [] for c in levels for m in modes}
     for r in range(rounds):

@@ -10,9 +10,9 @@ own (BENCH_GC=tuned: start-up objects frozen, first generation at 10,000; the sa
 pgq's drain of 100,000 by `pgq worker` processes started by the CLI (1 process at the
 defaults and at concurrency 1,000; 4 at the defaults and at 1,000; 8 at the defaults); and
 the bare-asyncpg ceiling (claims of 100, the targets' reference) and the stricter bare loop
-of claims of 500 through the primary key (recorded beside it).
-and 10 ms jobs at concurrency 1,000 (bench_io.py, in process with the collector as Python
-sets it and tuned, and by a `pgq worker` process), right before the ceiling they are held to.
+of claims of 500 through the primary key (recorded beside it); and 10 ms jobs at concurrency
+1,000 (bench_io.py, in process with the collector as Python sets it and tuned, and by a
+`pgq worker` process), right before the ceiling they are held to.
 Before the rounds, once: 10 ms jobs at concurrency 10, 100 and 1,000 (bench_io.py, 3
 rounds; then again with the collector tuned as `pgq worker` tunes it; then by `pgq worker`
 processes started by the CLI; concurrency 1,000 is recorded from these, and judged from the

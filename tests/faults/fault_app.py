@@ -35,8 +35,10 @@ async def pool() -> asyncpg.Pool[asyncpg.Record]:
 
 
 @app.task(max_attempts=10)
-async def effect(ctx: pgq.JobContext, seconds: float) -> str:
-    """Work for ``seconds``, then record the effect, fenced."""
+async def effect(ctx: pgq.JobContext, seconds: float, hold_on: str | None = None) -> str:
+    """Work for ``seconds``, then record the effect, fenced. On the worker named
+    ``hold_on`` the work never ends: a test that kills that worker has its job for sure,
+    and any other worker runs it in ``seconds``."""
     p = await pool()
     async with p.acquire() as conn:
         await conn.execute(
@@ -45,6 +47,8 @@ async def effect(ctx: pgq.JobContext, seconds: float) -> str:
             ctx.attempt,
             os.environ["FAULT_WORKER"],
         )
+    if hold_on == os.environ["FAULT_WORKER"]:
+        await anyio.sleep_forever()
     await anyio.sleep(seconds)
     async with p.acquire() as conn:
         await conn.execute(

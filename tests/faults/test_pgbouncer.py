@@ -88,9 +88,10 @@ async def test_two_workers_drain_cancel_and_rescue_through_pgbouncer(
     a.start()
     await wait_registered(db, "bounced-a")  # a leads: its death moves the lease
     async with pgq.Client(bouncer.dsn, pooler="transaction") as client:
-        # The slow jobs go to a alone (b, started with them waiting, could claim them all
-        # first), and last long enough to be still running when a is killed after b is up.
-        slow = await client.enqueue_many([pgq.JobSpec("effect", {"seconds": 30.0})] * 10)
+        # The slow jobs never end on a, which is killed holding some (a starts first, so b
+        # cannot have claimed them all); b runs the others, and those rescued from a, at once.
+        spec = pgq.JobSpec("effect", {"seconds": 0.01, "hold_on": "bounced-a"})
+        slow = await client.enqueue_many([spec] * 10)
 
         async def a_holds_slow_jobs() -> bool:
             n = await db.fetchval(

@@ -50,7 +50,7 @@ async def charge(ctx: pgq.JobContext, order_id: int, settle_s: float = 0.2) -> b
         await conn.execute(
             "INSERT INTO charge_attempts (job_id, attempt) SELECT $1, $2"
             " WHERE EXISTS (SELECT 1 FROM pgq_jobs WHERE id = $1 AND attempt_token = $3"
-            " AND state = 'running')",
+            " AND state = (SELECT 'running'::pgq_job_state))",
             ctx.id,
             ctx.attempt,
             ctx.token,

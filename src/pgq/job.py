@@ -241,8 +241,9 @@ class JobContext:
     def token(self) -> uuid.UUID | None:
         """This attempt's fencing token. A side effect written in the same database with
         ``WHERE EXISTS (SELECT 1 FROM pgq_jobs WHERE id = <ctx.id> AND attempt_token =
-        <ctx.token> AND state = 'running')`` is written only while this attempt's outcome
-        would still be accepted (see docs/liveness.md)."""
+        <ctx.token> AND state = (SELECT 'running'::pgq_job_state))`` is written only while
+        this attempt's outcome would still be accepted (see docs/liveness.md, which says why
+        the sub-select)."""
         return self.job.attempt_token
 
     @property

@@ -967,6 +967,56 @@ async def test_a_claim_updates_its_jobs_through_the_primary_key_not_a_table_scan
     assert ids == [r["id"] for r in first] and ids != sorted(ids)
 
 
+async def test_outcome_writes_find_their_jobs_by_id_while_the_statistics_lag(
+    conn: "asyncpg.Connection[asyncpg.Record]",
+) -> None:
+    """Every statement fenced by a running attempt (the outcome writes, the transactional
+    settle, the poll for cancel requests) looks its jobs up by primary key, even when the
+    statistics were taken while no job ran and thousands run now. Planned from the partial
+    index of running jobs instead, each write read every running job: 134 ms against 2 ms
+    for 100 outcomes with 100,000 jobs running."""
+    from pgq._store import sql
+
+    await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")  # stale stays stale
+    await conn.execute(
+        "INSERT INTO pgq_jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, 20000)"
+    )
+    await conn.execute("ANALYZE pgq_jobs")  # the statistics: no job running
+    await conn.execute(
+        "UPDATE pgq_jobs SET state = 'running', attempt = 1, attempted_at = now(),"
+        " attempt_token = gen_random_uuid(), producer_id = gen_random_uuid() WHERE id <= 10000"
+    )
+    rows = await conn.fetch(
+        "SELECT id, attempt_token FROM pgq_jobs WHERE state = 'running' ORDER BY id LIMIT 100"
+    )
+    ids, tokens = [r["id"] for r in rows], [r["attempt_token"] for r in rows]
+    n = len(ids)
+    error = '{"attempt": 1, "kind": "exception", "message": "x", "traceback": null}'
+    statements = {
+        "COMPLETE_JOBS": (
+            sql.COMPLETE_JOBS,
+            (ids, tokens, ["completed"] * n, [None] * n, [None] * n, [None] * n, [0] * n),
+        ),
+        "COMPLETE_SUCCESSES": (sql.COMPLETE_SUCCESSES, (ids, tokens, ["1"] * n, [])),
+        "COMPLETE_SUCCESSES_NO_RESULT": (sql.COMPLETE_SUCCESSES_NO_RESULT, (ids, tokens, [])),
+        "FAIL_ATTEMPT": (sql.FAIL_ATTEMPT, (ids[0], tokens[0], error)),
+        "SETTLE_ATTEMPT": (
+            sql.SETTLE_ATTEMPT,
+            (ids[0], tokens[0], uuid.uuid4(), "completed", None, None, None, 0),
+        ),
+        "CANCEL_REQUESTED": (sql.CANCEL_REQUESTED, (ids,)),
+    }
+    for name, (statement, args) in statements.items():
+        plan_json = await conn.fetchval("EXPLAIN (FORMAT JSON) " + statement, *args)
+        assert "pgq_jobs_running_idx" not in plan_json, (name, plan_json)
+        assert "pgq_jobs_pkey" in plan_json, (name, plan_json)
+    # The fence still holds in that form: the written jobs are running no more, and a second
+    # write of the same attempts changes nothing.
+    written = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [])
+    assert written is not None and sorted(written["ids"]) == ids
+    assert await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, []) is None
+
+
 async def test_each_producer_counts_its_own_queues_outcomes(client: pgq.Client, dsn: str) -> None:
     app = pgq.App()
 

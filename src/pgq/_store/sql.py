@@ -500,6 +500,15 @@ SELECT pg_notify("""
 """
 )
 
+# The fence's test of a job's state in every write or read of jobs by id: a running job,
+# in a form the planner cannot match to the partial index of running jobs. It proves an
+# index's predicate from comparisons with constants, not from a sub-select's value; given
+# the index, a statement fenced by id, token and state = 'running' reads every running job
+# (and hashes them) instead of its own rows by primary key whenever the statistics were
+# taken while fewer jobs ran: 134 ms against 2 ms for 100 outcomes with 100,000 jobs
+# running, 84 ms against 0.3 ms for one.
+_IS_RUNNING = "state = (SELECT 'running'::pgq_job_state)"
+
 # Writes a batch of outcomes. Each row is fenced by (id, attempt_token, 'running'): an
 # attempt whose job was rescued or re-claimed since changes nothing. A job whose cancellation
 # was requested while it ran never runs again: an outcome that would make it retryable or
@@ -539,7 +548,9 @@ WITH u AS (
         result = u.result::jsonb,
         deadline_at = NULL
     FROM u
-    WHERE j.id = u.id AND j.attempt_token = u.token AND j.state = 'running'
+    WHERE j.id = u.id AND j.attempt_token = u.token AND j."""
+    + _IS_RUNNING
+    + """
     RETURNING j.id, j.queue, j.state
 )
 SELECT id,
@@ -572,7 +583,9 @@ WITH upd AS (
     SET state = 'completed', finalized_at = now(), deadline_at = NULL, result = """
 _SUCCESSES_FENCE = (
     """
-    WHERE j.id = u.id AND j.attempt_token = u.token AND j.state = 'running'
+    WHERE j.id = u.id AND j.attempt_token = u.token AND j."""
+    + _IS_RUNNING
+    + """
     RETURNING j.id
 )
 SELECT w.ids, (SELECT count(pg_notify("""
@@ -619,7 +632,9 @@ WITH upd AS (
             'worker_name', j.attempted_by)),
         result = NULL,
         deadline_at = NULL
-    WHERE j.id = $1 AND j.attempt_token = $2 AND j.state = 'running'
+    WHERE j.id = $1 AND j.attempt_token = $2 AND j."""
+    + _IS_RUNNING
+    + """
     RETURNING j.id, j.state
 )
 SELECT id, CASE WHEN state <> 'retryable' THEN pg_notify("""
@@ -655,7 +670,9 @@ WITH upd AS (
         result = $7::jsonb,
         deadline_at = NULL,
         attempt_token = $3::uuid
-    WHERE j.id = $1 AND j.attempt_token = $2::uuid AND j.state = 'running'
+    WHERE j.id = $1 AND j.attempt_token = $2::uuid AND j."""
+    + _IS_RUNNING
+    + """
     RETURNING j.id, j.queue, j.state
 )
 SELECT state::text AS state,
@@ -704,10 +721,12 @@ FROM (SELECT EXISTS (SELECT 1 FROM pgq_queues
 """
 
 # Running jobs (of this worker) whose cancellation was requested: the poll fallback.
-CANCEL_REQUESTED: Final = """
+CANCEL_REQUESTED: Final = (
+    """
 SELECT id FROM pgq_jobs
-WHERE id = ANY($1::bigint[]) AND state = 'running' AND cancel_requested_at IS NOT NULL
-"""
+WHERE id = ANY($1::bigint[]) AND cancel_requested_at IS NOT NULL AND """
+    + _IS_RUNNING
+)
 
 # --------------------------------------------------------------------------- producers
 

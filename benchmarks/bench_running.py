@@ -11,9 +11,16 @@ compare two), 40 writes of each kind on running jobs not written before:
 - `write_outcomes` of 100 jobs (every other outcome: failures, snoozes, hand-backs),
 - `fail_attempt` of one job (the last resort for an outcome refused in every other form),
 
+and 40 claims of 10 jobs of each of two other queues while those jobs run:
+
+- `limited_claim` from a queue with a concurrency limit (that never binds),
+- `keyed_claim` from a queue with a per-key concurrency limit (10 keys; it never binds),
+
 once with those stale statistics and once after `VACUUM ANALYZE`, and prints p50/p99 of each
 in milliseconds. A write that finds its jobs by primary key costs about the same in both; one
 planned from the partial index of running jobs reads every running job in the stale case.
+A limited claim that counts its queue's running jobs through the queue's producers costs
+the same however many jobs other queues run; one that counts them by queue reads them all.
 """
 
 from __future__ import annotations
@@ -28,10 +35,14 @@ import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate, summary_ms
 
 from pgq._store import claims
+from pgq._store.claims import ClaimPlan
 from pgq._worker.outcome import Outcome, error_entry
 
 WRITES = 40
 BATCH = 100
+CLAIM = 10
+#: The producers of the limited queues (their rows are what a limited claim counts through).
+PRODUCERS = {"limited": uuid.uuid4(), "keyed": uuid.uuid4()}
 
 
 async def _running(conn: asyncpg.Connection, offset: int, n: int) -> list[asyncpg.Record]:
@@ -81,10 +92,46 @@ async def _timings(conn: asyncpg.Connection) -> dict[str, list[float]]:
     return out
 
 
+async def _claim_timings(pool: asyncpg.Pool) -> dict[str, list[float]]:
+    """40 claims of 10 from each limited queue (the jobs claimed stay running)."""
+    out: dict[str, list[float]] = {"limited_claim": [], "keyed_claim": []}
+    for _ in range(WRITES):
+        for queue in ("limited", "keyed"):
+            plan = ClaimPlan(queue, ("noop",), (None,), (1,))
+            started = time.perf_counter()
+            jobs, held, _ = await claims.claim_limited(pool, plan, PRODUCERS[queue], "bench", CLAIM)
+            out[f"{queue}_claim"].append(time.perf_counter() - started)
+            assert len(jobs) == CLAIM and not held, "a limit held the claim back"
+    return out
+
+
+async def _limited_queues(conn: asyncpg.Connection) -> None:
+    """The two limited queues, their jobs and their producers (other queues' jobs run)."""
+    await conn.execute(
+        "INSERT INTO pgq_queues (name, concurrency, key_concurrency)"
+        " VALUES ('limited', 1000000, NULL), ('keyed', NULL, 1000000)"
+    )
+    await conn.execute(
+        "INSERT INTO pgq_jobs (task, args, queue, limit_key)"
+        " SELECT 'noop', '{}', q, CASE WHEN q = 'keyed' THEN 'k' || (i % 10) END"
+        " FROM generate_series(1, $1::int) AS i, unnest(ARRAY['limited', 'keyed']) AS q",
+        WRITES * CLAIM,
+    )
+    for queue, producer_id in PRODUCERS.items():
+        await conn.execute(
+            "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency)"
+            " VALUES ($1, $1, 'bench', $2, $3)",
+            producer_id,
+            queue,
+            WRITES * CLAIM,
+        )
+
+
 async def main(running: int) -> dict[str, Any]:
     dsn = await fresh_database("bench_running")
     await pgq_migrate(dsn)
     conn = await asyncpg.connect(dsn)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
     try:
         await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")
         await conn.execute(
@@ -101,8 +148,14 @@ async def main(running: int) -> dict[str, Any]:
         result: dict[str, Any] = {"system": "pgq", "workload": "outcome_writes", "running": running}
         for phase in ("stale", "analyzed"):
             if phase == "analyzed":
+                await conn.execute("DELETE FROM pgq_jobs WHERE queue IN ('limited', 'keyed')")
+                await conn.execute("DELETE FROM pgq_producers")
+                await conn.execute("DELETE FROM pgq_queues")
                 await conn.execute("VACUUM ANALYZE pgq_jobs")
-            for kind, samples in (await _timings(conn)).items():
+            await _limited_queues(conn)
+            timings = await _timings(conn)
+            timings.update(await _claim_timings(pool))
+            for kind, samples in timings.items():
                 figures = summary_ms(samples)
                 result[f"{phase}_{kind}"] = figures
                 print(
@@ -112,6 +165,7 @@ async def main(running: int) -> dict[str, Any]:
                 )
         return result
     finally:
+        await pool.close()
         await conn.close()
         await drop_database("bench_running")
 

@@ -1,5 +1,6 @@
 import asyncio
 import functools
+import json
 import threading
 import uuid
 from collections import Counter
@@ -1015,6 +1016,68 @@ async def test_outcome_writes_find_their_jobs_by_id_while_the_statistics_lag(
     written = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [])
     assert written is not None and sorted(written["ids"]) == ids
     assert await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, []) is None
+
+
+def _rows_read(plan: dict[str, Any], relation: str) -> float:
+    """Rows an EXPLAIN ANALYZE plan read from ``relation``: returned or filtered out, every loop."""
+    read = 0.0
+    if plan.get("Relation Name") == relation:
+        read += (plan["Actual Rows"] + plan.get("Rows Removed by Filter", 0)) * plan["Actual Loops"]
+    return read + sum(_rows_read(child, relation) for child in plan.get("Plans", []))
+
+
+async def test_a_limited_claim_counts_its_queues_running_jobs_without_reading_the_others(
+    conn: "asyncpg.Connection[asyncpg.Record]",
+) -> None:
+    """A limited queue's claim counts its running jobs (in all, and per limit key) through
+    its producers, without reading the running jobs of other queues, also with statistics
+    taken while none ran. Counted by queue, every claim of the limited queue read all
+    10,000 jobs running elsewhere (with 100,000: 20.8 ms per claim against 6.6 ms)."""
+    from pgq._store import sql
+
+    await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")  # stale stays stale
+    await conn.execute(
+        "INSERT INTO pgq_jobs (task, args, queue, limit_key)"
+        " SELECT 'noop', '{}', CASE WHEN i <= 10000 THEN 'busy' ELSE 'limited' END,"
+        "        CASE WHEN i > 10000 THEN (ARRAY['a', 'b', NULL])[i % 3 + 1] END"
+        " FROM generate_series(1, 10030) AS i"
+    )
+    await conn.execute("ANALYZE pgq_jobs")  # the statistics: no job running
+    producers = {"busy": uuid.uuid4(), "limited": uuid.uuid4(), "limited2": uuid.uuid4()}
+    for name, pid in producers.items():
+        await conn.execute(
+            "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency)"
+            " VALUES ($1, $1, $2, $3, 10)",
+            pid,
+            name,
+            name.rstrip("2"),
+        )
+    run = (
+        "UPDATE pgq_jobs SET state = 'running', attempt = 1, attempted_at = now(),"
+        " attempt_token = gen_random_uuid(), producer_id = $1 WHERE id = ANY($2::bigint[])"
+    )
+    busy = await conn.fetch("SELECT id FROM pgq_jobs WHERE queue = 'busy'")
+    await conn.execute(run, producers["busy"], [r["id"] for r in busy])
+    # In the limited queue, two workers run 7 jobs, of keys a, b and none.
+    mine = await conn.fetch("SELECT id FROM pgq_jobs WHERE queue = 'limited' ORDER BY id LIMIT 7")
+    await conn.execute(run, producers["limited"], [r["id"] for r in mine[:4]])
+    await conn.execute(run, producers["limited2"], [r["id"] for r in mine[4:]])
+    truth = await conn.fetch(
+        "SELECT limit_key, count(*)::int AS n FROM pgq_jobs"
+        " WHERE queue = 'limited' AND state = 'running' GROUP BY limit_key"
+    )
+    assert sum(r["n"] for r in truth) == 7
+
+    usage = await conn.fetchrow(sql.LIMIT_USAGE, "limited", 0.0)
+    assert usage is not None and usage["running"] == 7
+    keys = await conn.fetch(sql.KEY_USAGE, "limited", 0.0)
+    assert {r["key"]: r["running"] for r in keys} == {r["limit_key"]: r["n"] for r in truth}
+    for name, statement in (("LIMIT_USAGE", sql.LIMIT_USAGE), ("KEY_USAGE", sql.KEY_USAGE)):
+        plan_json = await conn.fetchval(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, "limited", 0.0
+        )
+        read = _rows_read(json.loads(plan_json)[0]["Plan"], "pgq_jobs")
+        assert read < 1000, (name, read, plan_json)  # the available jobs' keys, the 7 running
 
 
 async def test_each_producer_counts_its_own_queues_outcomes(client: pgq.Client, dsn: str) -> None:

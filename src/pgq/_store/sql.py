@@ -382,8 +382,18 @@ SELECT concurrency, rate_count, rate_period_s, key_concurrency, key_rate_count, 
 FROM pgq_queues WHERE name = $1 FOR UPDATE
 """
 
+# Running jobs are counted through the queue's producers, each through the partial index of
+# running jobs by producer: a count by queue would read every running job of every queue
+# (that index has no queue), under the queue's lock. A claimed job names its producer, whose
+# row is deleted only once none of its jobs runs, or when its worker stops, after cancelling
+# what still ran (a job whose outcome could not be written then waits for the rescuer,
+# uncounted). The sub-select per producer keeps the planner from joining all running jobs
+# by hash, which statistics taken while few jobs ran would invite.
 LIMIT_USAGE: Final = """
-SELECT (SELECT count(*) FROM pgq_jobs WHERE queue = $1 AND state = 'running')::int AS running,
+SELECT (SELECT COALESCE(sum((SELECT count(*) FROM pgq_jobs j
+                             WHERE j.producer_id = p.id AND j.state = 'running'
+                               AND j.queue = $1)), 0)
+        FROM pgq_producers p WHERE p.queue = $1)::int AS running,
        (SELECT count(*) FROM pgq_rate_log
         WHERE queue = $1 AND started_at > statement_timestamp() - make_interval(secs => $2)
        )::int AS started
@@ -404,8 +414,14 @@ WITH RECURSIVE keys(k) AS (
             ORDER BY limit_key LIMIT 1)
     FROM keys WHERE keys.k IS NOT NULL
 ), running AS (
-    SELECT limit_key, count(*)::int AS n FROM pgq_jobs
-    WHERE queue = $1 AND state = 'running' GROUP BY limit_key
+    -- counted through the queue's producers, as in LIMIT_USAGE (OFFSET 0 keeps each
+    -- producer's jobs a lookup of its own, not a join the planner may do by hash)
+    SELECT j.limit_key, count(*)::int AS n
+    FROM pgq_producers p,
+         LATERAL (SELECT j.limit_key FROM pgq_jobs j
+                  WHERE j.producer_id = p.id AND j.state = 'running' AND j.queue = $1
+                  OFFSET 0) j
+    WHERE p.queue = $1 GROUP BY j.limit_key
 )
 SELECT k.k AS key, COALESCE(r.n, 0) AS running,
        CASE WHEN $2 > 0 THEN

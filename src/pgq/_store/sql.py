@@ -382,28 +382,47 @@ SELECT concurrency, rate_count, rate_period_s, key_concurrency, key_rate_count, 
 FROM pgq_queues WHERE name = $1 FOR UPDATE
 """
 
-# Running jobs are counted through the queue's producers, each through the partial index of
-# running jobs by producer: a count by queue would read every running job of every queue
-# (that index has no queue), under the queue's lock. A claimed job names its producer, whose
-# row is deleted only once none of its jobs runs, or when its worker stops, after cancelling
-# what still ran (a job whose outcome could not be written then waits for the rescuer,
-# uncounted). The sub-select per producer keeps the planner from joining all running jobs
-# by hash, which statistics taken while few jobs ran would invite.
-LIMIT_USAGE: Final = """
+# Running jobs are counted producer by producer through the partial index of running jobs,
+# which is keyed by producer and has no queue (a count by queue would read every running job
+# of every queue, under the queue's lock): a skip scan finds each producer that has running
+# jobs (one index probe each), and the jobs of those that are the queue's, or whose row is
+# gone (a row deleted by hand, or at a worker's stop), are counted with the queue's filter.
+# The same jobs as a count by queue, without reading the other queues' producers' jobs. The
+# sub-select per producer keeps the planner from joining all running jobs by hash, which
+# statistics taken while few jobs ran would invite.
+_PRODUCERS_RUNNING = """producers_running(id) AS (
+    (SELECT producer_id FROM pgq_jobs WHERE state = 'running' AND producer_id IS NOT NULL
+     ORDER BY producer_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.producer_id FROM pgq_jobs j
+            WHERE j.state = 'running' AND j.producer_id > r.id
+            ORDER BY j.producer_id LIMIT 1)
+    FROM producers_running r WHERE r.id IS NOT NULL
+), counted(id) AS (
+    SELECT r.id FROM producers_running r LEFT JOIN pgq_producers p ON p.id = r.id
+    WHERE r.id IS NOT NULL AND (p.id IS NULL OR p.queue = $1)
+)"""
+
+LIMIT_USAGE: Final = (
+    "WITH RECURSIVE "
+    + _PRODUCERS_RUNNING
+    + """
 SELECT (SELECT COALESCE(sum((SELECT count(*) FROM pgq_jobs j
-                             WHERE j.producer_id = p.id AND j.state = 'running'
+                             WHERE j.producer_id = c.id AND j.state = 'running'
                                AND j.queue = $1)), 0)
-        FROM pgq_producers p WHERE p.queue = $1)::int AS running,
+        FROM counted c)::int AS running,
        (SELECT count(*) FROM pgq_rate_log
         WHERE queue = $1 AND started_at > statement_timestamp() - make_interval(secs => $2)
        )::int AS started
 """
+)
 
 # Per-key limits: every key with available jobs, found by a skip scan of the key index
 # (one index probe per key, however many jobs each holds), with its running jobs and its
 # starts within the key rate's window ($2 seconds; counted per key through the log's key
 # index, for the waiting keys only); then the jobs without a key, as one more key (NULL).
-KEY_USAGE: Final = """
+KEY_USAGE: Final = (
+    """
 WITH RECURSIVE keys(k) AS (
     (SELECT limit_key FROM pgq_jobs
      WHERE queue = $1 AND state = 'available' AND limit_key IS NOT NULL
@@ -413,15 +432,17 @@ WITH RECURSIVE keys(k) AS (
             WHERE queue = $1 AND state = 'available' AND limit_key > keys.k
             ORDER BY limit_key LIMIT 1)
     FROM keys WHERE keys.k IS NOT NULL
-), running AS (
-    -- counted through the queue's producers, as in LIMIT_USAGE (OFFSET 0 keeps each
-    -- producer's jobs a lookup of its own, not a join the planner may do by hash)
+), """
+    + _PRODUCERS_RUNNING
+    + """, running AS (
+    -- counted producer by producer, as in LIMIT_USAGE (OFFSET 0 keeps each producer's
+    -- jobs a lookup of its own, not a join the planner may do by hash)
     SELECT j.limit_key, count(*)::int AS n
-    FROM pgq_producers p,
+    FROM counted c,
          LATERAL (SELECT j.limit_key FROM pgq_jobs j
-                  WHERE j.producer_id = p.id AND j.state = 'running' AND j.queue = $1
+                  WHERE j.producer_id = c.id AND j.state = 'running' AND j.queue = $1
                   OFFSET 0) j
-    WHERE p.queue = $1 GROUP BY j.limit_key
+    GROUP BY j.limit_key
 )
 SELECT k.k AS key, COALESCE(r.n, 0) AS running,
        CASE WHEN $2 > 0 THEN
@@ -441,6 +462,7 @@ SELECT NULL,
               AND l.started_at > statement_timestamp() - make_interval(secs => $2))::int
        ELSE 0 END
 """
+)
 
 # The claim of a queue with per-key limits, under the queue's row lock: for each key with
 # room ($8, its room $9, in the same order) its next jobs, at most its room each (through

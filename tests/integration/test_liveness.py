@@ -339,9 +339,9 @@ async def test_a_late_outcome_is_rejected_counted_and_logged(
     assert any(f"job {job.id} attempt 1 rejected" in r.getMessage() for r in caplog.records)
 
 
-async def test_a_deleted_producer_row_reregisters_and_loses_nothing(
-    dsn: str, conn: Conn, client: pgq.Client
-) -> None:
+def held_app() -> tuple[pgq.App, anyio.Event, anyio.Event, list[int]]:
+    """An App whose task ``slow`` records its job's id and sets ``started``, then holds
+    until ``release`` is set: (app, started, release, the ids run)."""
     app = pgq.App()
     started, release = anyio.Event(), anyio.Event()
     runs: list[int] = []
@@ -352,6 +352,14 @@ async def test_a_deleted_producer_row_reregisters_and_loses_nothing(
         started.set()
         await release.wait()
         return "done"
+
+    return app, started, release, runs
+
+
+async def test_a_deleted_producer_row_reregisters_and_loses_nothing(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    app, started, release, runs = held_app()
 
     job = await client.enqueue("slow")
     async with pgq.Worker(app, dsn, **FAST) as worker:
@@ -369,6 +377,102 @@ async def test_a_deleted_producer_row_reregisters_and_loses_nothing(
         assert await conn.fetchval("SELECT producer_id FROM pgq_jobs WHERE id = $1", job.id) == new
         release.set()
         await until(lambda: _state_is(client, job.id, pgq.JobState.COMPLETED))
+    assert runs == [job.id]
+
+
+#: Beats as fast, judges peers later: on a busy machine a re-registration that comes late
+#: must not let the rescuer take a job the test expects adopted.
+PATIENT: dict[str, Any] = {**FAST, "stale_after": 5.0, "reap_after": 10.0}
+
+
+async def test_re_registration_adopts_jobs_running_under_the_old_id_it_has_not_read_yet(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    """A job claimed under the old id whose rows the worker has not read yet (its claim
+    committed, the reply on its way) is adopted too: left behind, it would be rescued as
+    the job of a missing producer while it runs."""
+    app, started, release, _ = held_app()
+
+    async with pgq.Worker(app, dsn, **PATIENT) as worker:
+        old = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+        known = (await client.enqueue("slow")).id
+        with anyio.fail_after(10):
+            await started.wait()
+        unread = await running_job(conn, old)
+        await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
+
+        async def reregistered() -> bool:
+            return bool(worker.stats()["reregistrations"] == 1)
+
+        await until(reregistered)
+        new = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+        owners = await conn.fetch(
+            "SELECT id, producer_id, state::text FROM pgq_jobs WHERE id = ANY($1::bigint[])",
+            [known, unread],
+        )
+        assert {(r["id"], r["producer_id"], r["state"]) for r in owners} == {
+            (known, new, "running"),
+            (unread, new, "running"),
+        }
+        release.set()
+        await until(lambda: _state_is(client, known, pgq.JobState.COMPLETED))
+
+
+LOCK_WAITS = """
+SELECT count(*) FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE '%FROM pgq_queues WHERE name = $1 FOR UPDATE%'
+"""
+
+
+async def test_a_claim_in_flight_across_a_re_registration_keeps_its_jobs(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    """A claim sent under the old id that commits after the re-registration: its job is
+    adopted at the next heartbeat, runs once, and is never rescued."""
+    app, started, release, runs = held_app()
+
+    # A limited queue's claim locks the queue's row first: holding that lock holds the claim
+    # in flight, sent under the producer's id of the moment.
+    await client.set_queue_limits("default", concurrency=5)
+    other = await asyncpg.connect(dsn)
+    try:
+        async with pgq.Worker(app, dsn, **PATIENT) as worker:
+            old = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+            async with conn.transaction():
+                await conn.execute("SELECT 1 FROM pgq_queues WHERE name = 'default' FOR UPDATE")
+                job = await client.enqueue("slow")
+
+                async def claim_waits() -> bool:
+                    return bool(await other.fetchval(LOCK_WAITS) == 1)
+
+                await until(claim_waits)
+                await other.execute("DELETE FROM pgq_producers WHERE id = $1", old)
+
+                async def reregistered() -> bool:
+                    return bool(worker.stats()["reregistrations"] == 1)
+
+                await until(reregistered)
+                new = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+                assert new != old
+            # The lock is released: the claim commits under the old id, after the
+            # re-registration's adoption.
+            with anyio.fail_after(10):
+                await started.wait()
+
+            async def adopted() -> bool:
+                owner = await other.fetchval(
+                    "SELECT producer_id FROM pgq_jobs WHERE id = $1", job.id
+                )
+                return bool(owner == new)
+
+            await until(adopted)
+            assert worker.stats()["producers"][0]["producer_id"] == str(new)
+            release.set()
+            await until(lambda: _state_is(client, job.id, pgq.JobState.COMPLETED))
+    finally:
+        await other.close()
+    stored = await client.get_job(job.id)
+    assert stored is not None and stored.attempt == 1 and stored.errors == []
     assert runs == [job.id]
 
 

@@ -87,11 +87,10 @@ async def reregister(
     worker_name: str,
     queue: str,
     concurrency: int,
-    running: list[int],
     bounds: Bounds,
 ) -> list[int]:
-    """Register ``beat.id`` in place of ``old_id`` (whose row is gone) and adopt those of
-    ``running`` still running under the old id; returns the adopted job ids."""
+    """Register ``beat.id`` in place of ``old_id`` (whose row is gone) and adopt every job
+    still running under the old id; returns the adopted job ids."""
     rows = await db.fetch(
         sql.REREGISTER_PRODUCER,
         old_id,
@@ -104,10 +103,16 @@ async def reregister(
         beat.completed,
         beat.failed,
         beat.rejected_outcomes,
-        running,
         bounds.fence_after_s,
         bounds.stale_after_s,
     )
+    return [r["id"] for r in rows]
+
+
+async def adopt(db: Db, producer_id: uuid.UUID, former_ids: Sequence[uuid.UUID]) -> list[int]:
+    """Move the jobs still running under ``former_ids`` (a re-registered producer's earlier
+    ids) to ``producer_id``; returns their ids."""
+    rows = await db.fetch(sql.ADOPT_JOBS, producer_id, list(former_ids))
     return [r["id"] for r in rows]
 
 

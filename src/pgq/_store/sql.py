@@ -787,20 +787,30 @@ WHERE p.id = u.id
 RETURNING p.id
 """
 
-# A producer whose row vanished comes back under a new id and adopts those of its jobs
-# that are still running under the old one (a row deleted by hand); jobs that peers
-# already rescued are not 'running' under the old id any more and stay theirs. Adoption
-# changes the producer (liveness), never the attempt's token (fencing).
+# A producer whose row vanished comes back under a new id and adopts every job still
+# running under the old one (a row deleted by hand): those it runs, those whose outcome is
+# still on its way, and those of a claim committed before this statement whose rows it has
+# not read yet. Jobs that peers already rescued are not 'running' under the old id any more
+# and stay theirs. Adoption changes the producer (liveness), never the attempt's token
+# (fencing).
 REREGISTER_PRODUCER: Final = """
 WITH ins AS (
     INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, claimed,
                                completed, failed, rejected_outcomes, fence_after_s,
                                stale_after_s)
-    VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, $12, $13)
+    VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
     RETURNING id
 )
 UPDATE pgq_jobs SET producer_id = (SELECT id FROM ins)
-WHERE producer_id = $1 AND state = 'running' AND id = ANY($11::bigint[])
+WHERE producer_id = $1 AND state = 'running'
+RETURNING id
+"""
+
+# Moves the jobs still running under a re-registered producer's former ids $2 to its id $1:
+# those of a claim that was in flight under a former id when the producer re-registered.
+ADOPT_JOBS: Final = """
+UPDATE pgq_jobs SET producer_id = $1
+WHERE producer_id = ANY($2::uuid[]) AND state = 'running'
 RETURNING id
 """
 

@@ -123,6 +123,10 @@ class Beating(Protocol):
     queue: str
     concurrency: int
     health: ProducerHealth
+    #: The id its claim in flight was sent under (None when no claim is in flight).
+    claiming_as: uuid.UUID | None
+    #: Its ids before re-registration whose jobs may still need adopting.
+    former_ids: list[uuid.UUID]
 
     def beat(self) -> Beat:
         """This producer's heartbeat row (its id and counters) as of now."""
@@ -195,6 +199,8 @@ class Heartbeater:
                 for producer in self._producers:
                     if producer.id not in alive:
                         await self._reregister(self._conn, producer)
+                    if producer.former_ids:
+                        await self._adopt(self._conn, producer)
         except Exception as exc:  # whatever stopped it, this heartbeat did not land
             if self._conn is not None:
                 self._conn.terminate()  # its state is unknown after a cut-off statement
@@ -226,24 +232,44 @@ class Heartbeater:
             worker_name=self._worker_name,
             queue=producer.queue,
             concurrency=producer.concurrency,
-            running=running,
             bounds=self._bounds,
         )
         # Only the id changes: outcomes are fenced on each attempt's own token, which
-        # adoption leaves alone, so nothing pending needs rewriting.
+        # adoption leaves alone, so nothing pending needs rewriting. A claim sent under the
+        # old id may commit after the statement above: the old id stays a former one, whose
+        # jobs _adopt moves over, until no claim under it can still be in flight.
         producer.id = new_beat.id
-        producer.lost(set(running) - set(adopted))
+        producer.former_ids.append(old)
+        kept = set(adopted)
+        producer.lost(set(running) - kept)
         self.reregistrations += 1
         log.warning(
             "producer %s (queue %s) found its row gone: peers judged it dead, or it was "
             "deleted; re-registered as %s and kept %d of its %d running jobs (the others "
-            "were rescued: their late outcomes will be rejected)",
+            "were rescued: their late outcomes will be rejected)%s",
             old,
             producer.queue,
             new_beat.id,
-            len(adopted),
+            len(kept & set(running)),
             len(running),
+            f", and {len(kept - set(running))} claimed or ending" if kept - set(running) else "",
         )
+
+    async def _adopt(self, conn: asyncpg.Connection[asyncpg.Record], producer: Beating) -> None:
+        """Adopt the jobs still running under a re-registered producer's former ids. A former
+        id is let go once this ran with no claim under it in flight: no claim is sent under
+        it any more, so none can commit under it later."""
+        former = list(producer.former_ids)
+        in_flight = producer.claiming_as
+        adopted = await store.adopt(conn, producer.id, former)
+        producer.former_ids = [i for i in producer.former_ids if i not in former or i == in_flight]
+        if adopted:
+            log.info(
+                "producer %s (queue %s) adopted %d jobs claimed under its former id",
+                producer.id,
+                producer.queue,
+                len(adopted),
+            )
 
 
 def health_verdict(

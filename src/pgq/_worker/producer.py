@@ -152,8 +152,11 @@ class Producer:
         self._limits_changes = 0
         # Set while the queue's limits hold claims back: look again soon, not after a poll.
         self._held_back = False
-        #: True while a claim is in flight.
+        #: True while a claim is in flight, and the id it was sent under (``id`` may change).
         self.fetching = False
+        self.claiming_as: uuid.UUID | None = None
+        #: Ids before re-registration whose jobs liveness may still have to adopt.
+        self.former_ids: list[uuid.UUID] = []
         # Counters, reported in each heartbeat and in Worker.stats().
         self.fetches = 0
         self.claimed = 0
@@ -317,16 +320,18 @@ class Producer:
             # Shielded: a claim cut off between the server's commit and our reading of the
             # rows would leave jobs running that nobody runs (until rescued).
             started = monotonic()
+            self.claiming_as = producer_id = self.id
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
-                jobs = await self._claim(limit)
+                jobs = await self._claim(limit, producer_id)
             self._claim_s = _average(self._claim_s, monotonic() - started)
         finally:
             self.fetching = False
+            self.claiming_as = None
         self.fetches += 1
         self.claimed += len(jobs)
         return jobs
 
-    async def _claim(self, limit: int) -> list[Job]:
+    async def _claim(self, limit: int, producer_id: uuid.UUID) -> list[Job]:
         now = anyio.current_time()
         limits = self._limits
         if limits is None:
@@ -336,13 +341,13 @@ class Producer:
                 self._limits, self._limits_read_at = limits, now
         if limits.limited:
             jobs, self._held_back, under_lock = await claims.claim_limited(
-                self._pool, self.plan, self.id, self._worker_name, limit
+                self._pool, self.plan, producer_id, self._worker_name, limit
             )
             if not under_lock.limited:  # cleared meanwhile: back to the single statement
                 self._limits = under_lock
             return jobs
         self._held_back = False
-        jobs = await claims.claim(self._pool, self.plan, self.id, self._worker_name, limit)
+        jobs = await claims.claim(self._pool, self.plan, producer_id, self._worker_name, limit)
         if not jobs and now - self._limits_read_at > LIMITS_REFRESH_S:
             # Limits set while no notification could reach us (poll_only, a lost LISTEN):
             # the unlimited claim yields nothing on a limited queue, so look again.

@@ -11,6 +11,7 @@ import shutil
 import urllib.request
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -411,3 +412,77 @@ async def test_a_cut_off_workers_open_transaction_is_bounded_by_the_servers_idle
         took
         <= SHORT["stale_after"] + chaos.IDLE_IN_TRANSACTION_S + 2 * SHORT["rescue_interval"] + 5
     )
+
+
+# Holds each claim inside the server, past its parse and plan, while the test holds the
+# advisory lock: a claim's row update waits for it.
+HOLD_CLAIMS = """
+CREATE FUNCTION hold_claims() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.state = 'available' AND NEW.state = 'running' THEN
+        PERFORM pg_advisory_xact_lock_shared(4242);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER hold_claims BEFORE UPDATE ON pgq_jobs
+    FOR EACH ROW EXECUTE FUNCTION hold_claims();
+"""
+CLAIM_WAITS = """
+SELECT count(*) FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'
+  AND query LIKE '%attempt_token = gen_random_uuid()%'
+"""
+
+
+async def test_the_jobs_of_a_claim_whose_reply_was_lost_are_handed_back_and_run_once(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    """The connection breaks after a claim committed and before its reply arrived: its job
+    is left running under a producer that is alive, so no peer may rescue it, and the
+    worker never starts it. The worker finds it and hands it back; then it runs once."""
+    app = pgq.App()
+    runs: list[int] = []
+
+    @app.task
+    async def note(ctx: pgq.JobContext) -> None:
+        runs.append(ctx.id)
+
+    await db.execute(HOLD_CLAIMS)
+    settings: dict[str, Any] = {**SHORT, "poll_interval": 0.1}
+    proxy = Proxy(*upstream(dsn))
+    async with anyio.create_task_group() as tg, pgq.Client(dsn) as client:
+        port = await tg.start(proxy.run)
+        async with pgq.Worker(app, via_proxy(dsn, port), **settings) as worker:
+            await db.execute("SELECT pg_advisory_lock(4242)")
+            job = await client.enqueue("note")
+
+            async def claim_waits() -> bool:
+                return bool(await db.fetchval(CLAIM_WAITS) == 1)
+
+            await until(claim_waits)
+            proxy.cut()  # new connections are refused too: no other claim competes
+            await db.execute("SELECT pg_advisory_unlock(4242)")
+            # The server runs the claim to its commit; the reply has nowhere to go.
+
+            async def stranded() -> bool:
+                row = await db.fetchrow(
+                    "SELECT state::text, attempt FROM pgq_jobs WHERE id = $1", job.id
+                )
+                return row is not None and (row["state"], row["attempt"]) == ("running", 1)
+
+            await until(stranded)
+            proxy.heal()
+            assert runs == []
+            await until(lambda: _completed(client, job.id), limit_s=60)
+            assert worker.stats()["strays_handed_back"] == 1
+        tg.cancel_scope.cancel()
+    stored = await db.fetchrow("SELECT attempt, errors::text FROM pgq_jobs WHERE id = $1", job.id)
+    assert stored is not None and stored["attempt"] == 1
+    (entry,) = json.loads(stored["errors"])
+    assert entry["kind"] == "shutdown" and "reply to the claim" in entry["message"]
+    assert runs == [job.id]
+
+
+async def _completed(client: pgq.Client, job_id: int) -> bool:
+    job = await client.get_job(job_id)
+    return job is not None and job.state is pgq.JobState.COMPLETED

@@ -18,6 +18,7 @@ import pytest
 
 import pgq
 from pgq._worker.leader.rescuer import Rescuer
+from pgq._worker.strays import Strays
 from pgq.errors import ConfigError
 from pgq.settings import WorkerSettings
 from tests.tests_support import until
@@ -656,3 +657,63 @@ def _more_rounds(worker: pgq.Worker, n: int) -> Any:
 
 async def _beats(worker: pgq.Worker, n: int) -> bool:
     return bool(worker.stats()["heartbeats"] >= n)
+
+
+class StandInProducer:
+    """What the check of strays reads of a producer: its id, the jobs it knows of, and its
+    claims (the database is real; only the worker around it is left out)."""
+
+    def __init__(self, producer_id: uuid.UUID) -> None:
+        self.id = producer_id
+        self.queue = "default"
+        self.claims_sent = 0
+        self.fetching = False
+        self.running: set[int] = set()
+
+
+async def test_strays_are_handed_back_only_when_seen_twice_unknown_with_no_claim_in_flight(
+    conn: Conn, client: pgq.Client
+) -> None:
+    producer = StandInProducer(await fake_producer(conn, silent_s=0))
+    known = await running_job(conn, producer.id, n=1)
+    ending = await running_job(conn, producer.id, n=2)
+    stray = await running_job(conn, producer.id, n=3, attempt=2)
+    await conn.execute("UPDATE pgq_jobs SET attempt_token = gen_random_uuid()")  # as claimed
+    producer.running.add(known)
+    strays = Strays(client.pool, [producer], lambda: {ending}, interval_s=60)
+
+    # A claim in flight from one check to the next: its reply may still bring the job.
+    producer.claims_sent, producer.fetching = 1, True
+    assert await strays.check() == []
+    assert await strays.check() == []
+    # That claim ended and its reply never brought the job: it goes back.
+    producer.fetching = False
+    assert await strays.check() == [stray]
+    rows = await conn.fetch(
+        "SELECT id, state::text, attempt, errors::text FROM pgq_jobs ORDER BY id"
+    )
+    assert [(r["id"], r["state"], r["attempt"]) for r in rows] == [
+        (known, "running", 1),
+        (ending, "running", 1),
+        (stray, "available", 1),
+    ]
+    (entry,) = json.loads(rows[2]["errors"])
+    assert entry["kind"] == "shutdown" and entry["attempt"] == 2
+    assert strays.handed_back == 1
+    assert await strays.check() == []
+
+
+async def test_a_stray_seen_once_is_left_alone_and_a_new_attempt_starts_over(
+    conn: Conn, client: pgq.Client
+) -> None:
+    producer = StandInProducer(await fake_producer(conn, silent_s=0))
+    job = await running_job(conn, producer.id)
+    new_attempt = "UPDATE pgq_jobs SET attempt_token = gen_random_uuid() WHERE id = $1"
+    await conn.execute(new_attempt, job)
+    strays = Strays(client.pool, [producer], set, interval_s=60)
+    assert await strays.check() == []
+    # Another attempt of the same job (a new token) is not the one seen before.
+    await conn.execute(new_attempt, job)
+    assert await strays.check() == []
+    assert await strays.check() == [job]
+    assert await conn.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", job) == "available"

@@ -116,6 +116,26 @@ async def adopt(db: Db, producer_id: uuid.UUID, former_ids: Sequence[uuid.UUID])
     return [r["id"] for r in rows]
 
 
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job running under one of a worker's producers, as the database has it."""
+
+    id: int
+    token: uuid.UUID | None
+    attempt: int
+    queue: str
+    producer_id: uuid.UUID
+
+
+async def running_under(db: Db, producer_ids: Sequence[uuid.UUID]) -> list[RunningJob]:
+    """The jobs running under ``producer_ids`` now."""
+    rows = await db.fetch(sql.RUNNING_UNDER, list(producer_ids))
+    return [
+        RunningJob(r["id"], r["attempt_token"], r["attempt"], r["queue"], r["producer_id"])
+        for r in rows
+    ]
+
+
 async def delete(db: Db, ids: Sequence[uuid.UUID]) -> None:
     """Delete producer rows (a worker stopping cleanly)."""
     await db.execute(sql.DELETE_PRODUCERS, list(ids))

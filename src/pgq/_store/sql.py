@@ -814,6 +814,14 @@ WHERE producer_id = ANY($2::uuid[]) AND state = 'running'
 RETURNING id
 """
 
+# The jobs running under producers $1, as a worker checks them against the jobs it runs
+# (a claim whose reply was lost leaves jobs there that nobody runs). One probe each of the
+# partial index of running jobs.
+RUNNING_UNDER: Final = """
+SELECT id, attempt_token, attempt, queue, producer_id FROM pgq_jobs
+WHERE producer_id = ANY($1::uuid[]) AND state = 'running'
+"""
+
 DELETE_PRODUCERS: Final = "DELETE FROM pgq_producers WHERE id = ANY($1::uuid[])"
 
 LIST_PRODUCERS: Final = """

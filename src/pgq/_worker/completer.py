@@ -76,6 +76,10 @@ class Completer:
         """Outcomes not yet durable."""
         return len(self._buffer) + len(self._held)
 
+    def pending_ids(self) -> set[int]:
+        """The ids of the jobs whose outcomes are not yet durable."""
+        return {o.job_id for o in self._buffer} | {o.job_id for _, o in self._held}
+
     @property
     def held(self) -> int:
         """Outcomes the database refused in every form, waiting to be tried again."""

@@ -158,7 +158,7 @@ class Producer:
         #: Ids before re-registration whose jobs liveness may still have to adopt.
         self.former_ids: list[uuid.UUID] = []
         # Counters, reported in each heartbeat and in Worker.stats().
-        self.fetches = 0
+        self.claims_sent = self.fetches = 0
         self.claimed = 0
         self.completed = 0
         self.failed = 0
@@ -321,6 +321,7 @@ class Producer:
             # rows would leave jobs running that nobody runs (until rescued).
             started = monotonic()
             self.claiming_as = producer_id = self.id
+            self.claims_sent += 1
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
                 jobs = await self._claim(limit, producer_id)
             self._claim_s = _average(self._claim_s, monotonic() - started)

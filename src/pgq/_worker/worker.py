@@ -45,6 +45,7 @@ from pgq._worker.liveness import Heartbeater, health_verdict
 from pgq._worker.observe import observers
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
+from pgq._worker.strays import Strays
 from pgq._worker.successor import Successor
 from pgq.app import App, check_queue_name
 from pgq.errors import ConfigError
@@ -107,6 +108,7 @@ class _Parts:
     periodic: Periodic | None
     control: Control
     successor: Successor | None
+    strays: Strays
 
 
 class Worker:
@@ -321,9 +323,10 @@ class Worker:
                 margin_s=s.heartbeat_timeout,
                 after_rescue=lambda: leader.wake(Promoter.name),
             )
+        strays = Strays(pool, producers, completer.pending_ids, s.stale_after)
         return _Parts(
             producers, completer, heartbeater, elector, leader, rescuer, reaper, retention,
-            periodic, control, successor,
+            periodic, control, successor, strays,
         )  # fmt: skip
 
     async def _serve(
@@ -387,6 +390,7 @@ class Worker:
         tg.start_soon(functools.partial(parts.elector.run, attempted=True))
         tg.start_soon(parts.leader.run)
         tg.start_soon(parts.control.poll_cancels)
+        tg.start_soon(parts.strays.run)
         tg.start_soon(self._observers.joblog.run)
         if parts.successor is not None:
             tg.start_soon(parts.successor.run)
@@ -451,7 +455,8 @@ class Worker:
         database counts them; ``executing``, those in a slot now; ``claimed``, ``completed``, ``failed``, ``rejected_outcomes``, ``fetches``), and
         ``claim_ahead``, how many jobs it claims ahead of free slots now; the worker's leader flag and terms, the rescues,
         reaps, retention deletes and periodic jobs it did, each leader service's ``runs``/``failures``/``last_error``, heartbeats and
-        re-registrations, cancels obeyed, LISTEN reconnections, and the outcomes not yet
+        re-registrations, jobs of claims whose reply was lost handed back
+        (``strays_handed_back``), cancels obeyed, LISTEN reconnections, and the outcomes not yet
         durable (``outcomes_pending``), of those refused in every form (``outcomes_held``), and
         written in a fallback form (``outcomes_salvaged``)."""
         p = self._parts
@@ -474,6 +479,7 @@ class Worker:
             "predecessor_rescued": p.successor.rescued if p and p.successor else 0,
             "duplicate_names": len(p.successor.duplicates) if p and p.successor else 0,
             "reregistrations": p.heartbeater.reregistrations if p else 0,
+            "strays_handed_back": p.strays.handed_back if p else 0,
             "cancelled_on_request": p.control.cancelled if p else 0,
             "listen_reconnects": p.control.listen_reconnects if p else 0,
             "outcomes_pending": p.completer.pending if p else 0,

@@ -19,13 +19,19 @@ an embedded worker leaves its host's.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import sys
 from pathlib import Path
 
 import anyio
-from common import emit, fresh_database, pgq_backlog, pgq_migrate, tune_gc_if_asked
+from common import (
+    cli_environment,
+    emit,
+    fresh_database,
+    pgq_backlog,
+    pgq_migrate,
+    tune_gc_if_asked,
+)
 
 import pgq
 
@@ -63,12 +69,11 @@ async def run_once(dsn: str, concurrency: int, claim_ahead: int | None) -> tuple
 
 async def run_cli(dsn: str, concurrency: int) -> None:
     """``pgq worker bench_io:app --burst --concurrency N``, until it exits."""
-    here = str(Path(__file__).resolve().parent)
-    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    env = cli_environment(str(Path(__file__).resolve().parent))
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "pgq", "worker", "bench_io:app", "--burst", "--dsn", dsn,
         "--concurrency", str(concurrency),
-        env={**os.environ, "PYTHONPATH": path},
+        env=env,
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     _, err = await proc.communicate()

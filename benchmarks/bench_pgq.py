@@ -9,7 +9,15 @@ from pathlib import Path
 
 import anyio
 import asyncpg
-from common import Timer, dispatch, drop_database, emit, fresh_database, pgq_migrate
+from common import (
+    Timer,
+    cli_environment,
+    dispatch,
+    drop_database,
+    emit,
+    fresh_database,
+    pgq_migrate,
+)
 
 import pgq
 
@@ -85,7 +93,6 @@ async def drain_cli(concurrency: int | None, processes: int) -> None:
     the CLI (default settings unless ``concurrency``), timed from their start until the
     last job is completed (database clock: first attempt to last finish, and wall clock
     until every process has exited)."""
-    import os
     import subprocess
     import sys
 
@@ -100,10 +107,7 @@ async def drain_cli(concurrency: int | None, processes: int) -> None:
     argv = [sys.executable, "-m", "pgq", "worker", "bench_pgq:app", "--burst", "--dsn", dsn]
     if concurrency is not None:
         argv += ["--concurrency", str(concurrency)]
-    # The benchmark's directory (for bench_pgq:app) ahead of the caller's path, which may
-    # name the pgq tree under test (PYTHONPATH=TREE/src).
-    path = [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    env = cli_environment(str(Path(__file__).resolve().parent))
     with Timer() as t:
         procs = [
             subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

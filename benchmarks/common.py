@@ -14,12 +14,31 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
 SERVER_DSN = os.environ.get("PGQ_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def cli_environment(here: str) -> dict[str, str]:
+    """The environment of a `pgq worker` process a benchmark starts, as an installed pgq
+    runs: ``here`` (the benchmark's directory, for its app) ahead of the caller's path, which
+    may name the pgq tree under test (PYTHONPATH=TREE/src), and that tree and ``here``
+    compiled to bytecode first. pip compiles a package when it installs it; without this,
+    under PYTHONDONTWRITEBYTECODE (set on some CI machines), every process compiled pgq's
+    source as it started: about 70 ms each of CPU, which four processes starting together
+    on two cores paid twice over."""
+    import compileall
+
+    import pgq
+
+    for tree in (Path(pgq.__file__).parent, Path(here)):
+        compileall.compile_dir(str(tree), quiet=1, workers=1)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
 
 
 def with_database(dsn: str, database: str) -> str:

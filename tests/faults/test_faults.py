@@ -479,7 +479,7 @@ async def test_the_jobs_of_a_claim_whose_reply_was_lost_are_handed_back_and_run_
     stored = await db.fetchrow("SELECT attempt, errors::text FROM pgq_jobs WHERE id = $1", job.id)
     assert stored is not None and stored["attempt"] == 1
     (entry,) = json.loads(stored["errors"])
-    assert entry["kind"] == "shutdown" and "reply to the claim" in entry["message"]
+    assert entry["kind"] == "lost_reply" and "reply to the claim" in entry["message"]
     assert runs == [job.id]
 
 

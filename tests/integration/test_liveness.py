@@ -357,6 +357,22 @@ def held_app() -> tuple[pgq.App, anyio.Event, anyio.Event, list[int]]:
     return app, started, release, runs
 
 
+async def delete_producer_row(conn: Conn, worker: pgq.Worker) -> tuple[uuid.UUID, uuid.UUID]:
+    """Delete the worker's producer row, as an operator might, and wait for the producer to
+    re-register: (old id, new id)."""
+    old = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+    await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
+    done = worker.stats()["reregistrations"] + 1
+
+    async def reregistered() -> bool:
+        return bool(worker.stats()["reregistrations"] == done)
+
+    await until(reregistered)
+    new = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+    assert new != old
+    return old, new
+
+
 async def test_a_deleted_producer_row_reregisters_and_loses_nothing(
     dsn: str, conn: Conn, client: pgq.Client
 ) -> None:
@@ -366,15 +382,7 @@ async def test_a_deleted_producer_row_reregisters_and_loses_nothing(
     async with pgq.Worker(app, dsn, **FAST) as worker:
         with anyio.fail_after(10):
             await started.wait()
-        old = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
-        await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
-
-        async def reregistered() -> bool:
-            return bool(worker.stats()["reregistrations"] == 1)
-
-        await until(reregistered)
-        new = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
-        assert new != old
+        _, new = await delete_producer_row(conn, worker)
         assert await conn.fetchval("SELECT producer_id FROM pgq_jobs WHERE id = $1", job.id) == new
         release.set()
         await until(lambda: _state_is(client, job.id, pgq.JobState.COMPLETED))
@@ -400,13 +408,7 @@ async def test_re_registration_adopts_jobs_running_under_the_old_id_it_has_not_r
         with anyio.fail_after(10):
             await started.wait()
         unread = await running_job(conn, old)
-        await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
-
-        async def reregistered() -> bool:
-            return bool(worker.stats()["reregistrations"] == 1)
-
-        await until(reregistered)
-        new = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+        _, new = await delete_producer_row(conn, worker)
         owners = await conn.fetch(
             "SELECT id, producer_id, state::text FROM pgq_jobs WHERE id = ANY($1::bigint[])",
             [known, unread],
@@ -438,7 +440,6 @@ async def test_a_claim_in_flight_across_a_re_registration_keeps_its_jobs(
     other = await asyncpg.connect(dsn)
     try:
         async with pgq.Worker(app, dsn, **PATIENT) as worker:
-            old = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
             async with conn.transaction():
                 await conn.execute("SELECT 1 FROM pgq_queues WHERE name = 'default' FOR UPDATE")
                 job = await client.enqueue("slow")
@@ -447,14 +448,7 @@ async def test_a_claim_in_flight_across_a_re_registration_keeps_its_jobs(
                     return bool(await other.fetchval(LOCK_WAITS) == 1)
 
                 await until(claim_waits)
-                await other.execute("DELETE FROM pgq_producers WHERE id = $1", old)
-
-                async def reregistered() -> bool:
-                    return bool(worker.stats()["reregistrations"] == 1)
-
-                await until(reregistered)
-                new = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
-                assert new != old
+                _, new = await delete_producer_row(other, worker)
             # The lock is released: the claim commits under the old id, after the
             # re-registration's adoption.
             with anyio.fail_after(10):
@@ -475,6 +469,80 @@ async def test_a_claim_in_flight_across_a_re_registration_keeps_its_jobs(
     stored = await client.get_job(job.id)
     assert stored is not None and stored.attempt == 1 and stored.errors == []
     assert runs == [job.id]
+
+
+async def test_re_registration_passes_over_a_locked_job_and_adopts_it_later(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    """A job whose row its task holds locked (as a task settling its own job in a
+    transaction does) does not hold the re-registration up: the others are adopted at
+    once, that one at a later heartbeat, and each runs once."""
+    app = pgq.App()
+    locked, unlock, finish = anyio.Event(), anyio.Event(), anyio.Event()
+    runs: list[int] = []
+
+    @app.task
+    async def holds_its_row(ctx: pgq.JobContext) -> None:
+        runs.append(ctx.id)
+        own = await asyncpg.connect(dsn)
+        try:
+            async with own.transaction():
+                await own.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", ctx.id)
+                locked.set()
+                await unlock.wait()
+        finally:
+            await own.close()
+        await finish.wait()
+
+    @app.task
+    async def plain(ctx: pgq.JobContext) -> None:
+        runs.append(ctx.id)
+        await finish.wait()
+
+    holder = await client.enqueue("holds_its_row")
+    other = await client.enqueue("plain")
+    async with pgq.Worker(app, dsn, **PATIENT) as worker:
+        with anyio.fail_after(10):
+            await locked.wait()
+
+        async def both_run() -> bool:
+            return len(runs) == 2
+
+        await until(both_run)
+        old, new = await delete_producer_row(conn, worker)
+        owners = "SELECT id, producer_id FROM pgq_jobs WHERE state = 'running' ORDER BY id"
+        assert [tuple(r) for r in await conn.fetch(owners)] == [(holder.id, old), (other.id, new)]
+        unlock.set()
+
+        async def adopted() -> bool:
+            return [tuple(r) for r in await conn.fetch(owners)] == [
+                (holder.id, new),
+                (other.id, new),
+            ]
+
+        await until(adopted)
+        finish.set()
+        await until(lambda: _state_is(client, holder.id, pgq.JobState.COMPLETED))
+        await until(lambda: _state_is(client, other.id, pgq.JobState.COMPLETED))
+        assert worker.stats()["reregistrations"] == 1
+    assert sorted(runs) == [holder.id, other.id]
+    attempts = await conn.fetch("SELECT attempt, errors::text FROM pgq_jobs")
+    assert [(r["attempt"], r["errors"]) for r in attempts] == [(1, "[]"), (1, "[]")]
+
+
+async def test_a_worker_that_stops_hands_back_the_jobs_of_its_lost_claims(
+    conn: Conn, client: pgq.Client, dsn: str
+) -> None:
+    """A job a claim left running under the worker's producer, which the worker never read
+    (the claim's reply was lost), is handed back as the worker stops: not left to a rescue
+    after the worker's rows are gone."""
+    async with pgq.Worker(make_app(), dsn, **PATIENT) as worker:
+        producer = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+        await claimed_jobs(conn, producer, 1)
+    assert worker.stats()["strays_handed_back"] == 1
+    row = await conn.fetchrow("SELECT state::text, attempt, errors::text FROM pgq_jobs")
+    assert row is not None and (row["state"], row["attempt"]) == ("available", 0)
+    assert [e["kind"] for e in json.loads(row["errors"])] == ["lost_reply"]
 
 
 FENCED_EFFECT = """
@@ -660,27 +728,51 @@ async def _beats(worker: pgq.Worker, n: int) -> bool:
 
 
 class StandInProducer:
-    """What the check of strays reads of a producer: its id, the jobs it knows of, and its
-    claims (the database is real; only the worker around it is left out)."""
+    """What the check of strays reads of a producer: its id, the attempts it knows of, and
+    its claims (the database is real; only the worker around it is left out)."""
 
     def __init__(self, producer_id: uuid.UUID) -> None:
         self.id = producer_id
         self.queue = "default"
         self.claims_sent = 0
         self.fetching = False
-        self.running: set[int] = set()
+        self.running: set[tuple[int, uuid.UUID | None]] = set()
+
+    def knows(self, job_id: int, token: uuid.UUID | None) -> bool:
+        return (job_id, token) in self.running
+
+
+async def claimed_jobs(conn: Conn, producer: uuid.UUID, n: int) -> list[tuple[int, uuid.UUID]]:
+    """``n`` jobs running under ``producer`` as a claim leaves them, each with its token:
+    (id, token) in id order."""
+    ids = [await running_job(conn, producer, n=i) for i in range(n)]
+    rows = await conn.fetch(
+        "UPDATE pgq_jobs SET attempt_token = gen_random_uuid() WHERE id = ANY($1::bigint[])"
+        " RETURNING id, attempt_token",
+        ids,
+    )
+    return sorted((r["id"], r["attempt_token"]) for r in rows)
+
+
+async def known_ending_and_stray(
+    conn: Conn, client: pgq.Client
+) -> tuple[Strays, StandInProducer, list[tuple[int, uuid.UUID]]]:
+    """A check of strays over a stand-in producer with three claimed jobs: one it runs, one
+    whose outcome is pending, one it never read. Returns (check, producer, their attempts)."""
+    producer = StandInProducer(await fake_producer(conn, silent_s=0))
+    known, ending, stray = await claimed_jobs(conn, producer.id, 3)
+    producer.running.add(known)
+    return (
+        Strays(client.pool, [producer], lambda: {ending}, interval_s=60),
+        producer,
+        [known, ending, stray],
+    )
 
 
 async def test_strays_are_handed_back_only_when_seen_twice_unknown_with_no_claim_in_flight(
     conn: Conn, client: pgq.Client
 ) -> None:
-    producer = StandInProducer(await fake_producer(conn, silent_s=0))
-    known = await running_job(conn, producer.id, n=1)
-    ending = await running_job(conn, producer.id, n=2)
-    stray = await running_job(conn, producer.id, n=3, attempt=2)
-    await conn.execute("UPDATE pgq_jobs SET attempt_token = gen_random_uuid()")  # as claimed
-    producer.running.add(known)
-    strays = Strays(client.pool, [producer], lambda: {ending}, interval_s=60)
+    strays, producer, (known, ending, stray) = await known_ending_and_stray(conn, client)
 
     # A claim in flight from one check to the next: its reply may still bring the job.
     producer.claims_sent, producer.fetching = 1, True
@@ -688,32 +780,54 @@ async def test_strays_are_handed_back_only_when_seen_twice_unknown_with_no_claim
     assert await strays.check() == []
     # That claim ended and its reply never brought the job: it goes back.
     producer.fetching = False
-    assert await strays.check() == [stray]
+    assert await strays.check() == [stray[0]]
     rows = await conn.fetch(
         "SELECT id, state::text, attempt, errors::text FROM pgq_jobs ORDER BY id"
     )
     assert [(r["id"], r["state"], r["attempt"]) for r in rows] == [
-        (known, "running", 1),
-        (ending, "running", 1),
-        (stray, "available", 1),
+        (known[0], "running", 1),
+        (ending[0], "running", 1),
+        (stray[0], "available", 0),
     ]
     (entry,) = json.loads(rows[2]["errors"])
-    assert entry["kind"] == "shutdown" and entry["attempt"] == 2
+    assert entry["kind"] == "lost_reply" and entry["attempt"] == 1
+    assert "reply to the claim" in entry["message"]
     assert strays.handed_back == 1
     assert await strays.check() == []
 
 
-async def test_a_stray_seen_once_is_left_alone_and_a_new_attempt_starts_over(
+async def test_a_claim_in_flight_at_one_check_only_does_not_hold_a_stray_back(
     conn: Conn, client: pgq.Client
 ) -> None:
     producer = StandInProducer(await fake_producer(conn, silent_s=0))
-    job = await running_job(conn, producer.id)
-    new_attempt = "UPDATE pgq_jobs SET attempt_token = gen_random_uuid() WHERE id = $1"
-    await conn.execute(new_attempt, job)
+    first, second = await claimed_jobs(conn, producer.id, 2)
+    strays = Strays(client.pool, [producer], set, interval_s=60)
+    # A different claim in flight at each check: neither was in flight throughout.
+    producer.claims_sent, producer.fetching = 1, True
+    assert await strays.check() == []
+    producer.claims_sent = 2
+    assert await strays.check() == [first[0], second[0]]
+
+
+async def test_a_stray_seen_once_is_left_alone_and_each_attempt_is_its_own(
+    conn: Conn, client: pgq.Client
+) -> None:
+    producer = StandInProducer(await fake_producer(conn, silent_s=0))
+    ((job, _),) = await claimed_jobs(conn, producer.id, 1)
+    # The producer still runs an older attempt of the job (one rescued, not yet ended):
+    # that does not make the newer attempt known.
+    producer.running.add((job, uuid.uuid4()))
     strays = Strays(client.pool, [producer], set, interval_s=60)
     assert await strays.check() == []
     # Another attempt of the same job (a new token) is not the one seen before.
-    await conn.execute(new_attempt, job)
+    await conn.execute("UPDATE pgq_jobs SET attempt_token = gen_random_uuid() WHERE id = $1", job)
     assert await strays.check() == []
     assert await strays.check() == [job]
     assert await conn.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", job) == "available"
+
+
+async def test_a_sweep_hands_back_every_unknown_attempt_at_once(
+    conn: Conn, client: pgq.Client
+) -> None:
+    strays, _, (_, _, stray) = await known_ending_and_stray(conn, client)
+    assert await strays.sweep() == [stray[0]]

@@ -9,6 +9,7 @@ from datetime import datetime
 
 from pgq._store import sql
 from pgq._store.connections import Db
+from pgq._store.rows import RowLike
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,21 @@ async def heartbeat(db: Db, beats: Sequence[Beat]) -> set[uuid.UUID]:
     return {r["id"] for r in rows}
 
 
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """The jobs a producer took over from its former ids, and those passed over for now
+    (their rows were locked): still under a former id, to be taken over later."""
+
+    adopted: list[int]
+    passed_over: list[int]
+
+
+def _adoption(rows: Sequence[RowLike]) -> Adoption:
+    return Adoption(
+        [r["id"] for r in rows if r["adopted"]], [r["id"] for r in rows if not r["adopted"]]
+    )
+
+
 async def reregister(
     db: Db,
     old_id: uuid.UUID,
@@ -88,13 +104,13 @@ async def reregister(
     queue: str,
     concurrency: int,
     bounds: Bounds,
-) -> list[int]:
-    """Register ``beat.id`` in place of ``old_id`` (whose row is gone) and adopt every job
-    still running under the old id; returns the adopted job ids."""
+) -> Adoption:
+    """Register ``beat.id`` in place of ``old_id`` (whose row is gone; ``beat.id``'s may
+    exist, from a try that timed out) and adopt every job still running under the old id."""
     rows = await db.fetch(
         sql.REREGISTER_PRODUCER,
-        old_id,
         beat.id,
+        [old_id],
         worker_id,
         worker_name,
         queue,
@@ -106,14 +122,13 @@ async def reregister(
         bounds.fence_after_s,
         bounds.stale_after_s,
     )
-    return [r["id"] for r in rows]
+    return _adoption(rows)
 
 
-async def adopt(db: Db, producer_id: uuid.UUID, former_ids: Sequence[uuid.UUID]) -> list[int]:
+async def adopt(db: Db, producer_id: uuid.UUID, former_ids: Sequence[uuid.UUID]) -> Adoption:
     """Move the jobs still running under ``former_ids`` (a re-registered producer's earlier
-    ids) to ``producer_id``; returns their ids."""
-    rows = await db.fetch(sql.ADOPT_JOBS, producer_id, list(former_ids))
-    return [r["id"] for r in rows]
+    ids) to ``producer_id``."""
+    return _adoption(await db.fetch(sql.ADOPT_JOBS, producer_id, list(former_ids)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -787,32 +787,51 @@ WHERE p.id = u.id
 RETURNING p.id
 """
 
-# A producer whose row vanished comes back under a new id and adopts every job still
-# running under the old one (a row deleted by hand): those it runs, those whose outcome is
-# still on its way, and those of a claim committed before this statement whose rows it has
-# not read yet. Jobs that peers already rescued are not 'running' under the old id any more
-# and stay theirs. Adoption changes the producer (liveness), never the attempt's token
-# (fencing).
-REREGISTER_PRODUCER: Final = """
+# Moving the jobs running under producers $2 to another producer, passing over rows locked
+# now (a task settling its own job in its transaction, an outcome being written): the
+# statement never waits, so it cannot outlive the heartbeat that sent it and commit unseen.
+# Returns each job it moved (adopted) and each it passed over, still under $2, to be moved
+# later.
+_MOVE_RUNNING_TO = """moved AS (
+    UPDATE pgq_jobs SET producer_id = """
+_MOVE_RUNNING_END = """
+    WHERE id IN (SELECT id FROM pgq_jobs
+                 WHERE producer_id = ANY($2::uuid[]) AND state = 'running'
+                 FOR UPDATE SKIP LOCKED)
+    RETURNING id
+)
+SELECT id, true AS adopted FROM moved
+UNION ALL
+SELECT id, false FROM pgq_jobs
+WHERE producer_id = ANY($2::uuid[]) AND state = 'running' AND id NOT IN (SELECT id FROM moved)
+"""
+
+# A producer whose row vanished comes back under a new id $1 and adopts every job still
+# running under the old one ($2, an array of one) when its row was deleted by hand: those
+# it runs, those whose outcome is still on its way, and those of a claim committed before
+# this statement whose rows it has not read yet. Jobs that peers already rescued are not
+# 'running' under the old id any more and stay theirs. Adoption changes the producer
+# (liveness), never the attempt's token (fencing). A producer tries again under the same
+# new id (a try that timed out may yet have committed), so the row may exist already.
+REREGISTER_PRODUCER: Final = (
+    """
 WITH ins AS (
     INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, claimed,
                                completed, failed, rejected_outcomes, fence_after_s,
                                stale_after_s)
-    VALUES ($2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+    VALUES ($1, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
     RETURNING id
+), """
+    + _MOVE_RUNNING_TO
+    + "(SELECT id FROM ins)"
+    + _MOVE_RUNNING_END
 )
-UPDATE pgq_jobs SET producer_id = (SELECT id FROM ins)
-WHERE producer_id = $1 AND state = 'running'
-RETURNING id
-"""
 
 # Moves the jobs still running under a re-registered producer's former ids $2 to its id $1:
-# those of a claim that was in flight under a former id when the producer re-registered.
-ADOPT_JOBS: Final = """
-UPDATE pgq_jobs SET producer_id = $1
-WHERE producer_id = ANY($2::uuid[]) AND state = 'running'
-RETURNING id
-"""
+# those of a claim that was in flight under a former id when the producer re-registered,
+# and those passed over then.
+ADOPT_JOBS: Final = "WITH " + _MOVE_RUNNING_TO + "$1" + _MOVE_RUNNING_END
 
 # The jobs running under producers $1, as a worker checks them against the jobs it runs
 # (a claim whose reply was lost leaves jobs there that nobody runs). One probe each of the

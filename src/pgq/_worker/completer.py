@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
 from collections.abc import Callable
 from operator import attrgetter
 
@@ -76,9 +77,11 @@ class Completer:
         """Outcomes not yet durable."""
         return len(self._buffer) + len(self._held)
 
-    def pending_ids(self) -> set[int]:
-        """The ids of the jobs whose outcomes are not yet durable."""
-        return {o.job_id for o in self._buffer} | {o.job_id for _, o in self._held}
+    def pending_attempts(self) -> set[tuple[int, uuid.UUID | None]]:
+        """The attempts (job id, token) whose outcomes are not yet durable."""
+        return {(o.job_id, o.token) for o in self._buffer} | {
+            (o.job_id, o.token) for _, o in self._held
+        }
 
     @property
     def held(self) -> int:

@@ -168,6 +168,9 @@ class Heartbeater:
         #: Heartbeats that did not land, since the worker started.
         self.failures = 0
         self.reregistrations = 0
+        # The new id of a producer whose re-registration has not yet been seen to land: the
+        # next try reuses it, since a try that timed out may still commit under it.
+        self._new_ids: dict[Beating, uuid.UUID] = {}
 
     async def run(self) -> None:
         """Beat until cancelled. The schedule is start-to-start, so a slow beat does not
@@ -219,12 +222,13 @@ class Heartbeater:
         self, conn: asyncpg.Connection[asyncpg.Record], producer: Beating
     ) -> None:
         old, beat = producer.id, producer.beat()
+        new_id = self._new_ids.setdefault(producer, uuid.uuid4())
         new_beat = Beat(
-            uuid.uuid4(), beat.running, beat.healthy, beat.claimed, beat.completed,
-            beat.failed, beat.rejected_outcomes,
+            new_id, beat.running, beat.healthy, beat.claimed, beat.completed, beat.failed,
+            beat.rejected_outcomes,
         )  # fmt: skip
-        running = producer.running_ids()
-        adopted = await store.reregister(
+        running = set(producer.running_ids())
+        moved = await store.reregister(
             conn,
             old,
             new_beat,
@@ -234,14 +238,16 @@ class Heartbeater:
             concurrency=producer.concurrency,
             bounds=self._bounds,
         )
+        del self._new_ids[producer]
         # Only the id changes: outcomes are fenced on each attempt's own token, which
         # adoption leaves alone, so nothing pending needs rewriting. A claim sent under the
-        # old id may commit after the statement above: the old id stays a former one, whose
-        # jobs _adopt moves over, until no claim under it can still be in flight.
-        producer.id = new_beat.id
+        # old id may commit after the statement above, and jobs whose rows were locked were
+        # passed over: the old id stays a former one, whose jobs _adopt moves over, until
+        # none is left under it and no claim under it can still be in flight.
+        producer.id = new_id
         producer.former_ids.append(old)
-        kept = set(adopted)
-        producer.lost(set(running) - kept)
+        kept = set(moved.adopted) | set(moved.passed_over)
+        producer.lost(running - kept)
         self.reregistrations += 1
         log.warning(
             "producer %s (queue %s) found its row gone: peers judged it dead, or it was "
@@ -249,26 +255,30 @@ class Heartbeater:
             "were rescued: their late outcomes will be rejected)%s",
             old,
             producer.queue,
-            new_beat.id,
-            len(kept & set(running)),
+            new_id,
+            len(kept & running),
             len(running),
-            f", and {len(kept - set(running))} claimed or ending" if kept - set(running) else "",
+            f", and {len(kept - running)} claimed or ending" if kept - running else "",
         )
 
     async def _adopt(self, conn: asyncpg.Connection[asyncpg.Record], producer: Beating) -> None:
-        """Adopt the jobs still running under a re-registered producer's former ids. A former
-        id is let go once this ran with no claim under it in flight: no claim is sent under
-        it any more, so none can commit under it later."""
+        """Adopt the jobs still running under a re-registered producer's former ids. The
+        former ids are let go once this found none left under them, with no claim under
+        one of them in flight: no claim is sent under them any more, so none can commit
+        under them later."""
         former = list(producer.former_ids)
         in_flight = producer.claiming_as
-        adopted = await store.adopt(conn, producer.id, former)
-        producer.former_ids = [i for i in producer.former_ids if i not in former or i == in_flight]
-        if adopted:
+        moved = await store.adopt(conn, producer.id, former)
+        if not moved.passed_over:
+            producer.former_ids = [
+                i for i in producer.former_ids if i not in former or i == in_flight
+            ]
+        if moved.adopted:
             log.info(
-                "producer %s (queue %s) adopted %d jobs claimed under its former id",
+                "producer %s (queue %s) adopted %d jobs still running under its former ids",
                 producer.id,
                 producer.queue,
-                len(adopted),
+                len(moved.adopted),
             )
 
 

@@ -249,6 +249,11 @@ class Producer:
         """The ids of the jobs running now."""
         return list(self.running)
 
+    def knows(self, job_id: int, token: uuid.UUID | None) -> bool:
+        """Whether it runs, or holds for a slot, that attempt (job and token)."""
+        execution = self.running.get(job_id)
+        return execution is not None and execution.ctx.job.attempt_token == token
+
     # ------------------------------------------------------------------ loop
 
     async def run(

@@ -5,13 +5,14 @@ A claim commits in the database before its reply reaches the worker. When the co
 breaks in between (a network cut, a proxy restart, a timeout that gives up on the reply),
 the claimed jobs stay ``running`` under a producer that is alive and beating: no peer may
 rescue them, and the producer never starts them. Only the worker can tell. Every
-``interval_s`` it reads the jobs running under its producers' ids, and hands back each one
-it has seen at two checks in a row, the same attempt both times, neither run by its
-producer nor waiting in the completer, while no one claim of that producer was in flight
-across both checks: whatever claim took the job has ended without its rows reaching the
-worker. The hand-back is an outcome like any other, fenced on the attempt's token: the job
-is available again at once, in its place in the queue, the attempt not counted, with an
-error entry saying why.
+``interval_s`` it reads the jobs running under its producers' ids, and hands back each
+attempt (job and token) it has seen at two checks in a row, neither run by its producer nor
+waiting in the completer, while no one claim of that producer was in flight across both
+checks: whatever claim took the job has ended without its rows reaching the worker. A
+worker that stops hands back, once its producers have ended, every such attempt at once:
+no claim of its can still bring one. A hand-back is an outcome like any other, fenced on
+the attempt's token: the job is available again at once, in its place in the queue, the
+attempt not counted, with an error entry saying why.
 """
 
 from __future__ import annotations
@@ -31,11 +32,17 @@ from pgq._worker.outcome import Outcome, error_entry
 
 log = logging.getLogger("pgq.strays")
 
-#: The error entry of a stray handed back.
+#: What makes one check fail without stopping the next: the database, or the check's bound.
+CHECK_ERRORS: tuple[type[Exception], ...] = (TimeoutError, *DATABASE_ERRORS)
+
+#: The error entry of a stray handed back (kind ``lost_reply``).
 LOST_REPLY = (
     "handed back before it started: the reply to the claim that took it never reached "
     "its worker (the connection broke after the claim committed)"
 )
+
+#: An attempt: (job id, token).
+Attempt = tuple[int, uuid.UUID | None]
 
 
 class Claimer(Protocol):
@@ -47,9 +54,8 @@ class Claimer(Protocol):
     claims_sent: int
     fetching: bool
 
-    @property
-    def running(self) -> Container[int]:
-        """The ids of the jobs it runs or holds for a slot."""
+    def knows(self, job_id: int, token: uuid.UUID | None) -> bool:
+        """Whether it runs, or holds for a slot, that attempt."""
         ...
 
 
@@ -61,16 +67,16 @@ class Strays:
         self,
         pool: Pool,
         producers: Sequence[Claimer],
-        pending: Callable[[], Container[int]],
+        pending: Callable[[], Container[Attempt]],
         interval_s: float,
     ) -> None:
         self._pool = pool
         self._producers = producers
         self._pending = pending
         self._interval_s = interval_s
-        # At the last check: the unknown attempts seen, (job id, token), and per producer
-        # (claims sent, a claim in flight) as the check read them.
-        self._seen: set[tuple[int, uuid.UUID | None]] = set()
+        # At the last check: the unknown attempts seen, and per producer (claims sent, a
+        # claim in flight) as the check read them.
+        self._seen: set[Attempt] = set()
         self._claims: dict[Claimer, tuple[int, bool]] = {}
         #: Jobs handed back since the worker started.
         self.handed_back = 0
@@ -81,28 +87,24 @@ class Strays:
         while True:
             await anyio.sleep(self._interval_s)
             try:
-                await self.check()
-            except DATABASE_ERRORS as exc:
+                # Bounded: a check held up by a stalled connection waits for the next one.
+                with anyio.fail_after(self._interval_s):
+                    await self.check()
+            except CHECK_ERRORS as exc:
                 # Start over: what the next check sees is compared with nothing older.
                 self._seen, self._claims = set(), {}
                 if not failing:
-                    log.warning("could not check for jobs nobody runs (%s); trying again", exc)
+                    reason = str(exc) or type(exc).__name__
+                    log.warning("could not check for jobs nobody runs (%s); trying again", reason)
                 failing = True
                 continue
             failing = False
 
     async def check(self) -> list[int]:
         """One check; returns the ids of the jobs it handed back."""
-        rows = await store.running_under(self._pool, [p.id for p in self._producers])
-        # From here to the comparison nothing awaits: what the producers know and the
-        # claims they have in flight are read at one moment, after the rows.
-        by_id = {p.id: p for p in self._producers}
-        pending = self._pending()
-        unknown: dict[tuple[int, uuid.UUID | None], RunningJob] = {}
-        for row in rows:
-            owner = by_id.get(row.producer_id)
-            if owner is not None and row.id not in owner.running and row.id not in pending:
-                unknown[(row.id, row.token)] = row
+        unknown, by_id = await self._unknown()
+        # Read right after the rows, with nothing awaited between: a claim whose reply came
+        # meanwhile made its jobs known above.
         claims_now = {p: (p.claims_sent, p.fetching) for p in self._producers}
         strays = [
             row
@@ -112,6 +114,36 @@ class Strays:
         ]
         self._seen = set(unknown) - {(r.id, r.token) for r in strays}
         self._claims = claims_now
+        return await self._hand_back(strays)
+
+    async def sweep(self) -> list[int]:
+        """Hand back every attempt running under the producers' ids that the worker does not
+        know, at once. Only for a worker whose producers have ended: no claim of theirs is
+        in flight, so none can still bring one."""
+        unknown, _ = await self._unknown()
+        return await self._hand_back(list(unknown.values()))
+
+    async def _unknown(self) -> tuple[dict[Attempt, RunningJob], dict[uuid.UUID, Claimer]]:
+        rows = await store.running_under(self._pool, [p.id for p in self._producers])
+        by_id = {p.id: p for p in self._producers}
+        pending = self._pending()
+        unknown = {}
+        for row in rows:
+            owner = by_id.get(row.producer_id)
+            attempt = (row.id, row.token)
+            if owner is not None and not owner.knows(*attempt) and attempt not in pending:
+                unknown[attempt] = row
+        return unknown, by_id
+
+    def _one_claim_throughout(
+        self, producer: Claimer, claims_now: dict[Claimer, tuple[int, bool]]
+    ) -> bool:
+        """Whether one claim of the producer was in flight at the last check and still is:
+        its reply, with the job, may yet arrive."""
+        sent, fetching = claims_now[producer]
+        return fetching and self._claims.get(producer) == (sent, fetching)
+
+    async def _hand_back(self, strays: list[RunningJob]) -> list[int]:
         if not strays:
             return []
         outcomes = [
@@ -121,7 +153,7 @@ class Strays:
                 r.attempt,
                 r.queue,
                 "available",
-                error=error_entry(r.attempt, "shutdown", LOST_REPLY),
+                error=error_entry(r.attempt, "lost_reply", LOST_REPLY),
                 attempt_delta=-1,
             )
             for r in strays
@@ -136,11 +168,3 @@ class Strays:
                 ", ".join(map(str, written[:20])) + (" ..." if len(written) > 20 else ""),
             )
         return written
-
-    def _one_claim_throughout(
-        self, producer: Claimer, claims_now: dict[Claimer, tuple[int, bool]]
-    ) -> bool:
-        """Whether one claim of the producer was in flight at the last check and still is:
-        its reply, with the job, may yet arrive."""
-        sent, fetching = claims_now[producer]
-        return fetching and self._claims.get(producer) == (sent, fetching)

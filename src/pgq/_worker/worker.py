@@ -45,7 +45,7 @@ from pgq._worker.liveness import Heartbeater, health_verdict
 from pgq._worker.observe import observers
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
-from pgq._worker.strays import Strays
+from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq._worker.successor import Successor
 from pgq.app import App, check_queue_name
 from pgq.errors import ConfigError
@@ -323,7 +323,7 @@ class Worker:
                 margin_s=s.heartbeat_timeout,
                 after_rescue=lambda: leader.wake(Promoter.name),
             )
-        strays = Strays(pool, producers, completer.pending_ids, s.stale_after)
+        strays = Strays(pool, producers, completer.pending_attempts, s.stale_after)
         return _Parts(
             producers, completer, heartbeater, elector, leader, rescuer, reaper, retention,
             periodic, control, successor, strays,
@@ -361,6 +361,7 @@ class Worker:
                     await self._stop_requested.wait()
                     await self._drain(parts.producers)
                 await self._flush(parts.completer)
+                await self._sweep(parts.strays)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -429,6 +430,20 @@ class Worker:
             log.error(
                 "%d outcomes could not be written; the rescuer will retry those jobs",
                 completer.pending,
+            )
+
+    @staticmethod
+    async def _sweep(strays: Strays) -> None:
+        # The producers have ended: what still runs under their ids unknown to this worker
+        # came from a claim whose reply was lost. Handed back now, not left to a rescue.
+        try:
+            with anyio.fail_after(5):
+                await strays.sweep()
+        except CHECK_ERRORS as exc:
+            log.warning(
+                "could not hand back jobs of claims whose reply was lost (%s); the leader "
+                "will rescue them",
+                str(exc) or type(exc).__name__,
             )
 
     def _counted(self, written: list[Outcome], rejected: list[Outcome]) -> None:

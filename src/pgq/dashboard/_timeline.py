@@ -18,6 +18,7 @@ _KIND_TITLES = {
     "arguments": "arguments do not fit the task",
     "shutdown": "interrupted by a worker stopping",
     "rescued": "rescued by the leader",
+    "lost_reply": "handed back: the reply to its claim was lost",
     "result": "result could not be stored",
     "outcome": "outcome could not be written",
     "internal": "failed inside pgq",

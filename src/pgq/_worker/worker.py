@@ -361,7 +361,8 @@ class Worker:
                     await self._stop_requested.wait()
                     await self._drain(parts.producers)
                 await self._flush(parts.completer)
-                await self._sweep(parts.strays)
+                if not parts.completer.pending:  # else the database is not taking writes
+                    await self._sweep(parts.strays)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):

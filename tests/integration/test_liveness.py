@@ -17,6 +17,8 @@ import asyncpg
 import pytest
 
 import pgq
+from pgq._store import producers as producers_store
+from pgq._store.producers import Beat
 from pgq._worker.leader.rescuer import Rescuer
 from pgq._worker.strays import Strays
 from pgq.errors import ConfigError
@@ -361,8 +363,8 @@ async def delete_producer_row(conn: Conn, worker: pgq.Worker) -> tuple[uuid.UUID
     """Delete the worker's producer row, as an operator might, and wait for the producer to
     re-register: (old id, new id)."""
     old = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
-    await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
     done = worker.stats()["reregistrations"] + 1
+    await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
 
     async def reregistered() -> bool:
         return bool(worker.stats()["reregistrations"] == done)
@@ -528,6 +530,30 @@ async def test_re_registration_passes_over_a_locked_job_and_adopts_it_later(
     assert sorted(runs) == [holder.id, other.id]
     attempts = await conn.fetch("SELECT attempt, errors::text FROM pgq_jobs")
     assert [(r["attempt"], r["errors"]) for r in attempts] == [(1, "[]"), (1, "[]")]
+
+
+async def test_a_re_registration_tried_again_under_its_id_reports_what_the_first_try_moved(
+    conn: Conn, client: pgq.Client
+) -> None:
+    """A try that timed out on the worker's side may have committed: tried again under the
+    same new id, the statement reports the jobs that try moved as adopted (the worker would
+    otherwise count them lost), and the row it inserted is reused."""
+    old = await fake_producer(conn, silent_s=0)
+    jobs = [await running_job(conn, old, n=i) for i in range(2)]
+    await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
+    beat = Beat(uuid.uuid4(), 2, True, 2, 0, 0, 0)
+    args: dict[str, Any] = {
+        "worker_id": uuid.uuid4(),
+        "worker_name": "w",
+        "queue": "default",
+        "concurrency": 5,
+        "bounds": producers_store.Bounds(1.0, 5.0),
+    }
+    first = await producers_store.reregister(client.pool, old, beat, **args)
+    again = await producers_store.reregister(client.pool, old, beat, **args)
+    assert sorted(first.adopted) == sorted(again.adopted) == sorted(jobs)
+    assert first.passed_over == again.passed_over == []
+    assert await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", beat.id) == 1
 
 
 async def test_a_worker_that_stops_hands_back_the_jobs_of_its_lost_claims(
@@ -733,6 +759,7 @@ class StandInProducer:
 
     def __init__(self, producer_id: uuid.UUID) -> None:
         self.id = producer_id
+        self.former_ids: list[uuid.UUID] = []
         self.queue = "default"
         self.claims_sent = 0
         self.fetching = False

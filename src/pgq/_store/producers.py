@@ -110,7 +110,7 @@ async def reregister(
     rows = await db.fetch(
         sql.REREGISTER_PRODUCER,
         beat.id,
-        [old_id],
+        [old_id, beat.id],
         worker_id,
         worker_name,
         queue,

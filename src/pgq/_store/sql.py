@@ -788,7 +788,8 @@ RETURNING p.id
 """
 
 # Moving the jobs running under producers $2 to another producer, passing over rows locked
-# now (a task settling its own job in its transaction, an outcome being written): the
+# now against an update (a task settling its own job in its transaction, an outcome being
+# written; a foreign key's share lock does not count): the
 # statement never waits, so it cannot outlive the heartbeat that sent it and commit unseen.
 # Returns each job it moved (adopted) and each it passed over, still under $2, to be moved
 # later.
@@ -797,7 +798,7 @@ _MOVE_RUNNING_TO = """moved AS (
 _MOVE_RUNNING_END = """
     WHERE id IN (SELECT id FROM pgq_jobs
                  WHERE producer_id = ANY($2::uuid[]) AND state = 'running'
-                 FOR UPDATE SKIP LOCKED)
+                 FOR NO KEY UPDATE SKIP LOCKED)
     RETURNING id
 )
 SELECT id, true AS adopted FROM moved
@@ -807,12 +808,13 @@ WHERE producer_id = ANY($2::uuid[]) AND state = 'running' AND id NOT IN (SELECT 
 """
 
 # A producer whose row vanished comes back under a new id $1 and adopts every job still
-# running under the old one ($2, an array of one) when its row was deleted by hand: those
+# running under the old one ($2: the old id and the new one) when its row was deleted by hand: those
 # it runs, those whose outcome is still on its way, and those of a claim committed before
 # this statement whose rows it has not read yet. Jobs that peers already rescued are not
 # 'running' under the old id any more and stay theirs. Adoption changes the producer
 # (liveness), never the attempt's token (fencing). A producer tries again under the same
-# new id (a try that timed out may yet have committed), so the row may exist already.
+# new id (a try that timed out may yet have committed), so the row may exist already, and
+# the jobs that try moved are reported adopted again.
 REREGISTER_PRODUCER: Final = (
     """
 WITH ins AS (

@@ -49,6 +49,8 @@ class Claimer(Protocol):
     """What the check needs of a producer."""
 
     id: uuid.UUID
+    #: Its ids before re-registration whose jobs may not all be adopted yet.
+    former_ids: list[uuid.UUID]
     queue: str
     #: Claims sent so far, and whether one is in flight now.
     claims_sent: int
@@ -124,8 +126,8 @@ class Strays:
         return await self._hand_back(list(unknown.values()))
 
     async def _unknown(self) -> tuple[dict[Attempt, RunningJob], dict[uuid.UUID, Claimer]]:
-        rows = await store.running_under(self._pool, [p.id for p in self._producers])
-        by_id = {p.id: p for p in self._producers}
+        by_id = {i: p for p in self._producers for i in (p.id, *p.former_ids)}
+        rows = await store.running_under(self._pool, list(by_id))
         pending = self._pending()
         unknown = {}
         for row in rows:

@@ -361,7 +361,7 @@ class Worker:
                     await self._stop_requested.wait()
                     await self._drain(parts.producers)
                 await self._flush(parts.completer)
-                if not parts.completer.pending:  # else the database is not taking writes
+                if not parts.completer.pending:  # else the database may be down: no wait
                     await self._sweep(parts.strays)
                 tg.cancel_scope.cancel()
         finally:

@@ -69,7 +69,7 @@ from typing import Any, TextIO
 
 import asyncpg
 from bench_pgq_table import RECOMMENDED, RECOMMENDED_SERVER, table_size
-from common import pgq_migrate, private_server, run
+from common import cli_environment, pgq_migrate, private_server, run
 
 import pgq
 
@@ -203,7 +203,7 @@ def worker_argv(dsn: str, *extra: str) -> list[str]:
 
 
 def start_worker(dsn: str, *extra: str, pauses: Path | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    env = cli_environment(str(HERE))
     if pauses is not None:
         env[PAUSES_ENV] = str(pauses)
     return subprocess.Popen(worker_argv(dsn, *extra), cwd=HERE, env=env)
@@ -334,8 +334,8 @@ async def last_id(conn: asyncpg.Connection[asyncpg.Record]) -> int:
 #: A table setting's value is written into SQL: a number or a boolean only.
 _TABLE_SETTING = re.compile(r"([a-z_]+)=([0-9.]+|on|off|true|false)")
 #: A server setting's value goes on the server's command line: a number with an optional
-#: unit (4GB, 5min), or a word.
-_SERVER_SETTING = re.compile(r"([a-z_]+)=([0-9.]+[a-zA-Z]*|[a-z]+)")
+#: unit (4GB, 5min), or a word (off, lz4).
+_SERVER_SETTING = re.compile(r"([a-z_]+)=([0-9.]+[a-zA-Z]*|[a-z][a-z0-9]*)")
 
 
 def parse_settings(text: str, option: str, pattern: re.Pattern[str], values: str) -> dict[str, str]:

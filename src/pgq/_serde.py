@@ -42,15 +42,25 @@ def _make_encode() -> Any:
 
 
 _encode = _make_encode()
-_decode: Any = json.JSONDecoder().decode
+#: The standard library's decoder: every integer exactly, whatever its size.
+_decode_exact: Callable[[str], Any] = json.JSONDecoder().decode
+_decode_fast: Callable[[str], Any] | None = None
 _encode_flat: Callable[[Any], bytes] | None = None
 try:  # the "speed" extra: decoding job rows is on the worker's hot path
     import orjson
 
-    _decode = orjson.loads
+    _decode_fast = orjson.loads
     _encode_flat = orjson.dumps
 except ImportError:  # pragma: no cover - depends on the installation
     pass
+
+#: Values whose decoding by orjson is exact: orjson turns an integer beyond 64 bits into the
+#: nearest float, so only a float (or a container, which may hold one) can be a wrong value.
+_EXACT_TYPES = frozenset({str, int, bool, type(None)})
+#: An integer literal orjson may have turned into a float: 19 digits or more. jsonb keeps
+#: numbers as numerics and writes a float of 1e19 or more as such an integer too, which
+#: then decodes as that integer (its value exact), as it does without orjson.
+_LONG_NUMBER = re.compile(r"[0-9]{19}")
 
 #: The value types a flat mapping may hold for the fast encoder: each is written the same
 #: way by both encoders (floats too, once finite), and none is one that orjson writes but
@@ -145,14 +155,35 @@ def _find_string(value: Any, path: str, bad: Callable[[str], bool]) -> str | Non
 
 
 def loads(text: str | None) -> Any:
-    """Decode JSON text read from the database (None stays None)."""
+    """Decode JSON text read from the database (None stays None), every number as it was
+    written: an integer of any size stays that integer."""
     if text is None:
         return None
     if text == "{}":  # most metadata: skip the decoder
         return {}
     if text == "[]":  # most errors lists
         return []
-    return _decode(text)
+    if _decode_fast is None:  # pragma: no cover - depends on the installation
+        return _decode_exact(text)
+    try:
+        value = _decode_fast(text)
+    except ValueError:  # orjson.JSONDecodeError: a number beyond a float's range
+        return _decode_exact(text)
+    if len(text) < 19:  # no room for a long integer: short arguments need no look
+        return value
+    if type(value) is dict:
+        # The common shape of job arguments, a flat dict of strings, integers and flags,
+        # is exact as it is; anything else is checked for a long integer literal.
+        for item in value.values():
+            if type(item) not in _EXACT_TYPES:
+                break
+        else:
+            return value
+    elif type(value) in _EXACT_TYPES:
+        return value
+    if _LONG_NUMBER.search(text) is not None:
+        return _decode_exact(text)
+    return value
 
 
 def _find_bad(value: Any, path: str) -> tuple[str, str]:
@@ -188,3 +219,24 @@ def _find_bad_in(value: Any, path: str, seen: set[int]) -> tuple[str, str]:
         seen.discard(id(value))
         return path, "fine"
     return path, f"of type {type(value).__name__}, which is not JSON serializable"
+
+
+class UndecodableArgs(dict[str, Any]):
+    """The arguments of a claimed job whose stored JSON Python could not decode (an integer
+    of more digits than ``int()`` converts, nesting deeper than the decoder goes): empty,
+    with the reason, so that the job fails with it instead of the claim around it."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str) -> None:
+        super().__init__()
+        self.problem = problem
+
+
+def undecodable(exc: BaseException) -> UndecodableArgs:
+    """The arguments of a job whose row raised ``exc`` when decoded."""
+    return UndecodableArgs(
+        "its stored arguments, metadata or result could not be decoded "
+        f"({type(exc).__name__}: {exc}); pgq refuses such values at enqueue: fix the row, "
+        "or enqueue the job again through pgq"
+    )

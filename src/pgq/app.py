@@ -165,6 +165,8 @@ class Task(Generic[P, R]):
 
     def argument_problem(self, args: Mapping[str, Any]) -> str | None:
         """Why ``args`` cannot be this task's keyword arguments, or None when they can."""
+        if args.__class__ is _serde.UndecodableArgs:
+            return args.problem
         keys = args.keys()
         if self._exact is not None and keys == self._exact:
             return None

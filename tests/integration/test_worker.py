@@ -252,6 +252,44 @@ async def test_retry_snooze_and_cancel_outcomes(client: pgq.Client, dsn: str) ->
     )
 
 
+async def test_big_integers_reach_the_task_exactly_and_an_undecodable_row_fails_alone(
+    client: pgq.Client, dsn: str
+) -> None:
+    app = pgq.App()
+    seen: dict[int, Any] = {}
+
+    @app.task(max_attempts=3)
+    async def echo(ctx: pgq.JobContext, n: Any) -> None:
+        seen[ctx.id] = n
+
+    # 10**30 is beyond 64 bits (orjson decodes it as the nearest float); 10**400 beyond a
+    # float's range (orjson refuses it); both are valid JSON that pgq stores exactly.
+    big = await client.enqueue(echo.spec(n=10**30 + 1))
+    huge = await client.enqueue(echo.spec(n=[10**400 + 7]))
+    # A row written around pgq's checks: more digits than int() converts. It is claimed in
+    # the same batch as the others, and must not take the claim (or the worker) with it.
+    async with client.pool.acquire() as conn:
+        bad = await conn.fetchval(
+            "INSERT INTO pgq_jobs (task, args) VALUES ('echo', jsonb_build_object('n', "
+            "repeat('9', 5000)::numeric)) RETURNING id"
+        )
+    after = await client.enqueue(echo.spec(n=5))
+    await burst(app, dsn)
+    assert seen == {big.id: 10**30 + 1, huge.id: [10**400 + 7], after.id: 5}
+    assert type(seen[big.id]) is int
+    for job_id in (big.id, huge.id, after.id):
+        job = await client.get_job(job_id)
+        assert job is not None and job.state is pgq.JobState.COMPLETED
+    job = await client.get_job(bad)  # still readable, the arguments saying why they are empty
+    assert job is not None and job.state is pgq.JobState.DISCARDED and job.attempt == 1
+    assert job.args == {} and "could not be decoded" in job.args.problem  # type: ignore[attr-defined]
+    (error,) = job.errors
+    assert error["kind"] == "arguments" and "could not be decoded" in error["message"]
+    async with client.pool.acquire() as conn:  # the stored value is left as it was
+        digits = await conn.fetchval("SELECT length(args->>'n') FROM pgq_jobs WHERE id = $1", bad)
+    assert digits == 5000
+
+
 async def test_a_permanent_failure_and_stale_arguments_are_discarded_at_once(
     client: pgq.Client, dsn: str
 ) -> None:

@@ -157,3 +157,30 @@ def test_flat_arguments_are_refused_alike_by_either_encoder(
 def test_subclasses_of_plain_types_are_written_by_the_standard_encoder(encoder: str) -> None:
     value = {"level": _Level.HIGH, "name": _Name.ADA}
     assert serde.dumps(value) == '{"level":2,"name":"ada"}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"n":123456789012345678901234567890}',  # beyond 64 bits: orjson makes it a float
+        '{"n":-9223372036854775809}',
+        '{"a":[1,{"b":18446744073709551616}],"c":0.5}',  # nested, beside a float
+        "[" + "9" * 400 + "]",  # beyond a float's range: orjson refuses it
+        '{"n":' + "7" * 400 + "}",
+        "12345678901234567890123",
+        '{"x":1.5,"y":"1234567890123456789012"}',  # a long run of digits in a string
+        '{"x":1.5,"y":[2.25,-0.125]}',
+        '{"i":1,"s":"a","b":true,"z":null}',
+    ],
+)
+def test_loads_keeps_every_number_as_the_standard_decoder_reads_it(text: str) -> None:
+    value = serde.loads(text)
+    assert value == json.loads(text)
+    # Equal is not enough: 10**30 == 1e30 is False, but a float can compare equal to an int.
+    assert repr(value) == repr(json.loads(text))
+
+
+def test_a_big_integer_round_trips_exactly() -> None:
+    for n in (2**64, -(2**63) - 1, 10**30 + 1, 7**500):
+        assert serde.loads(serde.dumps({"n": n})) == {"n": n}
+        assert type(serde.loads(serde.dumps({"n": [n]}))["n"][0]) is int

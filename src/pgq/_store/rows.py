@@ -23,12 +23,24 @@ RowLike: TypeAlias = Record | Mapping[str, Any]
 
 
 def job_from_row(row: RowLike) -> Job:
-    """A :class:`~pgq.Job` from a row of ``sql.JOB_COLUMNS``."""
+    """A :class:`~pgq.Job` from a row of ``sql.JOB_COLUMNS``. A row whose JSON Python cannot
+    decode (written around pgq's checks) still reads: its arguments then say why, and the
+    other undecodable values are empty."""
+    try:
+        args = _serde.loads(row["args"])
+        errors = _serde.loads(row["errors"])
+        metadata = _serde.loads(row["metadata"])
+        result = _serde.loads(row["result"])
+    except Exception as exc:  # whatever the decoder raised: say so
+        args = _serde.undecodable(exc)
+        errors = _loads_or(row["errors"], [])
+        metadata = _loads_or(row["metadata"], {})
+        result = _loads_or(row["result"], None)
     return Job(
         id=row["id"],
         queue=row["queue"],
         task=row["task"],
-        args=_serde.loads(row["args"]),
+        args=args,
         state=STATES[row["state"]],
         priority=row["priority"],
         attempt=row["attempt"],
@@ -38,16 +50,23 @@ def job_from_row(row: RowLike) -> Job:
         finalized_at=row["finalized_at"],
         created_at=row["created_at"],
         producer_id=row["producer_id"],
-        errors=_serde.loads(row["errors"]),
+        errors=errors,
         tags=list(row["tags"]),
-        metadata=_serde.loads(row["metadata"]),
-        result=_serde.loads(row["result"]),
+        metadata=metadata,
+        result=result,
         unique_key=row["unique_key"],
         attempt_token=row["attempt_token"],
         attempted_by=row["attempted_by"],
         limit_key=row["limit_key"],
         depends_on=row["depends_on"],
     )
+
+
+def _loads_or(text: str | None, default: Any) -> Any:
+    try:
+        return _serde.loads(text)
+    except Exception:  # see job_from_row
+        return default
 
 
 _RUNNING = JobState.RUNNING
@@ -79,15 +98,22 @@ def jobs_from_claim(
         ) = row  # fmt: skip
         if created_at is not None:
             created = created_at
+        try:
+            args_ = _loads(args)
+            errors_ = [] if errors is None else _loads(errors)
+            metadata_ = {} if metadata is None else _loads(metadata)
+            result_ = None if result is None else _loads(result)
+        except Exception as exc:  # whatever the decoder raised: say so
+            # Written around pgq's own checks (by SQL, or another client): the job fails
+            # with the reason instead of the claim around it; its row keeps its values.
+            args_, errors_, metadata_, result_ = _serde.undecodable(exc), [], {}, None
         # Positional, in Job's field order (duplicate is False: a row read back is no
         # duplicate); errors, tags and metadata each the job's own.
         job = Job(
-            id_, queue, task, _loads(args), _RUNNING, priority, attempt, max_attempts,
+            id_, queue, task, args_, _RUNNING, priority, attempt, max_attempts,
             created if scheduled_at is None else scheduled_at, started, finalized_at, created,
-            producer_id, [] if errors is None else _loads(errors),
-            [] if tags is None else tags, {} if metadata is None else _loads(metadata),
-            None if result is None else _loads(result), unique_key, False, attempt_token,
-            worker_name, limit_key, depends_on,
+            producer_id, errors_, [] if tags is None else tags, metadata_, result_,
+            unique_key, False, attempt_token, worker_name, limit_key, depends_on,
         )  # fmt: skip
         append(job)
     return jobs

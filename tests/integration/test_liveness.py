@@ -514,6 +514,15 @@ async def test_re_registration_passes_over_a_locked_job_and_adopts_it_later(
         old, new = await delete_producer_row(conn, worker)
         owners = "SELECT id, producer_id FROM pgq_jobs WHERE state = 'running' ORDER BY id"
         assert [tuple(r) for r in await conn.fetch(owners)] == [(holder.id, old), (other.id, new)]
+        # The old id has its row again while a job is left under it, and it is beaten.
+        beaten = "SELECT heartbeat_at FROM pgq_producers WHERE id = $1"
+        first = await conn.fetchval(beaten, old)
+        assert first is not None
+
+        async def beaten_again() -> bool:
+            return bool(await conn.fetchval(beaten, old) > first)
+
+        await until(beaten_again)
         unlock.set()
 
         async def adopted() -> bool:
@@ -523,6 +532,11 @@ async def test_re_registration_passes_over_a_locked_job_and_adopts_it_later(
             ]
 
         await until(adopted)
+
+        async def old_row_gone() -> bool:
+            return await conn.fetchval(beaten, old) is None
+
+        await until(old_row_gone)
         finish.set()
         await until(lambda: _state_is(client, holder.id, pgq.JobState.COMPLETED))
         await until(lambda: _state_is(client, other.id, pgq.JobState.COMPLETED))
@@ -554,6 +568,52 @@ async def test_a_re_registration_tried_again_under_its_id_reports_what_the_first
     assert sorted(first.adopted) == sorted(again.adopted) == sorted(jobs)
     assert first.passed_over == again.passed_over == []
     assert await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", beat.id) == 1
+
+
+async def test_a_job_passed_over_at_re_registration_is_no_missing_producers_job(
+    dsn: str, conn: Conn, client: pgq.Client
+) -> None:
+    """A job whose row was locked when its producer re-registered stays under the old id
+    until a later heartbeat moves it. Its old producer gets its row back meanwhile (beaten
+    with the new one's), so the rescuer does not take it as the job of a missing producer
+    when the lock goes and the job is still running, however long ago it started."""
+    old = await fake_producer(conn, silent_s=0)
+    held = await running_job(conn, old, started_s_ago=3600)
+    free = await running_job(conn, old, started_s_ago=3600, n=2)
+    await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
+    beat = Beat(uuid.uuid4(), 2, True, 2, 0, 0, 0)
+    bounds = producers_store.Bounds(1.0, 5.0)
+    locker = await asyncpg.connect(dsn)
+    try:
+        lock = locker.transaction()
+        await lock.start()
+        # A task settling its own job, say, whose transaction then rolls back.
+        await locker.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", held)
+        moved = await producers_store.reregister(
+            client.pool, old, beat, worker_id=uuid.uuid4(), worker_name="w", queue="default",
+            concurrency=5, bounds=bounds,
+        )  # fmt: skip
+        assert moved.adopted == [free] and moved.passed_over == [held]
+        await lock.rollback()
+    finally:
+        await locker.close()
+    # The leader's round comes before the producer's next heartbeat: the job started an
+    # hour ago, under an id whose row is there again.
+    async with contextlib.asynccontextmanager(leader_rescuer)(dsn) as rescuer:
+        assert (await rescuer.run_once()).rescued == 0
+    owner = "SELECT state::text, producer_id FROM pgq_jobs WHERE id = $1"
+    assert tuple(await conn.fetchrow(owner, held) or ()) == ("running", old)
+    row = await conn.fetchrow(
+        "SELECT concurrency, heartbeat_at > now() - interval '1 minute' AS fresh"
+        " FROM pgq_producers WHERE id = $1",
+        old,
+    )
+    assert row is not None and row["concurrency"] == 0 and row["fresh"]
+    # The next heartbeat moves it, and the old id is let go with its row.
+    assert (await producers_store.adopt(client.pool, beat.id, [old])).adopted == [held]
+    await producers_store.release(client.pool, [old])
+    assert tuple(await conn.fetchrow(owner, held) or ()) == ("running", beat.id)
+    assert await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", old) == 0
 
 
 async def test_a_worker_that_stops_hands_back_the_jobs_of_its_lost_claims(

@@ -106,7 +106,9 @@ async def reregister(
     bounds: Bounds,
 ) -> Adoption:
     """Register ``beat.id`` in place of ``old_id`` (whose row is gone; ``beat.id``'s may
-    exist, from a try that timed out) and adopt every job still running under the old id."""
+    exist, from a try that timed out) and adopt every job still running under the old id.
+    ``old_id`` gets a row again, of concurrency 0, for the jobs that may still be found
+    under it: the caller beats it until it lets the id go (:func:`release`)."""
     rows = await db.fetch(
         sql.REREGISTER_PRODUCER,
         beat.id,
@@ -149,6 +151,11 @@ async def running_under(db: Db, producer_ids: Sequence[uuid.UUID]) -> list[Runni
         RunningJob(r["id"], r["attempt_token"], r["attempt"], r["queue"], r["producer_id"])
         for r in rows
     ]
+
+
+async def release(db: Db, former_ids: Sequence[uuid.UUID]) -> None:
+    """Delete the rows of a re-registered producer's former ids, those no job runs under."""
+    await db.execute(sql.RELEASE_PRODUCERS, list(former_ids))
 
 
 async def delete(db: Db, ids: Sequence[uuid.UUID]) -> None:

@@ -814,7 +814,10 @@ WHERE producer_id = ANY($2::uuid[]) AND state = 'running' AND id NOT IN (SELECT 
 # 'running' under the old id any more and stay theirs. Adoption changes the producer
 # (liveness), never the attempt's token (fencing). A producer tries again under the same
 # new id (a try that timed out may yet have committed), so the row may exist already, and
-# the jobs that try moved are reported adopted again.
+# the jobs that try moved are reported adopted again. The old id gets a row again too
+# (concurrency 0), beaten with the new one's until nothing is left under it: without it, a
+# job passed over here (locked) or claimed under the old id later would be the job of a
+# missing producer, which the rescuer takes once it started stale_after ago.
 REREGISTER_PRODUCER: Final = (
     """
 WITH ins AS (
@@ -824,6 +827,11 @@ WITH ins AS (
     VALUES ($1, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
     RETURNING id
+), former AS (
+    INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, fence_after_s,
+                               stale_after_s)
+    VALUES (($2::uuid[])[1], $3, $4, $5, 0, $11, $12)
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 ), """
     + _MOVE_RUNNING_TO
     + "(SELECT id FROM ins)"
@@ -844,6 +852,14 @@ WHERE producer_id = ANY($1::uuid[]) AND state = 'running'
 """
 
 DELETE_PRODUCERS: Final = "DELETE FROM pgq_producers WHERE id = ANY($1::uuid[])"
+
+# A re-registered producer lets its former ids $1 go: their rows, once no job runs under
+# them (one that does keeps its row, which then goes stale, and the rescuer takes the job).
+RELEASE_PRODUCERS: Final = """
+DELETE FROM pgq_producers p
+WHERE p.id = ANY($1::uuid[])
+  AND NOT EXISTS (SELECT 1 FROM pgq_jobs j WHERE j.producer_id = p.id AND j.state = 'running')
+"""
 
 LIST_PRODUCERS: Final = """
 SELECT p.id, p.worker_name, p.queue, p.started_at, p.heartbeat_at,

@@ -6,7 +6,8 @@ producer's heartbeat on the database clock; ``max_heartbeat_failures`` failures 
 no success for the fencing bound, whatever held the loop up) fence a producer: it claims
 nothing until a beat lands. A producer whose row is gone re-registers under a new id and
 adopts its jobs still running under the old one; their attempt tokens do not change, so
-their outcomes stay valid.
+their outcomes stay valid. The old id keeps a row, beaten with the new one's, until no job
+is left under it.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ class Heartbeater:
                         timeout_s=self._timeout_s,
                         **self._target.options(f"pgq heartbeat {self._worker_name}"),
                     )
-                alive = await store.heartbeat(self._conn, [p.beat() for p in self._producers])
+                alive = await store.heartbeat(self._conn, self._beats())
                 for producer in self._producers:
                     if producer.id not in alive:
                         await self._reregister(self._conn, producer)
@@ -217,6 +218,16 @@ class Heartbeater:
         for producer in self._producers:
             producer.health.beat_ok(now, sent_at)
         return True
+
+    def _beats(self) -> list[Beat]:
+        """Every producer's beat, and one for each of its former ids while it holds them
+        (their rows keep the jobs found under them from counting as a missing producer's;
+        beaten by the same statement, they go stale together with the producer's own)."""
+        beats = [p.beat() for p in self._producers]
+        for p in self._producers:
+            for former in p.former_ids:
+                beats.append(Beat(former, 0, p.health.healthy, 0, 0, 0, 0))
+        return beats
 
     async def _reregister(
         self, conn: asyncpg.Connection[asyncpg.Record], producer: Beating
@@ -263,16 +274,17 @@ class Heartbeater:
 
     async def _adopt(self, conn: asyncpg.Connection[asyncpg.Record], producer: Beating) -> None:
         """Adopt the jobs still running under a re-registered producer's former ids. The
-        former ids are let go once this found none left under them, with no claim under
-        one of them in flight: no claim is sent under them any more, so none can commit
-        under them later."""
+        former ids are let go, and their rows deleted, once this found none left under
+        them, with no claim under one of them in flight: no claim is sent under them any
+        more, so none can commit under them later."""
         former = list(producer.former_ids)
         in_flight = producer.claiming_as
         moved = await store.adopt(conn, producer.id, former)
         if not moved.passed_over:
-            producer.former_ids = [
-                i for i in producer.former_ids if i not in former or i == in_flight
-            ]
+            done = [i for i in former if i != in_flight]
+            if done:
+                await store.release(conn, done)
+            producer.former_ids = [i for i in producer.former_ids if i not in done]
         if moved.adopted:
             log.info(
                 "producer %s (queue %s) adopted %d jobs still running under its former ids",

@@ -368,7 +368,9 @@ class Worker:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 await parts.elector.resign()
                 try:
-                    await store_producers.delete(pool, [p.id for p in parts.producers])
+                    await store_producers.delete(
+                        pool, [i for p in parts.producers for i in (p.id, *p.former_ids)]
+                    )
                 except DATABASE_ERRORS as exc:
                     log.warning("could not delete this worker's producer rows: %s", exc)
             log.info("worker %s stopped", self.name)

@@ -918,3 +918,37 @@ async def test_a_sweep_hands_back_every_unknown_attempt_at_once(
 ) -> None:
     strays, _, (_, _, stray) = await known_ending_and_stray(conn, client)
     assert await strays.sweep() == [stray[0]]
+
+
+async def test_a_job_whose_claims_never_reach_a_worker_ends_discarded_not_looped(
+    conn: Conn, client: pgq.Client
+) -> None:
+    """The first hand-backs of a job do not count its attempt (a lost reply is no fault of
+    the job's); a job handed back that often already, whose claims seem never to reach a
+    worker, has each further attempt counted, and is discarded when none is left."""
+    producer = StandInProducer(await fake_producer(conn, silent_s=0))
+    strays = Strays(client.pool, [producer], set, interval_s=60)
+    ((job, _),) = await claimed_jobs(conn, producer.id, 1)
+    await conn.execute("UPDATE pgq_jobs SET max_attempts = 2 WHERE id = $1", job)
+    reclaim = (
+        "UPDATE pgq_jobs SET state = 'running', attempt = attempt + 1, producer_id = $2,"
+        " scheduled_at = now(),"
+        " attempt_token = gen_random_uuid() WHERE id = $1"
+    )
+    read = "SELECT state::text, attempt, scheduled_at > now() AS later FROM pgq_jobs WHERE id = $1"
+    seen = []
+    for _ in range(4):
+        assert await strays.sweep() == [job]
+        seen.append(tuple(await conn.fetchrow(read, job) or ()))
+        if seen[-1][0] != "discarded":
+            await conn.execute(reclaim, job, producer.id)  # claimed again: its reply lost too
+    assert seen == [
+        ("available", 0, False),  # free
+        ("available", 0, False),  # free
+        ("retryable", 1, True),  # the third counts: attempt 1 of 2, retried after a second
+        ("discarded", 2, False),  # the last attempt
+    ]
+    errors = json.loads(await conn.fetchval("SELECT errors::text FROM pgq_jobs WHERE id = $1", job))
+    assert [e["kind"] for e in errors] == ["lost_reply"] * 4
+    assert "3 times, so this attempt counts" in errors[2]["message"]
+    assert errors[3]["message"].endswith("and it was the last")

@@ -142,13 +142,24 @@ class RunningJob:
     attempt: int
     queue: str
     producer_id: uuid.UUID
+    max_attempts: int
+    #: How many times the job was handed back before because its claim's reply was lost.
+    lost_replies: int
 
 
 async def running_under(db: Db, producer_ids: Sequence[uuid.UUID]) -> list[RunningJob]:
     """The jobs running under ``producer_ids`` now."""
     rows = await db.fetch(sql.RUNNING_UNDER, list(producer_ids))
     return [
-        RunningJob(r["id"], r["attempt_token"], r["attempt"], r["queue"], r["producer_id"])
+        RunningJob(
+            id=r["id"],
+            token=r["attempt_token"],
+            attempt=r["attempt"],
+            queue=r["queue"],
+            producer_id=r["producer_id"],
+            max_attempts=r["max_attempts"],
+            lost_replies=r["lost_replies"],
+        )
         for r in rows
     ]
 

@@ -844,12 +844,20 @@ WITH ins AS (
 ADOPT_JOBS: Final = "WITH " + _MOVE_RUNNING_TO + "$1" + _MOVE_RUNNING_END
 
 # The jobs running under producers $1, as a worker checks them against the jobs it runs
-# (a claim whose reply was lost leaves jobs there that nobody runs). One probe each of the
-# partial index of running jobs.
-RUNNING_UNDER: Final = """
-SELECT id, attempt_token, attempt, queue, producer_id FROM pgq_jobs
+# (a claim whose reply was lost leaves jobs there that nobody runs), with how often each was
+# handed back so before. One probe each of the partial index of running jobs.
+RUNNING_UNDER: Final = (
+    """
+SELECT id, attempt_token, attempt, queue, producer_id,
+       COALESCE(max_attempts, """
+    + _DEFAULT_MAX_ATTEMPTS
+    + """) AS max_attempts,
+       jsonb_array_length(jsonb_path_query_array(
+           errors, '$[*] ? (@.kind == "lost_reply")')) AS lost_replies
+FROM pgq_jobs
 WHERE producer_id = ANY($1::uuid[]) AND state = 'running'
 """
+)
 
 DELETE_PRODUCERS: Final = "DELETE FROM pgq_producers WHERE id = ANY($1::uuid[])"
 

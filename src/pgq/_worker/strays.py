@@ -12,7 +12,10 @@ checks: whatever claim took the job has ended without its rows reaching the work
 worker that stops hands back, once its producers have ended, every such attempt at once:
 no claim of its can still bring one. A hand-back is an outcome like any other, fenced on
 the attempt's token: the job is available again at once, in its place in the queue, the
-attempt not counted, with an error entry saying why.
+attempt not counted, with an error entry saying why. A job handed back so
+``FREE_LOST_REPLIES`` times already (whose claims, it seems, never reach a worker: a payload
+too big to read within the claim's bound) has each further attempt counted, retried after a
+backoff, and discarded when its attempts run out, instead of coming back forever.
 """
 
 from __future__ import annotations
@@ -40,6 +43,12 @@ LOST_REPLY = (
     "handed back before it started: the reply to the claim that took it never reached "
     "its worker (the connection broke after the claim committed)"
 )
+
+#: Hand-backs of one job that do not count its attempt; from the next on, each does.
+FREE_LOST_REPLIES = 2
+
+#: The longest wait before a job whose attempt a hand-back counted is retried, in seconds.
+MAX_LOST_REPLY_DELAY_S = 3600.0
 
 #: An attempt: (job id, token).
 Attempt = tuple[int, uuid.UUID | None]
@@ -148,20 +157,18 @@ class Strays:
     async def _hand_back(self, strays: list[RunningJob]) -> list[int]:
         if not strays:
             return []
-        outcomes = [
-            Outcome(
-                r.id,
-                r.token,
-                r.attempt,
-                r.queue,
-                "available",
-                error=error_entry(r.attempt, "lost_reply", LOST_REPLY),
-                attempt_delta=-1,
-            )
-            for r in strays
-        ]
+        outcomes = [_hand_back(r) for r in strays]
         written = sorted(await claims.write_outcomes(self._pool, outcomes))
         self.handed_back += len(written)
+        landed = set(written)
+        counted = sorted(o.job_id for o in outcomes if o.attempt_delta == 0 and o.job_id in landed)
+        if counted:
+            log.warning(
+                "jobs %s: their claims' replies were lost %d times or more, so these hand-backs "
+                "count their attempts (retried later, or discarded after the last)",
+                ", ".join(map(str, counted[:20])) + (" ..." if len(counted) > 20 else ""),
+                FREE_LOST_REPLIES + 1,
+            )
         if written:
             log.warning(
                 "handed back %d jobs claimed by this worker whose claim's reply never arrived "
@@ -170,3 +177,26 @@ class Strays:
                 ", ".join(map(str, written[:20])) + (" ..." if len(written) > 20 else ""),
             )
         return written
+
+
+def _hand_back(row: RunningJob) -> Outcome:
+    """The outcome that hands ``row``'s attempt back: not counted while the job was handed
+    back fewer than ``FREE_LOST_REPLIES`` times before; counted from then on, retried after
+    1, 2, 4 ... seconds, discarded once it was the last attempt."""
+    if row.lost_replies < FREE_LOST_REPLIES:
+        error = error_entry(row.attempt, "lost_reply", LOST_REPLY)
+        return Outcome(
+            row.id, row.token, row.attempt, row.queue, "available", error=error, attempt_delta=-1
+        )
+    times = row.lost_replies + 1
+    last = row.attempt >= row.max_attempts
+    message = f"{LOST_REPLY}; handed back so {times} times, so this attempt counts" + (
+        ", and it was the last" if last else ""
+    )
+    error = error_entry(row.attempt, "lost_reply", message)
+    if last:
+        return Outcome(row.id, row.token, row.attempt, row.queue, "discarded", error=error)
+    delay_s = min(MAX_LOST_REPLY_DELAY_S, 2.0 ** (times - FREE_LOST_REPLIES - 1))
+    return Outcome(
+        row.id, row.token, row.attempt, row.queue, "retryable", delay_s=delay_s, error=error
+    )

@@ -169,6 +169,9 @@ def test_subclasses_of_plain_types_are_written_by_the_standard_encoder(encoder: 
         '{"n":' + "7" * 400 + "}",
         "12345678901234567890123",
         '{"x":1.5,"y":"1234567890123456789012"}',  # a long run of digits in a string
+        '{"x":[1.5],"ns":1764739200123456789,"u":18446744073709551615}',  # exact in orjson
+        '{"x":[1],"n":-9999999999999999999}',
+        "[" + "1" * 20 + "]",
         '{"x":1.5,"y":[2.25,-0.125]}',
         '{"i":1,"s":"a","b":true,"z":null}',
     ],
@@ -184,3 +187,13 @@ def test_a_big_integer_round_trips_exactly() -> None:
     for n in (2**64, -(2**63) - 1, 10**30 + 1, 7**500):
         assert serde.loads(serde.dumps({"n": n})) == {"n": n}
         assert type(serde.loads(serde.dumps({"n": [n]}))["n"][0]) is int
+
+
+def test_loads_of_deep_nesting_with_long_digits_keeps_what_it_decoded() -> None:
+    # Deeper than the standard decoder goes from a few frames down, within orjson's reach:
+    # the look for long integers must not turn a value that decodes into an error.
+    text = "[" * 1000 + '"1234567890123456789012", 1e300' + "]" * 1000
+    value = serde.loads(text)
+    for _ in range(1000):
+        value = value[0] if len(value) == 1 else value
+    assert value == ["1234567890123456789012", 1e300]

@@ -106,7 +106,10 @@ def jobs_from_claim(
         except Exception as exc:  # whatever the decoder raised: say so
             # Written around pgq's own checks (by SQL, or another client): the job fails
             # with the reason instead of the claim around it; its row keeps its values.
-            args_, errors_, metadata_, result_ = _serde.undecodable(exc), [], {}, None
+            args_ = _serde.undecodable(exc)
+            errors_ = [] if errors is None else _loads_or(errors, [])
+            metadata_ = {} if metadata is None else _loads_or(metadata, {})
+            result_ = _loads_or(result, None)
         # Positional, in Job's field order (duplicate is False: a row read back is no
         # duplicate); errors, tags and metadata each the job's own.
         job = Job(

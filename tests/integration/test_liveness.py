@@ -18,8 +18,10 @@ import pytest
 
 import pgq
 from pgq._store import producers as producers_store
+from pgq._store.connections import Target
 from pgq._store.producers import Beat
 from pgq._worker.leader.rescuer import Rescuer
+from pgq._worker.liveness import Heartbeater, ProducerHealth
 from pgq._worker.strays import Strays
 from pgq.errors import ConfigError
 from pgq.settings import WorkerSettings
@@ -395,6 +397,16 @@ async def test_a_deleted_producer_row_reregisters_and_loses_nothing(
 #: must not let the rescuer take a job the test expects adopted.
 PATIENT: dict[str, Any] = {**FAST, "stale_after": 5.0, "reap_after": 10.0}
 
+#: A rescuer that takes a producer for stale only after 30 s, and heartbeats driven by hand
+#: with a bound a busy machine meets: what these tests judge is a missing row, not timing.
+SLOW_TO_JUDGE: dict[str, Any] = {"stale_after": 30.0, "reap_after": 60.0}
+BY_HAND: dict[str, Any] = {
+    **PATIENT,
+    "heartbeat_interval": 2.0,
+    "heartbeat_timeout": 2.0,
+    **SLOW_TO_JUDGE,
+}
+
 
 async def test_re_registration_adopts_jobs_running_under_the_old_id_it_has_not_read_yet(
     dsn: str, conn: Conn, client: pgq.Client
@@ -563,8 +575,8 @@ async def test_a_re_registration_tried_again_under_its_id_reports_what_the_first
         "concurrency": 5,
         "bounds": producers_store.Bounds(1.0, 5.0),
     }
-    first = await producers_store.reregister(client.pool, old, beat, **args)
-    again = await producers_store.reregister(client.pool, old, beat, **args)
+    first = await producers_store.reregister(client.pool, [old], beat, **args)
+    again = await producers_store.reregister(client.pool, [old], beat, **args)
     assert sorted(first.adopted) == sorted(again.adopted) == sorted(jobs)
     assert first.passed_over == again.passed_over == []
     assert await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", beat.id) == 1
@@ -590,7 +602,7 @@ async def test_a_job_passed_over_at_re_registration_is_no_missing_producers_job(
         # A task settling its own job, say, whose transaction then rolls back.
         await locker.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", held)
         moved = await producers_store.reregister(
-            client.pool, old, beat, worker_id=uuid.uuid4(), worker_name="w", queue="default",
+            client.pool, [old], beat, worker_id=uuid.uuid4(), worker_name="w", queue="default",
             concurrency=5, bounds=bounds,
         )  # fmt: skip
         assert moved.adopted == [free] and moved.passed_over == [held]
@@ -599,7 +611,7 @@ async def test_a_job_passed_over_at_re_registration_is_no_missing_producers_job(
         await locker.close()
     # The leader's round comes before the producer's next heartbeat: the job started an
     # hour ago, under an id whose row is there again.
-    async with contextlib.asynccontextmanager(leader_rescuer)(dsn) as rescuer:
+    async with contextlib.asynccontextmanager(leader_rescuer)(dsn, **SLOW_TO_JUDGE) as rescuer:
         assert (await rescuer.run_once()).rescued == 0
     owner = "SELECT state::text, producer_id FROM pgq_jobs WHERE id = $1"
     assert tuple(await conn.fetchrow(owner, held) or ()) == ("running", old)
@@ -614,6 +626,110 @@ async def test_a_job_passed_over_at_re_registration_is_no_missing_producers_job(
     await producers_store.release(client.pool, [old])
     assert tuple(await conn.fetchrow(owner, held) or ()) == ("running", beat.id)
     assert await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", old) == 0
+
+
+class BeatingStandIn:
+    """What the heartbeat reads of a producer: its ids, health and running jobs (the
+    database is real; the worker around it is left out)."""
+
+    def __init__(self, producer_id: uuid.UUID, jobs: list[int]) -> None:
+        self.id = producer_id
+        self.queue = "default"
+        self.concurrency = 5
+        self.health = ProducerHealth("default", 10.0)
+        self.claiming_as: uuid.UUID | None = None
+        self.former_ids: list[uuid.UUID] = []
+        self.jobs = jobs
+        self.lost_jobs: set[int] = set()
+
+    def beat(self) -> Beat:
+        return Beat(self.id, len(self.jobs), True, 0, 0, 0, 0)
+
+    def running_ids(self) -> list[int]:
+        return list(self.jobs)
+
+    def lost(self, job_ids: set[int]) -> None:
+        self.lost_jobs |= job_ids
+
+
+@contextlib.asynccontextmanager
+async def heartbeater(dsn: str, producer: BeatingStandIn) -> AsyncIterator[Heartbeater]:
+    """A heartbeat of ``producer``'s, each beat driven by the test."""
+    settings = WorkerSettings.resolve(BY_HAND)
+    beats = Heartbeater(Target(dsn), [producer], settings, worker_id=uuid.uuid4(), worker_name="w")
+    try:
+        yield beats
+    finally:
+        if beats._conn is not None:
+            await beats._conn.close()
+
+
+async def test_a_re_registration_that_committed_after_its_heartbeat_gave_up_is_tried_again(
+    dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The try that timed out committed: the old id has its row back and the jobs are under
+    the new id. The next heartbeat must still finish the re-registration (under that id),
+    or the jobs would sit under an id nobody beats, and be rescued while they run."""
+    old = await fake_producer(conn, silent_s=0, name="w")
+    job = await running_job(conn, old)
+    producer = BeatingStandIn(old, [job])
+    await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
+    real, tries = producers_store.reregister, []
+
+    async def commits_then_gives_up(*args: Any, **kwargs: Any) -> producers_store.Adoption:
+        tries.append(args[2].id)
+        moved = await real(*args, **kwargs)
+        if len(tries) == 1:
+            raise TimeoutError("the reply came too late")  # as the heartbeat's bound would
+        return moved
+
+    monkeypatch.setattr(producers_store, "reregister", commits_then_gives_up)
+    async with heartbeater(dsn, producer) as beats:
+        assert await beats.beat() is False
+        owner = "SELECT producer_id FROM pgq_jobs WHERE id = $1"
+        assert await conn.fetchval(owner, job) == tries[0]  # moved by the try that gave up
+        assert await beats.beat() is True
+    assert tries == [tries[0], tries[0]]  # tried again, under the same new id
+    assert producer.id == tries[0] and producer.lost_jobs == set()
+    assert await conn.fetchval(owner, job) == producer.id
+    assert await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", old) == 0
+
+
+async def test_a_second_re_registration_keeps_its_former_ids_rows_and_their_jobs(
+    dsn: str, conn: Conn
+) -> None:
+    """A re-registration while a former id is still held (a job under it locked) gives that
+    id its row back too, and counts its job as kept, not lost."""
+    first = await fake_producer(conn, silent_s=0, name="w")
+    held = await running_job(conn, first, started_s_ago=3600)
+    producer = BeatingStandIn(first, [held])
+    locker = await asyncpg.connect(dsn)
+    try:
+        async with heartbeater(dsn, producer) as beats:
+            lock = locker.transaction()
+            await lock.start()
+            await locker.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", held)
+            await conn.execute("DELETE FROM pgq_producers WHERE id = $1", first)
+            assert await beats.beat() is True
+            second = producer.id
+            assert producer.former_ids == [first]
+            # An operator deletes every row of the worker's, the former id's too.
+            await conn.execute("DELETE FROM pgq_producers WHERE worker_name = 'w'")
+            assert await beats.beat() is True
+            assert producer.former_ids == [first, second] and producer.lost_jobs == set()
+            rows = "SELECT id FROM pgq_producers WHERE id = ANY($1::uuid[])"
+            assert {r["id"] for r in await conn.fetch(rows, [first, second])} == {first, second}
+            await lock.rollback()  # the lock goes, the job still runs, under the first id
+            rescuing = contextlib.asynccontextmanager(leader_rescuer)(dsn, **SLOW_TO_JUDGE)
+            async with rescuing as rescuer:
+                assert (await rescuer.run_once()).rescued == 0
+            assert await beats.beat() is True  # adopts it, and lets both ids go
+            owner = "SELECT producer_id FROM pgq_jobs WHERE id = $1"
+            assert await conn.fetchval(owner, held) == producer.id
+            assert producer.former_ids == []
+            assert await conn.fetch(rows, [first, second]) == []
+    finally:
+        await locker.close()
 
 
 async def test_a_worker_that_stops_hands_back_the_jobs_of_its_lost_claims(

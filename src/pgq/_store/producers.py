@@ -96,7 +96,7 @@ def _adoption(rows: Sequence[RowLike]) -> Adoption:
 
 async def reregister(
     db: Db,
-    old_id: uuid.UUID,
+    old_ids: Sequence[uuid.UUID],
     beat: Beat,
     *,
     worker_id: uuid.UUID,
@@ -105,14 +105,16 @@ async def reregister(
     concurrency: int,
     bounds: Bounds,
 ) -> Adoption:
-    """Register ``beat.id`` in place of ``old_id`` (whose row is gone; ``beat.id``'s may
-    exist, from a try that timed out) and adopt every job still running under the old id.
-    ``old_id`` gets a row again, of concurrency 0, for the jobs that may still be found
-    under it: the caller beats it until it lets the id go (:func:`release`)."""
+    """Register ``beat.id`` in place of ``old_ids[0]`` (whose row is gone; ``beat.id``'s
+    may exist, from a try that timed out) and adopt every job still running under
+    ``old_ids`` (that id, and those the producer still holds from earlier
+    re-registrations). Each old id gets a row again, of concurrency 0, for the jobs that
+    may still be found under it: the caller beats them until it lets them go
+    (:func:`release`)."""
     rows = await db.fetch(
         sql.REREGISTER_PRODUCER,
         beat.id,
-        [old_id, beat.id],
+        [*old_ids, beat.id],
         worker_id,
         worker_name,
         queue,
@@ -201,6 +203,12 @@ class ProducerInfo:
     is_leader: bool
     fence_after_s: float | None = None
     stale_after_s: float | None = None
+
+    @property
+    def former(self) -> bool:
+        """Whether this is the row a re-registered producer keeps for a former id while jobs
+        may still be found under it (concurrency 0): no producer of its own."""
+        return self.concurrency == 0
 
     def status(self, stale_after_s: float | None, default_stale_after_s: float) -> str:
         """``healthy``, ``fenced`` (it has stopped claiming: it said so, or its heartbeat is

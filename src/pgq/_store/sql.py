@@ -808,15 +808,16 @@ WHERE producer_id = ANY($2::uuid[]) AND state = 'running' AND id NOT IN (SELECT 
 """
 
 # A producer whose row vanished comes back under a new id $1 and adopts every job still
-# running under the old one ($2: the old id and the new one) when its row was deleted by hand: those
+# running under the old one ($2: the old id, the ids it still holds from earlier
+# re-registrations, and the new one) when its row was deleted by hand: those
 # it runs, those whose outcome is still on its way, and those of a claim committed before
 # this statement whose rows it has not read yet. Jobs that peers already rescued are not
 # 'running' under the old id any more and stay theirs. Adoption changes the producer
 # (liveness), never the attempt's token (fencing). A producer tries again under the same
 # new id (a try that timed out may yet have committed), so the row may exist already, and
-# the jobs that try moved are reported adopted again. The old id gets a row again too
-# (concurrency 0), beaten with the new one's until nothing is left under it: without it, a
-# job passed over here (locked) or claimed under the old id later would be the job of a
+# the jobs that try moved are reported adopted again. The old ids get a row again too
+# (concurrency 0), beaten with the new one's until nothing is left under them: without it,
+# a job passed over here (locked) or claimed under an old id later would be the job of a
 # missing producer, which the rescuer takes once it started stale_after ago.
 REREGISTER_PRODUCER: Final = (
     """
@@ -830,7 +831,7 @@ WITH ins AS (
 ), former AS (
     INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, fence_after_s,
                                stale_after_s)
-    VALUES (($2::uuid[])[1], $3, $4, $5, 0, $11, $12)
+    SELECT f.id, $3, $4, $5, 0, $11, $12 FROM unnest($2::uuid[]) AS f(id) WHERE f.id <> $1
     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 ), """
     + _MOVE_RUNNING_TO
@@ -881,10 +882,12 @@ LEFT JOIN pgq_leader l ON l.name = 'default' AND l.leader_id = p.worker_id
 ORDER BY p.worker_name, p.queue
 """
 
-# Producers of queue $1 that beat within $2 seconds: does anyone serve it now?
+# Producers of queue $1 that beat within $2 seconds: does anyone serve it now? (Not the rows
+# a re-registered producer keeps for its former ids, of concurrency 0.)
 LIVE_PRODUCERS: Final = """
 SELECT count(*)::int AS n FROM pgq_producers
 WHERE (queue = $1 OR $1 = '*') AND heartbeat_at > now() - make_interval(secs => $2)
+  AND concurrency > 0
 """
 
 CURRENT_LEADER: Final = """
@@ -1226,7 +1229,8 @@ SELECT n.name, q.paused_at,
            AS available,
        (SELECT count(*) FROM pgq_jobs j WHERE j.queue = n.name AND j.state = 'running')
            AS running,
-       (SELECT count(*) FROM pgq_producers p WHERE p.queue = n.name) AS producers,
+       (SELECT count(*) FROM pgq_producers p
+        WHERE p.queue = n.name AND p.concurrency > 0) AS producers,
        q.concurrency, q.rate_count, q.rate_period_s, q.key_concurrency, q.key_rate_count,
        q.key_rate_period_s
 FROM names n LEFT JOIN pgq_queues q ON q.name = n.name

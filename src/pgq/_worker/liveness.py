@@ -201,7 +201,10 @@ class Heartbeater:
                     )
                 alive = await store.heartbeat(self._conn, self._beats())
                 for producer in self._producers:
-                    if producer.id not in alive:
+                    # A re-registration not yet seen to land is tried again even when the
+                    # old row is back: the try that timed out may have committed (and made
+                    # it again), its jobs then under a new id that only this try can claim.
+                    if producer.id not in alive or producer in self._new_ids:
                         await self._reregister(self._conn, producer)
                     if producer.former_ids:
                         await self._adopt(self._conn, producer)
@@ -241,7 +244,7 @@ class Heartbeater:
         running = set(producer.running_ids())
         moved = await store.reregister(
             conn,
-            old,
+            [old, *producer.former_ids],
             new_beat,
             worker_id=self._worker_id,
             worker_name=self._worker_name,

@@ -319,7 +319,7 @@ class Worker:
             successor = Successor(
                 pool,
                 self.name,
-                lambda: [p.id for p in producers],
+                lambda: [i for p in producers for i in (p.id, *p.former_ids)],
                 margin_s=s.heartbeat_timeout,
                 after_rescue=lambda: leader.wake(Promoter.name),
             )

@@ -77,7 +77,8 @@ class Pages:
         counts = await inspect.state_counts(pool, timeout_s=self._d.count_timeout_s)
         oldest = await inspect.oldest_available(pool)
         paused = await inspect.paused_queues(pool)
-        producers = await store_producers.list_producers(pool)
+        # A former id's row (a re-registered producer's) is no producer of its own.
+        producers = [p for p in await store_producers.list_producers(pool) if not p.former]
         hour = await inspect.throughput(pool, minutes=60)
         by_queue = await inspect.throughput_by_queue(pool, minutes=60)
         rows = _queue_rows(counts, paused, oldest, producers, by_queue)
@@ -196,7 +197,7 @@ def _queue_rows(
             counts.by_queue.get(name) or dict.fromkeys(JobState, 0),
             paused.get(name),
             oldest.get(name),
-            sum(1 for p in producers if p.queue == name),
+            sum(1 for p in producers if p.queue == name and not p.former),
             finished.get(name),
         )
         for name in sorted(names)

@@ -62,6 +62,8 @@ except ImportError:  # pragma: no cover - depends on the installation
 _DIGITS_TO_NINES = bytes.maketrans(b"0123456789", b"9999999999")
 _LONG_POSITIVE = b"9" * 20
 _LONG_NEGATIVE = b"-" + b"9" * 19
+#: The magnitude from which a float of orjson's may be such an integer.
+_INEXACT_FROM = 2.0**63
 #: The values of a flat dict that orjson decodes exactly, whatever their text.
 _EXACT_TYPES = frozenset({str, int, bool, type(None)})
 
@@ -185,8 +187,28 @@ def loads(text: str | None) -> Any:
         return value
     try:
         return _decode_exact(text)
-    except RecursionError:  # nested deeper than the standard decoder goes: keep orjson's
+    except RecursionError:
+        # Nested deeper than the standard decoder goes: orjson's value stands unless it
+        # holds a float that may be an integer it could not read.
+        if _holds_inexact_float(value):
+            raise
         return value
+
+
+def _holds_inexact_float(value: Any) -> bool:
+    """Whether ``value`` (orjson's) holds a float of 2**63 or more either way, which may be an
+    integer orjson read as the nearest float; walked without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is float:
+            if not -_INEXACT_FROM < item < _INEXACT_FROM:
+                return True
+        elif type(item) is dict:
+            stack.extend(item.values())
+        elif type(item) is list:
+            stack.extend(item)
+    return False
 
 
 def _find_bad(value: Any, path: str) -> tuple[str, str]:

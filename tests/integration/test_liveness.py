@@ -639,6 +639,7 @@ class BeatingStandIn:
         self.health = ProducerHealth("default", 10.0)
         self.claiming_as: uuid.UUID | None = None
         self.former_ids: list[uuid.UUID] = []
+        self.reregistering_as: uuid.UUID | None = None
         self.jobs = jobs
         self.lost_jobs: set[int] = set()
 
@@ -664,6 +665,23 @@ async def heartbeater(dsn: str, producer: BeatingStandIn) -> AsyncIterator[Heart
             await beats._conn.close()
 
 
+def reregistration_commits_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
+    """Make the first re-registration commit and then time out on the worker's side (as
+    the heartbeat's bound would cut a reply that came too late); returns the new id of
+    each try, as it comes."""
+    real, tries = producers_store.reregister, []
+
+    async def commits_then_gives_up(*args: Any, **kwargs: Any) -> producers_store.Adoption:
+        tries.append(args[2].id)
+        moved = await real(*args, **kwargs)
+        if len(tries) == 1:
+            raise TimeoutError("the reply came too late")
+        return moved
+
+    monkeypatch.setattr(producers_store, "reregister", commits_then_gives_up)
+    return tries
+
+
 async def test_a_re_registration_that_committed_after_its_heartbeat_gave_up_is_tried_again(
     dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -674,16 +692,7 @@ async def test_a_re_registration_that_committed_after_its_heartbeat_gave_up_is_t
     job = await running_job(conn, old)
     producer = BeatingStandIn(old, [job])
     await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
-    real, tries = producers_store.reregister, []
-
-    async def commits_then_gives_up(*args: Any, **kwargs: Any) -> producers_store.Adoption:
-        tries.append(args[2].id)
-        moved = await real(*args, **kwargs)
-        if len(tries) == 1:
-            raise TimeoutError("the reply came too late")  # as the heartbeat's bound would
-        return moved
-
-    monkeypatch.setattr(producers_store, "reregister", commits_then_gives_up)
+    tries = reregistration_commits_then_gives_up(monkeypatch)
     async with heartbeater(dsn, producer) as beats:
         assert await beats.beat() is False
         owner = "SELECT producer_id FROM pgq_jobs WHERE id = $1"
@@ -693,6 +702,54 @@ async def test_a_re_registration_that_committed_after_its_heartbeat_gave_up_is_t
     assert producer.id == tries[0] and producer.lost_jobs == set()
     assert await conn.fetchval(owner, job) == producer.id
     assert await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", old) == 0
+
+
+async def test_a_worker_that_stops_with_a_re_registration_pending_leaves_nothing_behind(
+    dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped between a re-registration that committed unseen and its next try: the new
+    id's row is deleted with the others, and a stray under it is handed back, as under the
+    producer's own id."""
+    # Five seconds between beats: the stop comes well before the next try.
+    slow_beats = {**BY_HAND, "heartbeat_interval": 5.0}
+    async with pgq.Worker(make_app(), dsn, **slow_beats) as worker:
+        old = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+        ((stray, _),) = await claimed_jobs(conn, old, 1)  # a claim whose reply was lost
+        tries = reregistration_commits_then_gives_up(monkeypatch)
+        await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
+
+        async def tried() -> bool:
+            return len(tries) == 1
+
+        await until(tried)
+        owner = "SELECT producer_id FROM pgq_jobs WHERE id = $1"
+        assert await conn.fetchval(owner, stray) == tries[0]
+    assert len(tries) == 1, "the next try came before the stop"
+    assert await conn.fetch("SELECT id FROM pgq_producers") == []
+    row = await conn.fetchrow("SELECT state::text, attempt FROM pgq_jobs WHERE id = $1", stray)
+    assert row is not None and tuple(row) == ("available", 0)
+
+
+async def test_a_job_handed_back_a_thousand_times_is_still_handed_back(
+    conn: Conn, client: pgq.Client
+) -> None:
+    """Its backoff is capped before it is computed (2.0 ** 1024 overflows)."""
+    producer = StandInProducer(await fake_producer(conn, silent_s=0))
+    ((job, _),) = await claimed_jobs(conn, producer.id, 1)
+    await conn.execute(
+        "UPDATE pgq_jobs SET max_attempts = 5, errors = (SELECT jsonb_agg(jsonb_build_object("
+        "'attempt', 1, 'kind', 'lost_reply', 'message', 'lost')) FROM generate_series(1, 1100))"
+        " WHERE id = $1",
+        job,
+    )
+    strays = Strays(client.pool, [producer], set, interval_s=60)
+    assert await strays.sweep() == [job]
+    row = await conn.fetchrow(
+        "SELECT state::text, attempt, scheduled_at - now() AS wait FROM pgq_jobs WHERE id = $1",
+        job,
+    )
+    assert row is not None and (row["state"], row["attempt"]) == ("retryable", 1)
+    assert 3000 < row["wait"].total_seconds() <= 3600
 
 
 async def test_a_second_re_registration_keeps_its_former_ids_rows_and_their_jobs(
@@ -943,6 +1000,9 @@ class StandInProducer:
 
     def knows(self, job_id: int, token: uuid.UUID | None) -> bool:
         return (job_id, token) in self.running
+
+    def ids(self) -> list[uuid.UUID]:
+        return [self.id, *self.former_ids]
 
 
 async def claimed_jobs(conn: Conn, producer: uuid.UUID, n: int) -> list[tuple[int, uuid.UUID]]:

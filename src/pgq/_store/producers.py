@@ -145,8 +145,6 @@ class RunningJob:
     queue: str
     producer_id: uuid.UUID
     max_attempts: int
-    #: How many times the job was handed back before because its claim's reply was lost.
-    lost_replies: int
 
 
 async def running_under(db: Db, producer_ids: Sequence[uuid.UUID]) -> list[RunningJob]:
@@ -160,10 +158,15 @@ async def running_under(db: Db, producer_ids: Sequence[uuid.UUID]) -> list[Runni
             queue=r["queue"],
             producer_id=r["producer_id"],
             max_attempts=r["max_attempts"],
-            lost_replies=r["lost_replies"],
         )
         for r in rows
     ]
+
+
+async def lost_replies(db: Db, job_ids: Sequence[int]) -> dict[int, int]:
+    """How many times each of ``job_ids`` was handed back before because the reply to its
+    claim was lost."""
+    return {r["id"]: r["n"] for r in await db.fetch(sql.LOST_REPLIES, list(job_ids))}
 
 
 async def release(db: Db, former_ids: Sequence[uuid.UUID]) -> None:

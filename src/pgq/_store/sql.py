@@ -845,20 +845,26 @@ WITH ins AS (
 ADOPT_JOBS: Final = "WITH " + _MOVE_RUNNING_TO + "$1" + _MOVE_RUNNING_END
 
 # The jobs running under producers $1, as a worker checks them against the jobs it runs
-# (a claim whose reply was lost leaves jobs there that nobody runs), with how often each was
-# handed back so before. One probe each of the partial index of running jobs.
+# (a claim whose reply was lost leaves jobs there that nobody runs). One probe each of the
+# partial index of running jobs; no wide column read.
 RUNNING_UNDER: Final = (
     """
 SELECT id, attempt_token, attempt, queue, producer_id,
        COALESCE(max_attempts, """
     + _DEFAULT_MAX_ATTEMPTS
-    + """) AS max_attempts,
-       jsonb_array_length(jsonb_path_query_array(
-           errors, '$[*] ? (@.kind == "lost_reply")')) AS lost_replies
+    + """) AS max_attempts
 FROM pgq_jobs
 WHERE producer_id = ANY($1::uuid[]) AND state = 'running'
 """
 )
+
+# How often each of the jobs $1 was handed back before because its claim's reply was lost
+# (its error entries of that kind): read for the strays found, not for every running job.
+LOST_REPLIES: Final = """
+SELECT id, jsonb_array_length(jsonb_path_query_array(
+           errors, '$[*] ? (@.kind == "lost_reply")')) AS n
+FROM pgq_jobs WHERE id = ANY($1::bigint[])
+"""
 
 DELETE_PRODUCERS: Final = "DELETE FROM pgq_producers WHERE id = ANY($1::uuid[])"
 

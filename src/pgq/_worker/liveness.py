@@ -128,6 +128,8 @@ class Beating(Protocol):
     claiming_as: uuid.UUID | None
     #: Its ids before re-registration whose jobs may still need adopting.
     former_ids: list[uuid.UUID]
+    #: The new id of its re-registration not yet seen to land (None when none is pending).
+    reregistering_as: uuid.UUID | None
 
     def beat(self) -> Beat:
         """This producer's heartbeat row (its id and counters) as of now."""
@@ -169,9 +171,6 @@ class Heartbeater:
         #: Heartbeats that did not land, since the worker started.
         self.failures = 0
         self.reregistrations = 0
-        # The new id of a producer whose re-registration has not yet been seen to land: the
-        # next try reuses it, since a try that timed out may still commit under it.
-        self._new_ids: dict[Beating, uuid.UUID] = {}
 
     async def run(self) -> None:
         """Beat until cancelled. The schedule is start-to-start, so a slow beat does not
@@ -204,7 +203,7 @@ class Heartbeater:
                     # A re-registration not yet seen to land is tried again even when the
                     # old row is back: the try that timed out may have committed (and made
                     # it again), its jobs then under a new id that only this try can claim.
-                    if producer.id not in alive or producer in self._new_ids:
+                    if producer.id not in alive or producer.reregistering_as is not None:
                         await self._reregister(self._conn, producer)
                     if producer.former_ids:
                         await self._adopt(self._conn, producer)
@@ -236,7 +235,10 @@ class Heartbeater:
         self, conn: asyncpg.Connection[asyncpg.Record], producer: Beating
     ) -> None:
         old, beat = producer.id, producer.beat()
-        new_id = self._new_ids.setdefault(producer, uuid.uuid4())
+        # A try that timed out may still commit under its new id: the next one reuses it.
+        if producer.reregistering_as is None:
+            producer.reregistering_as = uuid.uuid4()
+        new_id = producer.reregistering_as
         new_beat = Beat(
             new_id, beat.running, beat.healthy, beat.claimed, beat.completed, beat.failed,
             beat.rejected_outcomes,
@@ -252,7 +254,6 @@ class Heartbeater:
             concurrency=producer.concurrency,
             bounds=self._bounds,
         )
-        del self._new_ids[producer]
         # Only the id changes: outcomes are fenced on each attempt's own token, which
         # adoption leaves alone, so nothing pending needs rewriting. A claim sent under the
         # old id may commit after the statement above, and jobs whose rows were locked were
@@ -260,6 +261,7 @@ class Heartbeater:
         # none is left under it and no claim under it can still be in flight.
         producer.id = new_id
         producer.former_ids.append(old)
+        producer.reregistering_as = None
         kept = set(moved.adopted) | set(moved.passed_over)
         producer.lost(running - kept)
         self.reregistrations += 1

@@ -155,14 +155,14 @@ class Producer:
         #: True while a claim is in flight, and the id it was sent under (``id`` may change).
         self.fetching = False
         self.claiming_as: uuid.UUID | None = None
-        #: Ids before re-registration whose jobs liveness may still have to adopt.
+        #: Ids before re-registration whose jobs liveness may still have to adopt, and the
+        #: new id of a re-registration not yet seen to land (a try that timed out may have
+        #: committed, its jobs moved under it; the next try reuses it).
         self.former_ids: list[uuid.UUID] = []
+        self.reregistering_as: uuid.UUID | None = None
         # Counters, reported in each heartbeat and in Worker.stats().
-        self.claims_sent = self.fetches = 0
-        self.claimed = 0
-        self.completed = 0
-        self.failed = 0
-        self.rejected_outcomes = 0
+        self.claims_sent = self.fetches = self.claimed = 0
+        self.completed = self.failed = self.rejected_outcomes = 0
 
     # ------------------------------------------------------------------ control
 
@@ -244,6 +244,12 @@ class Producer:
             self.failed,
             self.rejected_outcomes,
         )
+
+    def ids(self) -> list[uuid.UUID]:
+        """Every id the database may hold jobs of this producer's under: its own, its former
+        ids, and the new id of a re-registration still pending."""
+        pending = self.reregistering_as
+        return [self.id, *self.former_ids, *([pending] if pending is not None else [])]
 
     def running_ids(self) -> list[int]:
         """The ids of the jobs running now."""

@@ -57,9 +57,6 @@ Attempt = tuple[int, uuid.UUID | None]
 class Claimer(Protocol):
     """What the check needs of a producer."""
 
-    id: uuid.UUID
-    #: Its ids before re-registration whose jobs may not all be adopted yet.
-    former_ids: list[uuid.UUID]
     queue: str
     #: Claims sent so far, and whether one is in flight now.
     claims_sent: int
@@ -67,6 +64,10 @@ class Claimer(Protocol):
 
     def knows(self, job_id: int, token: uuid.UUID | None) -> bool:
         """Whether it runs, or holds for a slot, that attempt."""
+        ...
+
+    def ids(self) -> list[uuid.UUID]:
+        """Every id the database may hold its jobs under (re-registration changes it)."""
         ...
 
 
@@ -135,7 +136,7 @@ class Strays:
         return await self._hand_back(list(unknown.values()))
 
     async def _unknown(self) -> tuple[dict[Attempt, RunningJob], dict[uuid.UUID, Claimer]]:
-        by_id = {i: p for p in self._producers for i in (p.id, *p.former_ids)}
+        by_id = {i: p for p in self._producers for i in p.ids()}
         rows = await store.running_under(self._pool, list(by_id))
         pending = self._pending()
         unknown = {}
@@ -157,7 +158,8 @@ class Strays:
     async def _hand_back(self, strays: list[RunningJob]) -> list[int]:
         if not strays:
             return []
-        outcomes = [_hand_back(r) for r in strays]
+        before = await store.lost_replies(self._pool, [r.id for r in strays])
+        outcomes = [_hand_back(r, before.get(r.id, 0)) for r in strays]
         written = sorted(await claims.write_outcomes(self._pool, outcomes))
         self.handed_back += len(written)
         landed = set(written)
@@ -179,16 +181,17 @@ class Strays:
         return written
 
 
-def _hand_back(row: RunningJob) -> Outcome:
+def _hand_back(row: RunningJob, before: int) -> Outcome:
     """The outcome that hands ``row``'s attempt back: not counted while the job was handed
-    back fewer than ``FREE_LOST_REPLIES`` times before; counted from then on, retried after
-    1, 2, 4 ... seconds, discarded once it was the last attempt."""
-    if row.lost_replies < FREE_LOST_REPLIES:
+    back fewer than ``FREE_LOST_REPLIES`` times ``before`` (in its whole history, retries by
+    an operator included); counted from then on, retried after 1, 2, 4 ... seconds (at most
+    ``MAX_LOST_REPLY_DELAY_S``), discarded once it was the last attempt."""
+    if before < FREE_LOST_REPLIES:
         error = error_entry(row.attempt, "lost_reply", LOST_REPLY)
         return Outcome(
             row.id, row.token, row.attempt, row.queue, "available", error=error, attempt_delta=-1
         )
-    times = row.lost_replies + 1
+    times = before + 1
     last = row.attempt >= row.max_attempts
     message = f"{LOST_REPLY}; handed back so {times} times, so this attempt counts" + (
         ", and it was the last" if last else ""
@@ -196,7 +199,8 @@ def _hand_back(row: RunningJob) -> Outcome:
     error = error_entry(row.attempt, "lost_reply", message)
     if last:
         return Outcome(row.id, row.token, row.attempt, row.queue, "discarded", error=error)
-    delay_s = min(MAX_LOST_REPLY_DELAY_S, 2.0 ** (times - FREE_LOST_REPLIES - 1))
+    # The exponent capped first: a job handed back a thousand times would overflow.
+    delay_s = min(MAX_LOST_REPLY_DELAY_S, 2.0 ** min(times - FREE_LOST_REPLIES - 1, 12))
     return Outcome(
         row.id, row.token, row.attempt, row.queue, "retryable", delay_s=delay_s, error=error
     )

@@ -319,7 +319,7 @@ class Worker:
             successor = Successor(
                 pool,
                 self.name,
-                lambda: [i for p in producers for i in (p.id, *p.former_ids)],
+                lambda: [i for p in producers for i in p.ids()],
                 margin_s=s.heartbeat_timeout,
                 after_rescue=lambda: leader.wake(Promoter.name),
             )
@@ -369,7 +369,7 @@ class Worker:
                 await parts.elector.resign()
                 try:
                     await store_producers.delete(
-                        pool, [i for p in parts.producers for i in (p.id, *p.former_ids)]
+                        pool, [i for p in parts.producers for i in p.ids()]
                     )
                 except DATABASE_ERRORS as exc:
                     log.warning("could not delete this worker's producer rows: %s", exc)

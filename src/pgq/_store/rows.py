@@ -32,10 +32,9 @@ def job_from_row(row: RowLike) -> Job:
         metadata = _serde.loads(row["metadata"])
         result = _serde.loads(row["result"])
     except Exception as exc:  # whatever the decoder raised: say so
-        args = _serde.undecodable(exc)
-        errors = _loads_or(row["errors"], [])
-        metadata = _loads_or(row["metadata"], {})
-        result = _loads_or(row["result"], None)
+        args, errors, metadata, result = _undecodable(
+            exc, row["errors"], row["metadata"], row["result"]
+        )
     return Job(
         id=row["id"],
         queue=row["queue"],
@@ -62,11 +61,23 @@ def job_from_row(row: RowLike) -> Job:
     )
 
 
+def _undecodable(
+    exc: Exception, errors: str | None, metadata: str | None, result: str | None
+) -> tuple[Any, Any, Any, Any]:
+    """A row that raised ``exc`` when decoded: arguments saying why, and of its errors,
+    metadata and result what decodes (empty where it does not, or where it is NULL)."""
+    return (
+        _serde.undecodable(exc), _loads_or(errors, []), _loads_or(metadata, {}),
+        _loads_or(result, None),
+    )  # fmt: skip
+
+
 def _loads_or(text: str | None, default: Any) -> Any:
     try:
-        return _serde.loads(text)
-    except Exception:  # see job_from_row
+        value = _serde.loads(text)
+    except Exception:  # see _undecodable
         return default
+    return default if value is None else value
 
 
 _RUNNING = JobState.RUNNING
@@ -106,10 +117,7 @@ def jobs_from_claim(
         except Exception as exc:  # whatever the decoder raised: say so
             # Written around pgq's own checks (by SQL, or another client): the job fails
             # with the reason instead of the claim around it; its row keeps its values.
-            args_ = _serde.undecodable(exc)
-            errors_ = [] if errors is None else _loads_or(errors, [])
-            metadata_ = {} if metadata is None else _loads_or(metadata, {})
-            result_ = _loads_or(result, None)
+            args_, errors_, metadata_, result_ = _undecodable(exc, errors, metadata, result)
         # Positional, in Job's field order (duplicate is False: a row read back is no
         # duplicate); errors, tags and metadata each the job's own.
         job = Job(

@@ -107,7 +107,7 @@ class WorkerMetrics:
             self._pickups, self._outcomes = counted.pickups, counted.outcomes  # type: ignore[assignment]
             self._durations = counted.durations  # type: ignore[assignment]
         self.rescued = Counter(
-            "pgq_jobs_rescued", "Jobs this worker rescued as leader, by reason", ["reason"],
+            "pgq_jobs_rescued", "Jobs this worker took back from a producer, by reason", ["reason"],
             registry=r,
         )  # fmt: skip
         r.register(_StatsCollector(stats))

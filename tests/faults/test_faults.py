@@ -442,6 +442,8 @@ async def test_the_jobs_of_a_claim_whose_reply_was_lost_are_handed_back_and_run_
     worker never starts it. The worker finds it and hands it back; then it runs once."""
     app = pgq.App()
     runs: list[int] = []
+    rescued: list[pgq.JobEvent] = []
+    app.on("job_rescued")(rescued.append)
 
     @app.task
     async def note(ctx: pgq.JobContext) -> None:
@@ -475,6 +477,10 @@ async def test_the_jobs_of_a_claim_whose_reply_was_lost_are_handed_back_and_run_
             assert runs == []
             await until(lambda: _completed(client, job.id), limit_s=60)
             assert worker.stats()["strays_handed_back"] == 1
+            # Reported as a rescue: what the job became, and why.
+            assert [(e.job.id, e.job.task, e.state, e.reason) for e in rescued] == [
+                (job.id, "note", pgq.JobState.AVAILABLE, "claim reply lost")
+            ]
         tg.cancel_scope.cancel()
     stored = await db.fetchrow("SELECT attempt, errors::text FROM pgq_jobs WHERE id = $1", job.id)
     assert stored is not None and stored["attempt"] == 1

@@ -772,6 +772,46 @@ async def test_rescued_event_fires_in_the_leader(dsn: str, client: pgq.Client, c
     assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer row missing")]
 
 
+async def test_rescued_event_fires_when_a_restarted_worker_takes_over_its_previous_run(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    """A worker restarted under its stable name takes its previous run's jobs back (not the
+    leader: stale_after is far off) and reports each to its job_rescued hooks."""
+    import uuid
+
+    app = pgq.App()
+    rescued: list[pgq.JobEvent] = []
+    app.on("job_rescued")(rescued.append)
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    previous = uuid.uuid4()
+    # The previous run's row: silent for 5 s, past its fencing bound of 0.5 s, and far from
+    # the 60 s after which the leader would rescue it.
+    await conn.execute(
+        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
+        " heartbeat_at, fence_after_s)"
+        " VALUES ($1, $2, 'stable-7', 'default', 5, now() - interval '5 seconds', 0.5)",
+        previous,
+        uuid.uuid4(),
+    )
+    job_id = await conn.fetchval(
+        "INSERT INTO pgq_jobs (task, state, attempt, producer_id, attempted_at) VALUES"
+        " ('t', 'running', 1, $1, now() - interval '5 seconds') RETURNING id",
+        previous,
+    )
+    async with pgq.Worker(
+        app, dsn, name="stable-7", **{**QUICK, "stale_after": 60.0, "reap_after": 120.0}
+    ):
+        job = await client.wait(job_id, timeout=10)
+    assert job.state is pgq.JobState.COMPLETED and job.attempt == 2
+    assert [(e.job.id, e.job.task, e.job.attempt, e.reason) for e in rescued] == [
+        (job_id, "t", 1, "worker restarted")
+    ]
+    assert rescued[0].state is pgq.JobState.RETRYABLE
+
+
 def _producer(worker: pgq.Worker) -> dict[str, Any]:
     (producer,) = worker.stats()["producers"]
     return dict(producer)

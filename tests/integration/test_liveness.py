@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 
 import pgq
+from pgq._hooks import Hooks
 from pgq._store import producers as producers_store
 from pgq._store.connections import Target
 from pgq._store.producers import Beat
@@ -1103,7 +1104,10 @@ async def test_a_job_whose_claims_never_reach_a_worker_ends_discarded_not_looped
     the job's); a job handed back that often already, whose claims seem never to reach a
     worker, has each further attempt counted, and is discarded when none is left."""
     producer = StandInProducer(await fake_producer(conn, silent_s=0))
-    strays = Strays(client.pool, [producer], set, interval_s=60)
+    hooks = Hooks()
+    events: list[pgq.JobEvent] = []
+    hooks.handlers["job_rescued"].append(events.append)
+    strays = Strays(client.pool, [producer], set, interval_s=60, hooks=hooks)
     ((job, _),) = await claimed_jobs(conn, producer.id, 1)
     await conn.execute("UPDATE pgq_jobs SET max_attempts = 2 WHERE id = $1", job)
     reclaim = (
@@ -1128,3 +1132,11 @@ async def test_a_job_whose_claims_never_reach_a_worker_ends_discarded_not_looped
     assert [e["kind"] for e in errors] == ["lost_reply"] * 4
     assert "3 times, so this attempt counts" in errors[2]["message"]
     assert errors[3]["message"].endswith("and it was the last")
+    # Each hand-back reported to the job_rescued hooks: the attempt taken back, what it made
+    # of the job.
+    assert [(e.job.id, e.job.attempt, e.state, e.reason) for e in events] == [
+        (job, 1, pgq.JobState.AVAILABLE, "claim reply lost"),
+        (job, 1, pgq.JobState.AVAILABLE, "claim reply lost"),
+        (job, 1, pgq.JobState.RETRYABLE, "claim reply lost"),
+        (job, 2, pgq.JobState.DISCARDED, "claim reply lost"),
+    ]

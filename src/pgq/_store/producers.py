@@ -143,6 +143,7 @@ class RunningJob:
     token: uuid.UUID | None
     attempt: int
     queue: str
+    task: str
     producer_id: uuid.UUID
     max_attempts: int
 
@@ -156,6 +157,7 @@ async def running_under(db: Db, producer_ids: Sequence[uuid.UUID]) -> list[Runni
             token=r["attempt_token"],
             attempt=r["attempt"],
             queue=r["queue"],
+            task=r["task"],
             producer_id=r["producer_id"],
             max_attempts=r["max_attempts"],
         )

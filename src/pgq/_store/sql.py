@@ -849,7 +849,7 @@ ADOPT_JOBS: Final = "WITH " + _MOVE_RUNNING_TO + "$1" + _MOVE_RUNNING_END
 # partial index of running jobs; no wide column read.
 RUNNING_UNDER: Final = (
     """
-SELECT id, attempt_token, attempt, queue, producer_id,
+SELECT id, attempt_token, attempt, queue, task, producer_id,
        COALESCE(max_attempts, """
     + _DEFAULT_MAX_ATTEMPTS
     + """) AS max_attempts

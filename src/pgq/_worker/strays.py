@@ -27,11 +27,13 @@ from typing import Protocol
 
 import anyio
 
+from pgq._hooks import Hooks, emit_rescued
 from pgq._store import claims
 from pgq._store import producers as store
 from pgq._store.connections import DATABASE_ERRORS, Pool
 from pgq._store.producers import RunningJob
 from pgq._worker.outcome import Outcome, error_entry
+from pgq.job import JobState
 
 log = logging.getLogger("pgq.strays")
 
@@ -43,6 +45,9 @@ LOST_REPLY = (
     "handed back before it started: the reply to the claim that took it never reached "
     "its worker (the connection broke after the claim committed)"
 )
+
+#: The reason a hand-back gives its ``job_rescued`` event.
+RESCUE_REASON = "claim reply lost"
 
 #: Hand-backs of one job that do not count its attempt; from the next on, each does.
 FREE_LOST_REPLIES = 2
@@ -81,8 +86,10 @@ class Strays:
         producers: Sequence[Claimer],
         pending: Callable[[], Container[Attempt]],
         interval_s: float,
+        hooks: Hooks | None = None,
     ) -> None:
         self._pool = pool
+        self._hooks = hooks
         self._producers = producers
         self._pending = pending
         self._interval_s = interval_s
@@ -178,7 +185,22 @@ class Strays:
                 len(written),
                 ", ".join(map(str, written[:20])) + (" ..." if len(written) > 20 else ""),
             )
+        for row, outcome in zip(strays, outcomes, strict=True):
+            if row.id in landed:
+                await self._emit(row, JobState(outcome.state))
         return written
+
+    async def _emit(self, row: RunningJob, state: JobState) -> None:
+        """Report one hand-back that landed to the ``job_rescued`` hooks."""
+        await emit_rescued(
+            self._hooks,
+            job_id=row.id,
+            queue=row.queue,
+            task=row.task,
+            state=state,
+            attempt=row.attempt,
+            reason=RESCUE_REASON,
+        )
 
 
 def _hand_back(row: RunningJob, before: int) -> Outcome:

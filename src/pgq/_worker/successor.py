@@ -12,6 +12,8 @@ live process: two workers misconfigured with one name. That is reported (a warni
 ``Worker.stats()["duplicate_names"]``) and its jobs are never touched. The trade: a
 predecessor that was cut off rather than dead may still be running a job rescued this way,
 which then runs twice, as after any rescue (its late outcome is rejected by the token).
+Each job taken over is reported to the ``job_rescued`` hooks, with the reason "worker
+restarted".
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from datetime import datetime
 
 import anyio
 
+from pgq._hooks import Hooks
 from pgq._store import maintenance as store
 from pgq._store.connections import DATABASE_ERRORS, Pool
+from pgq._worker.leader.rescuer import emit_rescue
 
 log = logging.getLogger("pgq.worker")
 
@@ -45,12 +49,14 @@ class Successor:
         *,
         margin_s: float,
         after_rescue: Callable[[], None],
+        hooks: Hooks | None = None,
     ) -> None:
         self._pool = pool
         self._name = worker_name
         self._margin_s = margin_s
         self._own_ids = own_ids
         self._after_rescue = after_rescue
+        self._hooks = hooks
         #: Jobs of a previous run rescued.
         self.rescued = 0
         #: Producer rows of live processes with this worker's name.
@@ -103,5 +109,7 @@ class Successor:
                     max(r.silent_s for r in rescued),
                 )
                 self._after_rescue()
+            for r in rescued:
+                await emit_rescue(self._hooks, r)  # reason "worker restarted"
             waits.append(RETRY_S)  # look again: a row stays while a job of it was locked
         return min(waits) if waits else None

@@ -322,8 +322,11 @@ class Worker:
                 lambda: [i for p in producers for i in p.ids()],
                 margin_s=s.heartbeat_timeout,
                 after_rescue=lambda: leader.wake(Promoter.name),
+                hooks=self._observers.hooks,
             )
-        strays = Strays(pool, producers, completer.pending_attempts, s.stale_after)
+        strays = Strays(
+            pool, producers, completer.pending_attempts, s.stale_after, self._observers.hooks
+        )
         return _Parts(
             producers, completer, heartbeater, elector, leader, rescuer, reaper, retention,
             periodic, control, successor, strays,

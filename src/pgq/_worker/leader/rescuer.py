@@ -8,11 +8,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pgq._hooks import Hooks, JobEvent
+from pgq._hooks import Hooks, emit_rescued
 from pgq._store import maintenance
 from pgq._store.connections import Pool
 from pgq._store.maintenance import Rescued
-from pgq.job import Job, JobState
+from pgq.job import JobState
 from pgq.settings import WorkerSettings
 
 log = logging.getLogger("pgq.rescuer")
@@ -101,7 +101,7 @@ class Rescuer:
                         r.worker_name or "unknown",
                         r.silent_s,
                     )
-                    await self._emit(r)
+                    await emit_rescue(self._hooks, r)
                 if len(rows) < BATCH:
                     break
         result = RescueResult(
@@ -112,8 +112,15 @@ class Rescuer:
             self._after_rescue()  # first rescues are due at once: promote them now
         return result
 
-    async def _emit(self, r: Rescued) -> None:
-        if self._hooks is None or not self._hooks.wants("job_rescued"):
-            return
-        job = Job(id=r.id, queue=r.queue, task=r.task, args={}, state=r.state, attempt=r.attempt)
-        await self._hooks.emit(JobEvent("job_rescued", job, r.state, reason=r.reason))
+
+async def emit_rescue(hooks: Hooks | None, r: Rescued) -> None:
+    """Emit ``job_rescued`` for the rescue ``r`` (the rescuer's, or a successor's)."""
+    await emit_rescued(
+        hooks,
+        job_id=r.id,
+        queue=r.queue,
+        task=r.task,
+        state=r.state,
+        attempt=r.attempt,
+        reason=r.reason,
+    )

@@ -1097,6 +1097,40 @@ async def test_a_sweep_hands_back_every_unknown_attempt_at_once(
     assert await strays.sweep() == [stray[0]]
 
 
+async def test_a_slow_job_rescued_hook_neither_cuts_a_check_short_nor_fails_it(
+    conn: Conn, client: pgq.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hooks hear of a hand-back outside the check's time bound (``interval_s``): a hook
+    that takes three intervals runs to its end, and the check is not reported failed."""
+    producer = StandInProducer(await fake_producer(conn, silent_s=0))
+    ((job, _),) = await claimed_jobs(conn, producer.id, 1)
+    ended = anyio.Event()
+    heard: list[tuple[int, str]] = []
+
+    async def slow(event: pgq.JobEvent) -> None:
+        try:
+            await anyio.sleep(0.6)
+            heard.append((event.job.id, "finished"))
+        except BaseException:
+            heard.append((event.job.id, "cut short"))
+            raise
+        finally:
+            ended.set()
+
+    hooks = Hooks()
+    hooks.handlers["job_rescued"].append(slow)
+    strays = Strays(client.pool, [producer], set, interval_s=0.2, hooks=hooks)
+    with caplog.at_level(logging.WARNING, logger="pgq.strays"):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(strays.run)
+            with anyio.fail_after(30):
+                await ended.wait()
+            tg.cancel_scope.cancel()
+    assert heard == [(job, "finished")]
+    assert strays.handed_back == 1
+    assert not [r for r in caplog.records if "could not check" in r.getMessage()]
+
+
 async def test_a_job_whose_claims_never_reach_a_worker_ends_discarded_not_looped(
     conn: Conn, client: pgq.Client
 ) -> None:
@@ -1119,6 +1153,7 @@ async def test_a_job_whose_claims_never_reach_a_worker_ends_discarded_not_looped
     seen = []
     for _ in range(4):
         assert await strays.sweep() == [job]
+        await strays.report()
         seen.append(tuple(await conn.fetchrow(read, job) or ()))
         if seen[-1][0] != "discarded":
             await conn.execute(reclaim, job, producer.id)  # claimed again: its reply lost too

@@ -99,6 +99,8 @@ class Strays:
         self._claims: dict[Claimer, tuple[int, bool]] = {}
         #: Jobs handed back since the worker started.
         self.handed_back = 0
+        # Hand-backs written and not yet reported to the job_rescued hooks (see report()).
+        self._unreported: list[tuple[RunningJob, JobState]] = []
 
     async def run(self) -> None:
         """Check every ``interval_s`` until cancelled."""
@@ -116,11 +118,29 @@ class Strays:
                     reason = str(exc) or type(exc).__name__
                     log.warning("could not check for jobs nobody runs (%s); trying again", reason)
                 failing = True
-                continue
-            failing = False
+            else:
+                failing = False
+            await self.report()
+
+    async def report(self) -> None:
+        """Report each hand-back written since the last call to the ``job_rescued`` hooks.
+        Outside the check's time bound, so that a slow hook neither cuts a check short nor
+        makes one that succeeded look failed."""
+        unreported, self._unreported = self._unreported, []
+        for row, state in unreported:
+            await emit_rescued(
+                self._hooks,
+                job_id=row.id,
+                queue=row.queue,
+                task=row.task,
+                state=state,
+                attempt=row.attempt,
+                reason=RESCUE_REASON,
+            )
 
     async def check(self) -> list[int]:
-        """One check; returns the ids of the jobs it handed back."""
+        """One check; returns the ids of the jobs it handed back (:meth:`report` reports
+        them to the hooks)."""
         unknown, by_id = await self._unknown()
         # Read right after the rows, with nothing awaited between: a claim whose reply came
         # meanwhile made its jobs known above.
@@ -138,7 +158,7 @@ class Strays:
     async def sweep(self) -> list[int]:
         """Hand back every attempt running under the producers' ids that the worker does not
         know, at once. Only for a worker whose producers have ended: no claim of theirs is
-        in flight, so none can still bring one."""
+        in flight, so none can still bring one. :meth:`report` reports them to the hooks."""
         unknown, _ = await self._unknown()
         return await self._hand_back(list(unknown.values()))
 
@@ -185,22 +205,12 @@ class Strays:
                 len(written),
                 ", ".join(map(str, written[:20])) + (" ..." if len(written) > 20 else ""),
             )
-        for row, outcome in zip(strays, outcomes, strict=True):
-            if row.id in landed:
-                await self._emit(row, JobState(outcome.state))
+        self._unreported += [
+            (row, JobState(outcome.state))
+            for row, outcome in zip(strays, outcomes, strict=True)
+            if row.id in landed
+        ]
         return written
-
-    async def _emit(self, row: RunningJob, state: JobState) -> None:
-        """Report one hand-back that landed to the ``job_rescued`` hooks."""
-        await emit_rescued(
-            self._hooks,
-            job_id=row.id,
-            queue=row.queue,
-            task=row.task,
-            state=state,
-            attempt=row.attempt,
-            reason=RESCUE_REASON,
-        )
 
 
 def _hand_back(row: RunningJob, before: int) -> Outcome:

@@ -451,6 +451,7 @@ class Worker:
                 "will rescue them",
                 str(exc) or type(exc).__name__,
             )
+        await strays.report()  # unbounded by the 5 s, as a hook is
 
     def _counted(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         by_queue = self._by_queue

@@ -9,6 +9,28 @@ import gc
 GC_THRESHOLD = 10_000
 #: The largest threshold the collector takes (a C int).
 _MOST = 2**31 - 1
+#: Jobs in flight from which a worker says, as it starts, that the collector runs at
+#: Python's settings: the more jobs in flight, the more of their objects each collection
+#: walks. With jobs of 10 ms on Python 3.11, the collector took 6 % of the worker's CPU at
+#: 100 in flight, 18 % at 300, 29 % at 1,000 (docs/embedding.md).
+BUSY_CONCURRENCY = 300
+
+
+def untuned_note(concurrency: int) -> str | None:
+    """What a worker running up to ``concurrency`` jobs at once should say of this
+    process's collector when it runs at Python's own first threshold (below
+    ``GC_THRESHOLD``) and that many jobs are in flight; None when there is nothing to say
+    (few jobs, a tuned or disabled collector)."""
+    first = gc.get_threshold()[0]
+    if concurrency < BUSY_CONCURRENCY or not gc.isenabled() or first >= GC_THRESHOLD:
+        return None
+    return (
+        f"the garbage collector runs at Python's settings (first generation at {first}); "
+        f"with {concurrency} jobs in flight it can take a fifth of a busy worker's CPU or "
+        "more. pgq worker tunes it unless given --gc default; where an embedded worker does "
+        "most of its process's work, call pgq.tune_gc() at the end of start-up "
+        "(docs/embedding.md)"
+    )
 
 
 def tune_gc(threshold: int = GC_THRESHOLD) -> int:

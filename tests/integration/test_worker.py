@@ -1146,3 +1146,30 @@ async def test_each_producer_counts_its_own_queues_outcomes(client: pgq.Client, 
         await worker.run(burst=True)
     counts = {p["queue"]: (p["completed"], p["failed"]) for p in worker.stats()["producers"]}
     assert counts == {"mail": (3, 1), "billing": (0, 2)}
+
+
+@pytest.mark.parametrize(("threshold", "told"), [(700, True), (10_000, False)])
+async def test_a_worker_with_many_jobs_in_flight_says_when_the_collector_is_not_tuned(
+    dsn: str, caplog: pytest.LogCaptureFixture, threshold: int, told: bool
+) -> None:
+    import gc
+    import logging
+
+    app = pgq.App()
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    before = gc.get_threshold()
+    gc.set_threshold(threshold)
+    try:
+        with caplog.at_level(logging.INFO, logger="pgq.worker"):
+            await pgq.Worker(app, dsn, concurrency=500).run(burst=True)
+    finally:
+        gc.set_threshold(*before)
+    notes = [r.getMessage() for r in caplog.records if "garbage collector" in r.getMessage()]
+    if told:
+        (note,) = notes
+        assert "first generation at 700" in note and "500 jobs in flight" in note, note
+    else:
+        assert notes == []

@@ -38,3 +38,23 @@ def test_tune_gc_refuses_a_threshold_that_is_not_a_positive_whole_number(
     with pytest.raises(ValueError, match="threshold must be a whole number from 1 to"):
         pgq.tune_gc(bad)  # type: ignore[arg-type]
     assert gc.get_threshold() == threshold and gc.get_freeze_count() == 0
+
+
+def test_a_busy_worker_is_told_of_a_collector_at_pythons_settings_and_a_tuned_one_is_not(
+    restored_gc: None,
+) -> None:
+    from pgq._gc import BUSY_CONCURRENCY, GC_THRESHOLD, untuned_note
+
+    gc.set_threshold(700)
+    note = untuned_note(1_000)
+    assert note is not None and "first generation at 700" in note
+    assert "1000 jobs in flight" in note and "pgq.tune_gc()" in note
+    assert untuned_note(BUSY_CONCURRENCY - 1) is None  # few jobs in flight: nothing to say
+    gc.set_threshold(GC_THRESHOLD)
+    assert untuned_note(1_000) is None  # tuned
+    gc.set_threshold(700)
+    gc.disable()
+    try:
+        assert untuned_note(1_000) is None  # the host collects by itself
+    finally:
+        gc.enable()

@@ -19,6 +19,7 @@ import anyio
 import anyio.abc
 
 from pgq import _metrics
+from pgq._gc import untuned_note
 from pgq._store import producers as store_producers
 from pgq._store.connections import (
     DATABASE_ERRORS,
@@ -352,6 +353,9 @@ class Worker:
                         " (leader)" if parts.elector.is_leader else "",
                         _event_loop_name(),
                     )
+                    note = untuned_note(sum(self._queues.values()))
+                    if note is not None:
+                        log.info("worker %s: %s", self.name, note)
                     self.started.set()
                     task_status.started()
                     if burst:

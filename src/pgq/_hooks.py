@@ -41,27 +41,6 @@ class JobEvent:
 Hook = Callable[[JobEvent], Awaitable[None] | None]
 
 
-async def emit_rescued(
-    hooks: Hooks | None,
-    *,
-    job_id: int,
-    queue: str,
-    task: str,
-    state: JobState,
-    attempt: int,
-    reason: str,
-) -> None:
-    """Emit ``job_rescued`` for a job taken back from the attempt ``attempt`` (it is now in
-    ``state``), to the hooks that listen, if any. Every path that takes a job back from a
-    producer reports it so: the leader's rescuer, a worker taking over its previous run
-    under a stable name, and a worker handing back the jobs of its own lost claim replies.
-    The event's job carries no arguments: a rescue never reads them."""
-    if hooks is None or not hooks.wants("job_rescued"):
-        return
-    job = Job(id=job_id, queue=queue, task=task, args={}, state=state, attempt=attempt)
-    await hooks.emit(JobEvent("job_rescued", job, state, reason=reason))
-
-
 class Hooks:
     """The middleware chain and event hooks of an App."""
 

@@ -348,7 +348,8 @@ class App:
         """Register a hook for ``job_started``, ``job_finished``, ``job_retried`` or
         ``job_rescued`` (the last fires in the worker that took the job back: the leader,
         a worker restarted under its stable name, or one handing back its own claim's
-        lost reply). It receives a
+        lost reply; in a task of that worker's own, after the rescue committed). It
+        receives a
         :class:`~pgq.JobEvent`; it may be sync or async; if it fails, the failure is logged
         and the job goes on."""
         if event not in EVENTS:

@@ -772,12 +772,17 @@ async def test_rescued_event_fires_in_the_leader(dsn: str, client: pgq.Client, c
     assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer row missing")]
 
 
+@pytest.mark.parametrize("row_deletable", [True, False])
 async def test_rescued_event_fires_when_a_restarted_worker_takes_over_its_previous_run(
-    dsn: str, client: pgq.Client, conn: Conn
+    dsn: str, client: pgq.Client, conn: Conn, row_deletable: bool
 ) -> None:
     """A worker restarted under its stable name takes its previous run's jobs back (not the
-    leader: stale_after is far off) and reports each to its job_rescued hooks."""
+    leader: stale_after is far off) and reports each to its job_rescued hooks, also when
+    deleting the previous run's row then fails."""
     import uuid
+
+    if not row_deletable:
+        await conn.execute(REFUSE_PRODUCER_DELETES)
 
     app = pgq.App()
     rescued: list[pgq.JobEvent] = []
@@ -810,6 +815,17 @@ async def test_rescued_event_fires_when_a_restarted_worker_takes_over_its_previo
         (job_id, "t", 1, "worker restarted")
     ]
     assert rescued[0].state is pgq.JobState.RETRYABLE
+    left = await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", previous)
+    assert left == (0 if row_deletable else 1)
+
+
+#: A real error for every delete of a producer row.
+REFUSE_PRODUCER_DELETES = """
+CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'deletes refused by the test'; END $$;
+CREATE TRIGGER refuse_delete BEFORE DELETE ON pgq_producers
+    FOR EACH ROW EXECUTE FUNCTION refuse_delete();
+"""
 
 
 def _producer(worker: pgq.Worker) -> dict[str, Any]:

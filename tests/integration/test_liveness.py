@@ -23,6 +23,7 @@ from pgq._store.connections import Target
 from pgq._store.producers import Beat
 from pgq._worker.leader.rescuer import Rescuer
 from pgq._worker.liveness import Heartbeater, ProducerHealth
+from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.strays import Strays
 from pgq.errors import ConfigError
 from pgq.settings import WorkerSettings
@@ -669,12 +670,13 @@ async def heartbeater(dsn: str, producer: BeatingStandIn) -> AsyncIterator[Heart
 def reregistration_commits_then_gives_up(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
     """Make the first re-registration commit and then time out on the worker's side (as
     the heartbeat's bound would cut a reply that came too late); returns the new id of
-    each try, as it comes."""
+    each try, as it commits (not before: a test that reads the rows once a try is listed
+    must find them written)."""
     real, tries = producers_store.reregister, []
 
     async def commits_then_gives_up(*args: Any, **kwargs: Any) -> producers_store.Adoption:
-        tries.append(args[2].id)
         moved = await real(*args, **kwargs)
+        tries.append(args[2].id)
         if len(tries) == 1:
             raise TimeoutError("the reply came too late")
         return moved
@@ -803,6 +805,58 @@ async def test_a_worker_that_stops_hands_back_the_jobs_of_its_lost_claims(
     row = await conn.fetchrow("SELECT state::text, attempt, errors::text FROM pgq_jobs")
     assert row is not None and (row["state"], row["attempt"]) == ("available", 0)
     assert [e["kind"] for e in json.loads(row["errors"])] == ["lost_reply"]
+
+
+async def test_a_worker_whose_job_rescued_hook_never_returns_still_stops(
+    conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hand-back at stop is reported to a hook that hangs: the worker waits for it
+    FLUSH_S at most, says the event was not delivered, and stops; the hook is cancelled."""
+    app = make_app()
+    heard: list[tuple[int, str]] = []
+
+    @app.on("job_rescued")
+    async def hang(event: pgq.JobEvent) -> None:
+        heard.append((event.job.id, "entered"))
+        try:
+            await anyio.Event().wait()  # never set
+        except BaseException:
+            heard.append((event.job.id, "cancelled"))
+            raise
+
+    with caplog.at_level(logging.WARNING, logger="pgq.worker"), anyio.fail_after(60):
+        async with pgq.Worker(app, dsn, **PATIENT) as worker:
+            producer = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+            ((job, _),) = await claimed_jobs(conn, producer, 1)
+    assert heard == [(job, "entered"), (job, "cancelled")]
+    state = await conn.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", job)
+    assert state == "available"
+    (warning,) = [r.getMessage() for r in caplog.records if "job_rescued" in r.getMessage()]
+    assert warning.startswith("1 job_rescued events were not delivered"), warning
+
+
+async def test_a_stray_with_a_cancel_request_ends_cancelled_and_is_reported_so(
+    conn: Conn, client: pgq.Client
+) -> None:
+    producer = StandInProducer(await fake_producer(conn, silent_s=0))
+    ((job, _),) = await claimed_jobs(conn, producer.id, 1)
+    await conn.execute("UPDATE pgq_jobs SET cancel_requested_at = now() WHERE id = $1", job)
+    hooks = Hooks()
+    events: list[pgq.JobEvent] = []
+    hooks.handlers["job_rescued"].append(events.append)
+    reports = RescueReports(hooks)
+    strays = Strays(client.pool, [producer], set, interval_s=60, reports=reports)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reports.run)
+        assert await strays.sweep() == [job]
+        with anyio.fail_after(30):
+            await reports.flush()
+        tg.cancel_scope.cancel()
+    state = await conn.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", job)
+    assert state == "cancelled"
+    assert [(e.job.id, e.state, e.reason) for e in events] == [
+        (job, pgq.JobState.CANCELLED, "claim reply lost")
+    ]
 
 
 FENCED_EFFECT = """
@@ -1097,38 +1151,46 @@ async def test_a_sweep_hands_back_every_unknown_attempt_at_once(
     assert await strays.sweep() == [stray[0]]
 
 
-async def test_a_slow_job_rescued_hook_neither_cuts_a_check_short_nor_fails_it(
-    conn: Conn, client: pgq.Client, caplog: pytest.LogCaptureFixture
+async def test_a_job_rescued_hook_that_never_returns_holds_up_no_check_of_strays(
+    conn: Conn, client: pgq.Client
 ) -> None:
-    """The hooks hear of a hand-back outside the check's time bound (``interval_s``): a hook
-    that takes three intervals runs to its end, and the check is not reported failed."""
+    """The hooks hear of hand-backs from a task of their own: while a hook hangs on the
+    first, the checks go on and hand back the next stray; at a stop, the wait for the
+    hooks ends after its bound and says what was not delivered."""
     producer = StandInProducer(await fake_producer(conn, silent_s=0))
-    ((job, _),) = await claimed_jobs(conn, producer.id, 1)
-    ended = anyio.Event()
-    heard: list[tuple[int, str]] = []
+    ((first, _),) = await claimed_jobs(conn, producer.id, 1)
+    entered = anyio.Event()
+    heard: list[int] = []
 
-    async def slow(event: pgq.JobEvent) -> None:
-        try:
-            await anyio.sleep(0.6)
-            heard.append((event.job.id, "finished"))
-        except BaseException:
-            heard.append((event.job.id, "cut short"))
-            raise
-        finally:
-            ended.set()
+    async def hang(event: pgq.JobEvent) -> None:
+        heard.append(event.job.id)
+        entered.set()
+        await anyio.Event().wait()  # never set
 
     hooks = Hooks()
-    hooks.handlers["job_rescued"].append(slow)
-    strays = Strays(client.pool, [producer], set, interval_s=0.2, hooks=hooks)
-    with caplog.at_level(logging.WARNING, logger="pgq.strays"):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(strays.run)
-            with anyio.fail_after(30):
-                await ended.wait()
-            tg.cancel_scope.cancel()
-    assert heard == [(job, "finished")]
-    assert strays.handed_back == 1
-    assert not [r for r in caplog.records if "could not check" in r.getMessage()]
+    hooks.handlers["job_rescued"].append(hang)
+    reports = RescueReports(hooks)
+    strays = Strays(client.pool, [producer], set, interval_s=0.1, reports=reports)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reports.run)
+        tg.start_soon(strays.run)
+        with anyio.fail_after(30):
+            await entered.wait()
+        ((second, _),) = await claimed_jobs(conn, producer.id, 1)
+
+        async def handed_back() -> bool:
+            return strays.handed_back == 2  # counted as its write returns, then reported
+
+        await until(handed_back, limit_s=30)
+        state = "SELECT state::text FROM pgq_jobs WHERE id = $1"
+        assert await conn.fetchval(state, second) == "available"
+        assert heard == [first]  # still in the first event's hook
+        assert reports.waiting == 2
+        with anyio.fail_after(30):
+            await reports.flush(0.1)
+        assert reports.waiting == 2 and reports.delivered == 0
+        tg.cancel_scope.cancel()
+    assert strays.handed_back == 2
 
 
 async def test_a_job_whose_claims_never_reach_a_worker_ends_discarded_not_looped(
@@ -1141,7 +1203,8 @@ async def test_a_job_whose_claims_never_reach_a_worker_ends_discarded_not_looped
     hooks = Hooks()
     events: list[pgq.JobEvent] = []
     hooks.handlers["job_rescued"].append(events.append)
-    strays = Strays(client.pool, [producer], set, interval_s=60, hooks=hooks)
+    reports = RescueReports(hooks)
+    strays = Strays(client.pool, [producer], set, interval_s=60, reports=reports)
     ((job, _),) = await claimed_jobs(conn, producer.id, 1)
     await conn.execute("UPDATE pgq_jobs SET max_attempts = 2 WHERE id = $1", job)
     reclaim = (
@@ -1151,12 +1214,16 @@ async def test_a_job_whose_claims_never_reach_a_worker_ends_discarded_not_looped
     )
     read = "SELECT state::text, attempt, scheduled_at > now() AS later FROM pgq_jobs WHERE id = $1"
     seen = []
-    for _ in range(4):
-        assert await strays.sweep() == [job]
-        await strays.report()
-        seen.append(tuple(await conn.fetchrow(read, job) or ()))
-        if seen[-1][0] != "discarded":
-            await conn.execute(reclaim, job, producer.id)  # claimed again: its reply lost too
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reports.run)
+        for _ in range(4):
+            assert await strays.sweep() == [job]
+            seen.append(tuple(await conn.fetchrow(read, job) or ()))
+            if seen[-1][0] != "discarded":
+                await conn.execute(reclaim, job, producer.id)  # claimed again: lost too
+        with anyio.fail_after(30):
+            await reports.flush()
+        tg.cancel_scope.cancel()
     assert seen == [
         ("available", 0, False),  # free
         ("available", 0, False),  # free

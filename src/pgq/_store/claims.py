@@ -214,8 +214,9 @@ async def complete_successes(
     return set() if row is None else set(row[0])
 
 
-async def write_outcomes(db: Db, outcomes: Sequence[OutcomeRow]) -> set[int]:
-    """Write outcomes of any kind; returns the ids the fence let through."""
+async def write_outcomes(db: Db, outcomes: Sequence[OutcomeRow]) -> dict[int, str]:
+    """Write outcomes of any kind; returns the ids the fence let through, each with the
+    state written (``cancelled`` where a cancel request turned a retry or hand-back)."""
     rows = await db.fetch(
         sql.COMPLETE_JOBS,
         [o.job_id for o in outcomes],
@@ -226,7 +227,7 @@ async def write_outcomes(db: Db, outcomes: Sequence[OutcomeRow]) -> set[int]:
         [o.result for o in outcomes],
         [o.attempt_delta for o in outcomes],
     )
-    return {r["id"] for r in rows}
+    return {r["id"]: r["state"] for r in rows}
 
 
 async def fail_attempt(db: Db, job_id: int, token: uuid.UUID | None, error: str) -> bool:

@@ -92,12 +92,15 @@ async def rescue_predecessor(
     db: Db, producer_ids: Sequence[uuid.UUID], margin_s: float
 ) -> list[Rescued]:
     """Rescue the running jobs of ``producer_ids`` whose heartbeat is past their fencing
-    bound plus ``margin_s`` (judged in the statement, the rows locked), then delete those
-    rows (a row left behind, because a job of it was being written, goes to the reaper)."""
-    ids = list(producer_ids)
-    rescued = _rescued(await db.fetch(sql.RESCUE_PREDECESSOR, ids, margin_s))
-    await db.execute(sql.DELETE_PREDECESSOR, ids, margin_s)
-    return rescued
+    bound plus ``margin_s`` (judged in the statement, the rows locked)."""
+    return _rescued(await db.fetch(sql.RESCUE_PREDECESSOR, list(producer_ids), margin_s))
+
+
+async def delete_predecessor(db: Db, producer_ids: Sequence[uuid.UUID], margin_s: float) -> None:
+    """Delete the rows of ``producer_ids`` still past their fencing bound plus ``margin_s``
+    once their jobs are rescued (a row left behind, because a job of it was being written,
+    goes to the reaper)."""
+    await db.execute(sql.DELETE_PREDECESSOR, list(producer_ids), margin_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -605,7 +605,8 @@ SELECT id,
                     WHERE state IN """
     + _FINAL
     + """) f
-              GROUP BY chunk) c) AS done
+              GROUP BY chunk) c) AS done,
+       state::text AS state
 FROM upd
 """
 )

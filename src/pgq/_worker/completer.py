@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from operator import attrgetter
 
 import anyio
@@ -230,6 +230,7 @@ class Completer:
     async def _write(self, batch: list[Outcome]) -> None:
         """One statement for outcomes of one kind (plain successes, or the rest)."""
         batch.sort(key=_BY_JOB_ID)  # a stable lock order across concurrent writers
+        written: Collection[int]  # the ids the fence let through
         with anyio.fail_after(30):
             if batch[0].state == "completed" and batch[0].error is None:
                 written = await claims.complete_successes(

@@ -15,7 +15,9 @@ the attempt's token: the job is available again at once, in its place in the que
 attempt not counted, with an error entry saying why. A job handed back so
 ``FREE_LOST_REPLIES`` times already (whose claims, it seems, never reach a worker: a payload
 too big to read within the claim's bound) has each further attempt counted, retried after a
-backoff, and discarded when its attempts run out, instead of coming back forever.
+backoff, and discarded when its attempts run out, instead of coming back forever. Each
+hand-back written is reported to the ``job_rescued`` hooks (reason ``RESCUE_REASON``, the
+state the write gave the job), through the worker's ``RescueReports``.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from typing import Protocol
 
 import anyio
 
-from pgq._hooks import Hooks, emit_rescued
 from pgq._store import claims
 from pgq._store import producers as store
 from pgq._store.connections import DATABASE_ERRORS, Pool
 from pgq._store.producers import RunningJob
 from pgq._worker.outcome import Outcome, error_entry
+from pgq._worker.rescue_reports import RescueReports
 from pgq.job import JobState
 
 log = logging.getLogger("pgq.strays")
@@ -86,10 +88,10 @@ class Strays:
         producers: Sequence[Claimer],
         pending: Callable[[], Container[Attempt]],
         interval_s: float,
-        hooks: Hooks | None = None,
+        reports: RescueReports | None = None,
     ) -> None:
         self._pool = pool
-        self._hooks = hooks
+        self._reports = reports
         self._producers = producers
         self._pending = pending
         self._interval_s = interval_s
@@ -99,8 +101,6 @@ class Strays:
         self._claims: dict[Claimer, tuple[int, bool]] = {}
         #: Jobs handed back since the worker started.
         self.handed_back = 0
-        # Hand-backs written and not yet reported to the job_rescued hooks (see report()).
-        self._unreported: list[tuple[RunningJob, JobState]] = []
 
     async def run(self) -> None:
         """Check every ``interval_s`` until cancelled."""
@@ -120,27 +120,9 @@ class Strays:
                 failing = True
             else:
                 failing = False
-            await self.report()
-
-    async def report(self) -> None:
-        """Report each hand-back written since the last call to the ``job_rescued`` hooks.
-        Outside the check's time bound, so that a slow hook neither cuts a check short nor
-        makes one that succeeded look failed."""
-        unreported, self._unreported = self._unreported, []
-        for row, state in unreported:
-            await emit_rescued(
-                self._hooks,
-                job_id=row.id,
-                queue=row.queue,
-                task=row.task,
-                state=state,
-                attempt=row.attempt,
-                reason=RESCUE_REASON,
-            )
 
     async def check(self) -> list[int]:
-        """One check; returns the ids of the jobs it handed back (:meth:`report` reports
-        them to the hooks)."""
+        """One check; returns the ids of the jobs it handed back."""
         unknown, by_id = await self._unknown()
         # Read right after the rows, with nothing awaited between: a claim whose reply came
         # meanwhile made its jobs known above.
@@ -158,7 +140,7 @@ class Strays:
     async def sweep(self) -> list[int]:
         """Hand back every attempt running under the producers' ids that the worker does not
         know, at once. Only for a worker whose producers have ended: no claim of theirs is
-        in flight, so none can still bring one. :meth:`report` reports them to the hooks."""
+        in flight, so none can still bring one."""
         unknown, _ = await self._unknown()
         return await self._hand_back(list(unknown.values()))
 
@@ -187,7 +169,8 @@ class Strays:
             return []
         before = await store.lost_replies(self._pool, [r.id for r in strays])
         outcomes = [_hand_back(r, before.get(r.id, 0)) for r in strays]
-        written = sorted(await claims.write_outcomes(self._pool, outcomes))
+        states = await claims.write_outcomes(self._pool, outcomes)
+        written = sorted(states)
         self.handed_back += len(written)
         landed = set(written)
         counted = sorted(o.job_id for o in outcomes if o.attempt_delta == 0 and o.job_id in landed)
@@ -205,11 +188,18 @@ class Strays:
                 len(written),
                 ", ".join(map(str, written[:20])) + (" ..." if len(written) > 20 else ""),
             )
-        self._unreported += [
-            (row, JobState(outcome.state))
-            for row, outcome in zip(strays, outcomes, strict=True)
-            if row.id in landed
-        ]
+        if self._reports is not None:
+            for row in strays:
+                if row.id in landed:
+                    # What the write made of it: a job with a cancel request ends cancelled.
+                    self._reports.add(
+                        job_id=row.id,
+                        queue=row.queue,
+                        task=row.task,
+                        state=JobState(states[row.id]),
+                        attempt=row.attempt,
+                        reason=RESCUE_REASON,
+                    )
         return written
 
 

@@ -25,10 +25,10 @@ from datetime import datetime
 
 import anyio
 
-from pgq._hooks import Hooks
 from pgq._store import maintenance as store
 from pgq._store.connections import DATABASE_ERRORS, Pool
-from pgq._worker.leader.rescuer import emit_rescue
+from pgq._worker.leader.rescuer import report_rescue
+from pgq._worker.rescue_reports import RescueReports
 
 log = logging.getLogger("pgq.worker")
 
@@ -49,14 +49,14 @@ class Successor:
         *,
         margin_s: float,
         after_rescue: Callable[[], None],
-        hooks: Hooks | None = None,
+        reports: RescueReports | None = None,
     ) -> None:
         self._pool = pool
         self._name = worker_name
         self._margin_s = margin_s
         self._own_ids = own_ids
         self._after_rescue = after_rescue
-        self._hooks = hooks
+        self._reports = reports
         #: Jobs of a previous run rescued.
         self.rescued = 0
         #: Producer rows of live processes with this worker's name.
@@ -110,6 +110,20 @@ class Successor:
                 )
                 self._after_rescue()
             for r in rescued:
-                await emit_rescue(self._hooks, r)  # reason "worker restarted"
+                report_rescue(self._reports, r)  # reason "worker restarted"
+            await self._delete(past)
             waits.append(RETRY_S)  # look again: a row stays while a job of it was locked
         return min(waits) if waits else None
+
+    async def _delete(self, past: list[uuid.UUID]) -> None:
+        """Delete the previous run's rows whose jobs were rescued. The rescue has committed,
+        been counted and reported: a failure here only leaves rows, which the next round,
+        or the reaper, deletes."""
+        try:
+            await store.delete_predecessor(self._pool, past, self._margin_s)
+        except DATABASE_ERRORS as exc:
+            log.warning(
+                "could not delete the rows of worker %s's previous run (%s); trying again",
+                self._name,
+                exc,
+            )

@@ -46,6 +46,7 @@ from pgq._worker.liveness import Heartbeater, health_verdict
 from pgq._worker.observe import observers
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
+from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq._worker.successor import Successor
 from pgq.app import App, check_queue_name
@@ -110,6 +111,7 @@ class _Parts:
     control: Control
     successor: Successor | None
     strays: Strays
+    reports: RescueReports
 
 
 class Worker:
@@ -282,6 +284,7 @@ class Worker:
         s = self.settings
         limiter = anyio.CapacityLimiter(s.max_threads)
         completer = Completer(pool, self._counted)
+        reports = RescueReports(self._observers.hooks)
         producers = [
             self._producer(pool, queue, n, completer, limiter) for queue, n in self._queues.items()
         ]
@@ -296,7 +299,7 @@ class Worker:
             self.id,
             sick_queues=lambda: [p.queue for p in producers if not p.health.healthy],
             after_rescue=lambda: leader.wake(Promoter.name),
-            hooks=self._observers.hooks,
+            reports=reports,
         )
         reaper = Reaper(pool, s)
         retention = Retention(pool, s)
@@ -323,14 +326,12 @@ class Worker:
                 lambda: [i for p in producers for i in p.ids()],
                 margin_s=s.heartbeat_timeout,
                 after_rescue=lambda: leader.wake(Promoter.name),
-                hooks=self._observers.hooks,
+                reports=reports,
             )
-        strays = Strays(
-            pool, producers, completer.pending_attempts, s.stale_after, self._observers.hooks
-        )
+        strays = Strays(pool, producers, completer.pending_attempts, s.stale_after, reports)
         return _Parts(
             producers, completer, heartbeater, elector, leader, rescuer, reaper, retention,
-            periodic, control, successor, strays,
+            periodic, control, successor, strays, reports,
         )  # fmt: skip
 
     async def _serve(
@@ -370,6 +371,7 @@ class Worker:
                 await self._flush(parts.completer)
                 if not parts.completer.pending:  # else the database may be down: no wait
                     await self._sweep(parts.strays)
+                await parts.reports.flush()  # at most FLUSH_S, whatever a hook does
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -402,6 +404,7 @@ class Worker:
         tg.start_soon(parts.leader.run)
         tg.start_soon(parts.control.poll_cancels)
         tg.start_soon(parts.strays.run)
+        tg.start_soon(parts.reports.run)
         tg.start_soon(self._observers.joblog.run)
         if parts.successor is not None:
             tg.start_soon(parts.successor.run)
@@ -455,7 +458,6 @@ class Worker:
                 "will rescue them",
                 str(exc) or type(exc).__name__,
             )
-        await strays.report()  # unbounded by the 5 s, as a hook is
 
     def _counted(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         by_queue = self._by_queue
@@ -482,7 +484,8 @@ class Worker:
         ``claim_ahead``, how many jobs it claims ahead of free slots now; the worker's leader flag and terms, the rescues,
         reaps, retention deletes and periodic jobs it did, each leader service's ``runs``/``failures``/``last_error``, heartbeats and
         re-registrations, jobs of claims whose reply was lost handed back
-        (``strays_handed_back``), cancels obeyed, LISTEN reconnections, and the outcomes not yet
+        (``strays_handed_back``), ``job_rescued`` events not yet delivered to their hooks
+        (``rescue_events_waiting``), cancels obeyed, LISTEN reconnections, and the outcomes not yet
         durable (``outcomes_pending``), of those refused in every form (``outcomes_held``), and
         written in a fallback form (``outcomes_salvaged``)."""
         p = self._parts
@@ -506,6 +509,7 @@ class Worker:
             "duplicate_names": len(p.successor.duplicates) if p and p.successor else 0,
             "reregistrations": p.heartbeater.reregistrations if p else 0,
             "strays_handed_back": p.strays.handed_back if p else 0,
+            "rescue_events_waiting": p.reports.waiting if p else 0,
             "cancelled_on_request": p.control.cancelled if p else 0,
             "listen_reconnects": p.control.listen_reconnects if p else 0,
             "outcomes_pending": p.completer.pending if p else 0,

@@ -8,10 +8,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pgq._hooks import Hooks, emit_rescued
 from pgq._store import maintenance
 from pgq._store.connections import Pool
 from pgq._store.maintenance import Rescued
+from pgq._worker.rescue_reports import RescueReports
 from pgq.job import JobState
 from pgq.settings import WorkerSettings
 
@@ -51,7 +51,7 @@ class Rescuer:
         *,
         sick_queues: Callable[[], list[str]],
         after_rescue: Callable[[], None] = lambda: None,
-        hooks: Hooks | None = None,
+        reports: RescueReports | None = None,
     ) -> None:
         self._pool = pool
         self._stale_after = settings.stale_after
@@ -59,7 +59,7 @@ class Rescuer:
         self._leader_id = leader_id
         self._sick_queues = sick_queues
         self._after_rescue = after_rescue
-        self._hooks = hooks
+        self._reports = reports
         self._skipping = False
         self.interval_s = settings.rescue_interval
         #: Jobs rescued since the worker started.
@@ -101,7 +101,7 @@ class Rescuer:
                         r.worker_name or "unknown",
                         r.silent_s,
                     )
-                    await emit_rescue(self._hooks, r)
+                    report_rescue(self._reports, r)
                 if len(rows) < BATCH:
                     break
         result = RescueResult(
@@ -113,14 +113,15 @@ class Rescuer:
         return result
 
 
-async def emit_rescue(hooks: Hooks | None, r: Rescued) -> None:
-    """Emit ``job_rescued`` for the rescue ``r`` (the rescuer's, or a successor's)."""
-    await emit_rescued(
-        hooks,
-        job_id=r.id,
-        queue=r.queue,
-        task=r.task,
-        state=r.state,
-        attempt=r.attempt,
-        reason=r.reason,
-    )
+def report_rescue(reports: RescueReports | None, r: Rescued) -> None:
+    """Queue the ``job_rescued`` event of the rescue ``r`` (the rescuer's, or a
+    successor's) for the hooks."""
+    if reports is not None:
+        reports.add(
+            job_id=r.id,
+            queue=r.queue,
+            task=r.task,
+            state=r.state,
+            attempt=r.attempt,
+            reason=r.reason,
+        )

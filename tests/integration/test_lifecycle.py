@@ -772,6 +772,44 @@ async def test_rescued_event_fires_in_the_leader(dsn: str, client: pgq.Client, c
     assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer row missing")]
 
 
+async def test_a_job_rescued_hook_that_never_returns_holds_up_no_rescue(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    """The leader rescues a job whose hook hangs, then another, rescued in a later round:
+    the hook holds up neither the round nor the job."""
+    import uuid
+
+    app = pgq.App()
+    heard: list[int] = []
+    entered = anyio.Event()
+
+    @app.on("job_rescued")
+    async def hang(event: pgq.JobEvent) -> None:
+        heard.append(event.job.id)
+        entered.set()
+        await anyio.Event().wait()  # never set
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    ghost = "INSERT INTO pgq_jobs (task, state, attempt, producer_id, attempted_at) VALUES" \
+        " ('t', 'running', 1, $1, now() - interval '1 hour') RETURNING id"  # fmt: skip
+    first = await conn.fetchval(ghost, uuid.uuid4())
+    async with pgq.Worker(app, dsn, **QUICK) as worker:
+        await client.wait(first, timeout=10)
+        with anyio.fail_after(10):
+            await entered.wait()
+        second = await conn.fetchval(ghost, uuid.uuid4())
+        done = await client.wait(second, timeout=10)
+        assert done.state is pgq.JobState.COMPLETED
+
+        async def both_waiting() -> bool:  # the second queued behind the hanging first
+            return bool(worker.stats()["rescue_events_waiting"] == 2)
+
+        await until(both_waiting)
+        assert heard == [first]
+
+
 @pytest.mark.parametrize("row_deletable", [True, False])
 async def test_rescued_event_fires_when_a_restarted_worker_takes_over_its_previous_run(
     dsn: str, client: pgq.Client, conn: Conn, row_deletable: bool

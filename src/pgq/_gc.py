@@ -11,8 +11,9 @@ GC_THRESHOLD = 10_000
 _MOST = 2**31 - 1
 #: Jobs in flight from which a worker says, as it starts, that the collector runs at
 #: Python's settings: the more jobs in flight, the more of their objects each collection
-#: walks. With jobs of 10 ms on Python 3.11, the collector took 6 % of the worker's CPU at
-#: 100 in flight, 18 % at 300, 29 % at 1,000 (docs/embedding.md).
+#: walks. With jobs of 10 ms on Python 3.11, the collector took 9 % of the worker's CPU at
+#: 100 in flight, 19 % at 300, 25 % at 1,000 (benchmarks/bench_gc_share.py,
+#: docs/embedding.md).
 BUSY_CONCURRENCY = 300
 
 

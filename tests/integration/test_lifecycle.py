@@ -808,6 +808,9 @@ async def test_a_job_rescued_hook_that_never_returns_holds_up_no_rescue(
 
         await until(both_waiting)
         assert heard == [first]
+        # pgq's own metric counts each rescue at once, whatever the App's hook does.
+        metric = 'pgq_jobs_rescued_total{reason="producer row missing"} 2.0'
+        assert metric in (await worker.render_metrics()).decode()
 
 
 @pytest.mark.parametrize("row_deletable", [True, False])

@@ -21,6 +21,7 @@ from pgq._hooks import Hooks
 from pgq._store import producers as producers_store
 from pgq._store.connections import Target
 from pgq._store.producers import Beat
+from pgq._worker import rescue_reports
 from pgq._worker.leader.rescuer import Rescuer
 from pgq._worker.liveness import Heartbeater, ProducerHealth
 from pgq._worker.rescue_reports import RescueReports
@@ -835,6 +836,39 @@ async def test_a_worker_whose_job_rescued_hook_never_returns_still_stops(
     assert warning.startswith("1 job_rescued events were not delivered"), warning
 
 
+async def test_a_worker_told_to_stop_at_once_waits_no_more_for_a_job_rescued_hook(
+    conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopping, the worker waits for a hook that hangs (here for an hour); told then to
+    stop at once, it waits no more."""
+    monkeypatch.setattr(rescue_reports, "FLUSH_S", 3600.0)
+    app = make_app()
+    entered = anyio.Event()
+    heard: list[str] = []
+
+    @app.on("job_rescued")
+    async def hang(event: pgq.JobEvent) -> None:
+        entered.set()
+        try:
+            await anyio.Event().wait()  # never set
+        except BaseException:
+            heard.append("cancelled")
+            raise
+
+    worker = pgq.Worker(app, dsn, **PATIENT)
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            await worker.started.wait()
+            producer = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+            await claimed_jobs(conn, producer, 1)
+            worker.stop()
+            await entered.wait()  # the sweep handed it back; the stop waits for the hook
+            assert worker.stats()["rescue_events_waiting"] == 1
+            worker.stop(now=True)
+    assert heard == ["cancelled"]
+
+
 async def test_a_stray_with_a_cancel_request_ends_cancelled_and_is_reported_so(
     conn: Conn, client: pgq.Client
 ) -> None:
@@ -1152,7 +1186,7 @@ async def test_a_sweep_hands_back_every_unknown_attempt_at_once(
 
 
 async def test_a_job_rescued_hook_that_never_returns_holds_up_no_check_of_strays(
-    conn: Conn, client: pgq.Client
+    conn: Conn, client: pgq.Client, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The hooks hear of hand-backs from a task of their own: while a hook hangs on the
     first, the checks go on and hand back the next stray; at a stop, the wait for the
@@ -1186,9 +1220,13 @@ async def test_a_job_rescued_hook_that_never_returns_holds_up_no_check_of_strays
         assert await conn.fetchval(state, second) == "available"
         assert heard == [first]  # still in the first event's hook
         assert reports.waiting == 2
-        with anyio.fail_after(30):
+        with anyio.fail_after(30), caplog.at_level(logging.WARNING, logger="pgq.worker"):
             await reports.flush(0.1)
         assert reports.waiting == 2 and reports.delivered == 0
+        assert any(
+            r.getMessage().startswith("2 job_rescued events were not delivered")
+            for r in caplog.records
+        )
         tg.cancel_scope.cancel()
     assert strays.handed_back == 2
 

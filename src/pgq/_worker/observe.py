@@ -26,6 +26,10 @@ class Observers:
     hooks: Hooks
     joblog: JobLog
     metrics: _metrics.WorkerMetrics | None
+    #: The App's own hooks, and pgq's own ``job_rescued`` handlers (synchronous, quick):
+    #: rescues reach them apart (``pgq._worker.rescue_reports``).
+    app_hooks: Hooks
+    own_rescued: list[Hook]
 
 
 def observers(
@@ -52,4 +56,4 @@ def observers(
         for name, hooks in part.items():
             handlers[name] += hooks
     joined = app_hooks.joined(handlers, middleware, joblog.failure_hooks())
-    return Observers(joined, joblog, metrics)
+    return Observers(joined, joblog, metrics, app_hooks, handlers["job_rescued"])

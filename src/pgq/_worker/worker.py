@@ -185,6 +185,8 @@ class Worker:
             self._stop_now = True
             for producer in self._parts.producers if self._parts else ():
                 producer.cancel_running(SHUTDOWN)
+            if self._parts:
+                self._parts.reports.cut()
         self._stop_requested.set()
 
     async def run(self, *, burst: bool = False) -> None:
@@ -284,7 +286,7 @@ class Worker:
         s = self.settings
         limiter = anyio.CapacityLimiter(s.max_threads)
         completer = Completer(pool, self._counted)
-        reports = RescueReports(self._observers.hooks)
+        reports = RescueReports(self._observers.app_hooks, self._observers.own_rescued)
         producers = [
             self._producer(pool, queue, n, completer, limiter) for queue, n in self._queues.items()
         ]

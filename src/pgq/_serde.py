@@ -258,6 +258,14 @@ class UndecodableArgs(dict[str, Any]):
         self.problem = problem
 
 
+def unreadable(value: Any) -> str | None:
+    """For operators' views: why ``value`` is not shown, when it stands in for arguments
+    Python could not decode (the stored JSON is left as it was), else None."""
+    if value.__class__ is UndecodableArgs:
+        return str(value.problem)
+    return None
+
+
 def undecodable(exc: BaseException) -> UndecodableArgs:
     """The arguments of a job whose row raised ``exc`` when decoded."""
     return UndecodableArgs(

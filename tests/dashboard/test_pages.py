@@ -237,3 +237,26 @@ async def test_queues_page_shows_flow_control_limits(
         )
     body = html.unescape((await http.get("/queues")).text)
     assert "3 at once, 100/60s; per key: 1 at once, 5/1s" in body
+
+
+async def test_a_job_whose_arguments_python_cannot_decode_says_so_on_its_pages(
+    http: httpx.AsyncClient, scene: Scene
+) -> None:
+    """A row written around pgq's checks (an integer of more digits than int() converts):
+    its page and the list say why its arguments are not shown, rather than showing {}."""
+    conn = await asyncpg.connect(scene.dsn)
+    try:
+        job_id = await conn.fetchval(
+            "INSERT INTO pgq_jobs (task, queue, args, state) VALUES ('echo', 'odd',"
+            " jsonb_build_object('n', repeat('9', 5000)::numeric), 'scheduled')"
+            " RETURNING id"
+        )
+    finally:
+        await conn.close()
+    page = await http.get(f"/jobs/{job_id}")
+    assert page.status_code == 200
+    assert "(not shown: its stored arguments, metadata or result could not be decoded" in (
+        page.text
+    )
+    listed = await http.get(f"/jobs?id={job_id}")
+    assert "(not shown: its stored arguments" in listed.text

@@ -234,3 +234,17 @@ def test_queue_limits_from_the_shell(dsn: str) -> None:
     cleared = as_json(dsn, "queues", "limit", "emails", "--clear")
     assert cleared["concurrency"] is None and cleared["rate_count"] is None
     assert cleared["key_concurrency"] is None and cleared["key_rate_count"] is None
+
+
+async def test_a_job_whose_arguments_python_cannot_decode_is_shown_with_the_reason(
+    dsn: str, conn: Conn
+) -> None:
+    job_id = await conn.fetchval(
+        "INSERT INTO pgq_jobs (task, args, state) VALUES ('echo',"
+        " jsonb_build_object('n', repeat('9', 5000)::numeric), 'scheduled') RETURNING id"
+    )
+    text = pgq_cli(dsn, "jobs", "show", str(job_id))
+    assert text.returncode == 0, text.stderr
+    assert "args          (not shown: its stored arguments" in text.stdout, text.stdout
+    shown = as_json(dsn, "jobs", "show", str(job_id))
+    assert shown["args"] is None and "could not be decoded" in shown["args_problem"]

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from pgq import _serde
 from pgq.job import Job
 
 
@@ -32,13 +33,15 @@ def _json_default(value: Any) -> Any:
 
 
 def job_dict(job: Job) -> dict[str, Any]:
-    """A job as the CLI's JSON shows it."""
-    return {
+    """A job as the CLI's JSON shows it (arguments Python could not decode are null, with
+    ``args_problem`` saying why)."""
+    problem = _serde.unreadable(job.args)
+    shown = {
         "id": job.id,
         "queue": job.queue,
         "task": job.task,
         "state": job.state.value,
-        "args": job.args,
+        "args": None if problem is not None else job.args,
         "priority": job.priority,
         "attempt": job.attempt,
         "max_attempts": job.max_attempts,
@@ -54,6 +57,14 @@ def job_dict(job: Job) -> dict[str, Any]:
         "limit_key": job.limit_key,
         "depends_on": job.depends_on,
     }
+    if problem is not None:
+        shown["args_problem"] = problem
+    return shown
+
+
+def _args_shown(args: dict[str, Any]) -> str:
+    problem = _serde.unreadable(args)
+    return json.dumps(args) if problem is None else f"(not shown: {problem})"
 
 
 def when(value: datetime | None) -> str:
@@ -72,7 +83,7 @@ def show_job(job: Job) -> str:
         f"job {job.id}  {job.task}  [{job.state.value}]",
         f"  queue         {job.queue} (priority {job.priority})",
         f"  attempt       {job.attempt} of {job.max_attempts or 'the task default'}",
-        f"  args          {json.dumps(job.args)}",
+        f"  args          {_args_shown(job.args)}",
         f"  created       {when(job.created_at)}",
         f"  scheduled     {when(job.scheduled_at)}",
         f"  attempted     {when(job.attempted_at)}",

@@ -22,6 +22,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
+from pgq import _serde
 from pgq._dsn import mask_dsn, normalize_dsn
 from pgq._store.connections import CONNECTION_ERRORS, Pool, Target, create_pool
 from pgq._store.revision import check_schema
@@ -242,8 +243,14 @@ def _utc(when: datetime | None) -> str:
 
 
 def _compact(value: Any) -> str:
+    problem = _serde.unreadable(value)
+    if problem is not None:
+        return f"(not shown: {problem})"
     return json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
 
 
 def _pretty(value: Any) -> str:
+    problem = _serde.unreadable(value)
+    if problem is not None:
+        return f"(not shown: {problem})"
     return json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)

@@ -118,8 +118,8 @@ class Strays:
                     reason = str(exc) or type(exc).__name__
                     log.warning("could not check for jobs nobody runs (%s); trying again", reason)
                 failing = True
-            else:
-                failing = False
+                continue
+            failing = False
 
     async def check(self) -> list[int]:
         """One check; returns the ids of the jobs it handed back."""
@@ -172,8 +172,7 @@ class Strays:
         states = await claims.write_outcomes(self._pool, outcomes)
         written = sorted(states)
         self.handed_back += len(written)
-        landed = set(written)
-        counted = sorted(o.job_id for o in outcomes if o.attempt_delta == 0 and o.job_id in landed)
+        counted = sorted(o.job_id for o in outcomes if o.attempt_delta == 0 and o.job_id in states)
         if counted:
             log.warning(
                 "jobs %s: their claims' replies were lost %d times or more, so these hand-backs "
@@ -190,7 +189,7 @@ class Strays:
             )
         if self._reports is not None:
             for row in strays:
-                if row.id in landed:
+                if row.id in states:
                     # What the write made of it: a job with a cancel request ends cancelled.
                     self._reports.add(
                         job_id=row.id,

@@ -751,15 +751,22 @@ async def test_failing_middleware_retries_the_job(dsn: str, client: pgq.Client) 
     assert "metrics backend down" in done.errors[0]["message"]
 
 
-async def test_rescued_event_fires_in_the_leader(dsn: str, client: pgq.Client, conn: Conn) -> None:
-    import uuid
-
+def rescue_listening_app() -> tuple[pgq.App, list[pgq.JobEvent]]:
+    """An App with a no-op task ``t`` and a hook that keeps every job_rescued event."""
     app = pgq.App()
     rescued: list[pgq.JobEvent] = []
     app.on("job_rescued")(rescued.append)
 
     @app.task
     async def t(ctx: pgq.JobContext) -> None: ...
+
+    return app, rescued
+
+
+async def test_rescued_event_fires_in_the_leader(dsn: str, client: pgq.Client, conn: Conn) -> None:
+    import uuid
+
+    app, rescued = rescue_listening_app()
 
     ghost = uuid.uuid4()
     job_id = await conn.fetchval(
@@ -825,12 +832,7 @@ async def test_rescued_event_fires_when_a_restarted_worker_takes_over_its_previo
     if not row_deletable:
         await conn.execute(REFUSE_PRODUCER_DELETES)
 
-    app = pgq.App()
-    rescued: list[pgq.JobEvent] = []
-    app.on("job_rescued")(rescued.append)
-
-    @app.task
-    async def t(ctx: pgq.JobContext) -> None: ...
+    app, rescued = rescue_listening_app()
 
     previous = uuid.uuid4()
     # The previous run's row: silent for 5 s, past its fencing bound of 0.5 s, and far from

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import re
 
 import asyncpg
@@ -260,3 +261,46 @@ async def test_a_job_whose_arguments_python_cannot_decode_says_so_on_its_pages(
     )
     listed = await http.get(f"/jobs?id={job_id}")
     assert "(not shown: its stored arguments" in listed.text
+
+
+def timeline_lines(body: str) -> list[str]:
+    """The bold line of each timeline entry of a job page, tags stripped."""
+    section = body.split('<ol class="timeline">', 1)[1].split("</ol>", 1)[0]
+    return [html.unescape(re.sub(r"<[^>]+>", "", b)) for b in re.findall(r"<b>(.*?)</b>", section)]
+
+
+async def test_a_delayed_job_is_due_and_a_failed_one_runs_again(
+    http: httpx.AsyncClient, scene: Scene
+) -> None:
+    """A job enqueued with a delay has not run: its timeline says when it is due, not that
+    it runs again; a job whose first attempt failed runs again as attempt 2."""
+    delayed = timeline_lines((await http.get(f"/jobs/{scene.jobs.scheduled}")).text)
+    assert delayed == ["enqueued on queue default", "due"]
+    failed = timeline_lines((await http.get(f"/jobs/{scene.jobs.retryable}")).text)
+    assert failed[0] == "enqueued on queue emails"
+    assert failed[-1] == "attempt 2: runs again"
+
+
+async def test_a_rescue_says_who_took_the_attempt_back(
+    http: httpx.AsyncClient, scene: Scene
+) -> None:
+    """The leader's rescue and a restarted worker's are told apart on the job's page (the
+    entries as pgq's rescue statement writes them)."""
+    entries = [
+        {"attempt": 1, "kind": "rescued", "reason": "producer stale", "message": "m1"},
+        {"attempt": 2, "kind": "rescued", "reason": "worker restarted", "message": "m2"},
+    ]
+    conn = await asyncpg.connect(scene.dsn)
+    try:
+        job_id = await conn.fetchval(
+            "INSERT INTO pgq_jobs (task, queue, args, state, attempt, attempted_at, errors)"
+            " VALUES ('echo', 'odd', '{}', 'retryable', 2, now(), $1::jsonb) RETURNING id",
+            json.dumps(entries),
+        )
+    finally:
+        await conn.close()
+    lines = timeline_lines((await http.get(f"/jobs/{job_id}")).text)
+    assert lines[1:3] == [
+        "attempt 1: rescued by the leader: producer stale",
+        "attempt 2: rescued by its worker's next run (the worker restarted)",
+    ]

@@ -17,13 +17,18 @@ _KIND_TITLES = {
     "discard": "discarded by the task",
     "arguments": "arguments do not fit the task",
     "shutdown": "interrupted by a worker stopping",
-    "rescued": "rescued by the leader",
+    "rescued": "rescued",
     "lost_reply": "handed back: the reply to its claim was lost",
     "result": "result could not be stored",
     "outcome": "outcome could not be written",
     "internal": "failed inside pgq",
     "dependency": "cancelled: a job it depends on failed",
 }
+
+
+#: The reason a worker restarted under its stable name writes when it takes back its
+#: previous run's jobs (``RESCUE_PREDECESSOR`` in ``pgq._store.sql``).
+_RESTARTED = "worker restarted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +50,9 @@ class Event:
 def timeline(job: Job[Any]) -> list[Event]:
     """Every event of ``job`` that the database recorded, oldest first."""
     events = [Event(job.created_at, f"enqueued on queue {job.queue}", "info")]
-    if (
-        job.scheduled_at
-        and job.created_at
-        and job.scheduled_at > job.created_at
-        and (job.attempt == 0)
-    ):
+    # A job no worker has claimed yet (a snoozed job is back at attempt 0, but was claimed).
+    never_ran = job.attempt == 0 and job.attempted_at is None
+    if never_ran and job.scheduled_at and job.created_at and job.scheduled_at > job.created_at:
         events.append(Event(job.scheduled_at, "due", "info"))
     for entry in job.errors:
         events.append(_from_error(entry))
@@ -60,7 +62,7 @@ def timeline(job: Job[Any]) -> list[Event]:
     if job.state is JobState.PENDING and job.depends_on:
         waits = ", ".join(f"#{p}" for p in job.depends_on)
         events.append(Event(job.created_at, f"waits for {waits} to complete", "info"))
-    if job.state in (JobState.SCHEDULED, JobState.RETRYABLE) and job.scheduled_at:
+    if job.state in (JobState.SCHEDULED, JobState.RETRYABLE) and job.scheduled_at and not never_ran:
         events.append(Event(job.scheduled_at, "runs again", "info", attempt=job.attempt + 1))
     return events
 
@@ -68,8 +70,8 @@ def timeline(job: Job[Any]) -> list[Event]:
 def _from_error(entry: dict[str, Any]) -> Event:
     kind = str(entry.get("kind", "exception"))
     title = _KIND_TITLES.get(kind, kind)
-    if kind == "rescued" and entry.get("reason"):
-        title = f"rescued by the leader: {entry['reason']}"
+    if kind == "rescued":
+        title = _rescued_title(entry.get("reason"))
     return Event(
         at=_when(entry.get("at")),
         title=title,
@@ -81,6 +83,15 @@ def _from_error(entry: dict[str, Any]) -> Event:
         message=entry.get("message"),
         traceback=entry.get("traceback"),
     )
+
+
+def _rescued_title(reason: Any) -> str:
+    """Who took the attempt back, and why: its worker's next run under the same name
+    ("worker restarted"), else the leader (its producer went stale or missing, or the job
+    overran its timeout)."""
+    if reason == _RESTARTED:
+        return "rescued by its worker's next run (the worker restarted)"
+    return f"rescued by the leader: {reason}" if reason else "rescued by the leader"
 
 
 def _latest_attempt(job: Job[Any]) -> Event | None:

@@ -504,14 +504,36 @@ async def test_worker_on_unmigrated_database_fails_at_start(empty_dsn: str) -> N
             pass
 
 
-async def test_worker_refuses_a_queue_without_tasks() -> None:
+async def test_worker_refuses_an_app_without_tasks() -> None:
+    with pytest.raises(pgq.ConfigError, match="the App registers no task"):
+        pgq.Worker(pgq.App(), "postgresql://localhost/x", queues=["b"])
+
+
+async def test_a_job_enqueued_on_another_queue_than_its_tasks_runs_where_that_queue_is_worked(
+    client: pgq.Client, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task declared on queue "a", enqueued with queue="b" (by spec, and by name without
+    the App): a worker that works "b" runs both, and warns at start that no task of its App
+    is declared on "b"."""
+    import logging
+
     app = pgq.App()
 
     @app.task(queue="a")
-    async def t(ctx: pgq.JobContext) -> None: ...
+    async def echo(ctx: pgq.JobContext, n: int) -> int:
+        return n
 
-    with pytest.raises(pgq.ConfigError, match="queue 'b' has no task in this App"):
-        pgq.Worker(app, "postgresql://localhost/x", queues=["b"])
+    async with pgq.Client(dsn, app=app) as with_app:
+        by_spec = await with_app.enqueue(echo.spec(n=1), queue="b")
+    by_name = await client.enqueue("echo", {"n": 2}, queue="b")
+    assert (by_spec.queue, by_name.queue) == ("b", "b")
+    with caplog.at_level(logging.WARNING, logger="pgq.worker"):
+        await burst(app, dsn, queues=["b"])
+    for job, n in ((by_spec, 1), (by_name, 2)):
+        done = await client.get_job(job.id)
+        assert done is not None and done.state is pgq.JobState.COMPLETED and done.result == n
+    (warning,) = [r.getMessage() for r in caplog.records if "no task of this App" in r.getMessage()]
+    assert "queue 'b'" in warning and "queue='b'" in warning, warning
 
 
 async def test_a_producer_says_it_is_empty_after_batches_that_overlapped(

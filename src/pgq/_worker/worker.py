@@ -67,14 +67,16 @@ def default_worker_name() -> str:
 def resolve_queues(
     app: App, queues: Mapping[str, int] | Sequence[str] | None, concurrency: int
 ) -> dict[str, int]:
-    """Queue name -> concurrency, checked: by default every queue the App's tasks use."""
+    """Queue name -> concurrency, checked: by default every queue the App's tasks use. A
+    worker runs every task of the App on each queue it works, so a queue no task is declared
+    on is served (jobs enqueued there with ``queue=``), with a warning."""
+    declared = app.queues()
+    if not declared:
+        raise ConfigError("the App registers no task: decorate functions with @app.task")
     if isinstance(queues, str):
         queues = [queues]
     if queues is None:
-        names = app.queues()
-        if not names:
-            raise ConfigError("the App registers no task: decorate functions with @app.task")
-        resolved = dict.fromkeys(names, concurrency)
+        resolved = dict.fromkeys(declared, concurrency)
     elif isinstance(queues, Mapping):
         resolved = dict(queues)
     else:
@@ -87,11 +89,14 @@ def resolve_queues(
             raise ConfigError(
                 f"queue {queue!r}: concurrency must be a whole number >= 1, got {n!r}"
             )
-        if not any(t.queue == queue for t in app):
-            raise ConfigError(
-                f"queue {queue!r} has no task in this App (its queues: "
-                f"{', '.join(app.queues()) or 'none'}); a worker only runs tasks it registers"
-            )
+    for queue in resolved:
+        if queue not in declared:
+            log.warning(
+                "queue %r: no task of this App is declared on it (its tasks' queues: %s); "
+                "the worker runs the App's tasks enqueued on it with queue=%r, and waits on "
+                "an empty queue if that name is a typo",
+                queue, ", ".join(declared), queue,
+            )  # fmt: skip
     return resolved
 
 
@@ -271,7 +276,9 @@ class Worker:
         return Producer(
             queue=queue,
             concurrency=concurrency,
-            tasks={t.name: t for t in self.app if t.queue == queue},
+            # Every task of the App, whatever queue it is declared on: a job enqueued with
+            # queue= on another queue runs where that queue is worked.
+            tasks={t.name: t for t in self.app},
             pool=pool,
             outcomes=completer.add,
             limiter=limiter,

@@ -17,7 +17,7 @@ from pgq import _serde
 from pgq._cron import TimeSchedule, make_schedule
 from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
 from pgq.errors import ConfigError, UnknownTaskError
-from pgq.job import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, Job, JobContext, JobState
+from pgq.job import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_SECONDS, Job, JobContext, JobState
 
 #: A task's parameters after the context, and its result.
 P = ParamSpec("P", default=...)
@@ -58,9 +58,15 @@ class Backoff:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.base_s < 0 or self.max_s < self.base_s or not 0 <= self.jitter < 1:
+        numbers = (self.base_s, self.max_s, self.jitter)
+        if (
+            any(isinstance(x, bool) or not isinstance(x, int | float) for x in numbers)
+            or not 0 <= self.base_s <= self.max_s <= MAX_SECONDS
+            or not 0 <= self.jitter < 1
+        ):
             raise ConfigError(
-                f"invalid backoff {self!r}: need 0 <= base_s <= max_s and 0 <= jitter < 1"
+                f"invalid backoff {self!r}: need numbers with 0 <= base_s <= max_s <= "
+                f"{MAX_SECONDS:g} (seconds) and 0 <= jitter < 1"
             )
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
@@ -109,16 +115,31 @@ class Task(Generic[P, R]):
         backoff: Backoff,
         limit_key_arg: str | None = None,
     ) -> None:
-        if max_attempts < 1:
-            raise ConfigError(f"task {name!r}: max_attempts must be at least 1")
+        if type(max_attempts) is not int or not 1 <= max_attempts <= INT4_MAX:
+            raise ConfigError(
+                f"task {name!r}: max_attempts must be a whole number from 1 to {INT4_MAX}, "
+                f"got {max_attempts!r}"
+            )
         if type(priority) is not int or not INT4_MIN <= priority <= INT4_MAX:
             # Every job of the task is written with it: refused here, not at each enqueue.
             raise ConfigError(
                 f"task {name!r}: priority must be an integer from {INT4_MIN} to {INT4_MAX}, "
                 f"got {priority!r}"
             )
-        if timeout is not None and timeout <= 0:
-            raise ConfigError(f"task {name!r}: timeout must be a positive number of seconds")
+        if timeout is not None and not (
+            isinstance(timeout, int | float)
+            and not isinstance(timeout, bool)
+            and 0 < timeout <= MAX_SECONDS
+        ):
+            raise ConfigError(
+                f"task {name!r}: timeout must be a number of seconds above 0 and at most "
+                f"{MAX_SECONDS:g}, or None for no limit; got {timeout!r}"
+            )
+        if not isinstance(backoff, Backoff):
+            raise ConfigError(
+                f"task {name!r}: backoff must be a pgq.Backoff, got {backoff!r} (a fixed "
+                "delay of 60 s: pgq.Backoff(base_s=60, max_s=60, jitter=0))"
+            )
         self.fn: Callable[..., Any] = fn
         self.name = check_task_name(name)
         self.queue = check_queue_name(queue)
@@ -463,7 +484,7 @@ class App:
                 max_attempts=max_attempts,
                 timeout=timeout,
                 priority=priority,
-                backoff=backoff or Backoff(),
+                backoff=Backoff() if backoff is None else backoff,
                 limit_key_arg=limit_key_arg,
             )
             if task.name in self._tasks:

@@ -128,12 +128,17 @@ class Job(Generic[R]):
     depends_on: list[int] | None = None
 
 
+#: The longest timeout or delay a task may set, in seconds (about 31 years): the deadlines
+#: and retry times the database computes from them must stay within its dates.
+MAX_SECONDS = 1e9
+
+
 def _seconds(delay: float | timedelta | None) -> float | None:
     if delay is None:
         return None
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-    if seconds < 0 or seconds != seconds:
-        raise ValueError(f"a delay must be zero or more seconds, got {delay!r}")
+    if not 0 <= seconds <= MAX_SECONDS:  # NaN fails too
+        raise ValueError(f"a delay must be from 0 to {MAX_SECONDS:g} seconds, got {delay!r}")
     return seconds
 
 

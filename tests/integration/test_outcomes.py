@@ -226,3 +226,36 @@ async def test_the_lean_completion_returns_what_the_fence_let_through_and_is_sil
     ]  # fmt: skip
     expected = {"x": 1} if with_result else None
     assert (states[a].result, states[b].result, states[c].result) == (expected, expected, None)
+
+
+class BrokenBackoff(pgq.Backoff):
+    """A backoff whose delay raises: pgq cannot compute the retry the task's failure asks."""
+
+    def delay(self, attempt: int, rng: Any = None) -> float:
+        raise RuntimeError("backoff broke")
+
+
+async def test_a_failure_whose_backoff_raises_still_ends_the_attempt_and_counts_it(
+    dsn: str,
+) -> None:
+    """The task raises, its backoff raises too: the attempt ends retryable, counted, with
+    an internal error entry whose traceback keeps the task's own error; the job is not left
+    running, nor run again as the same attempt."""
+    app = pgq.App()
+
+    @app.task(max_attempts=3, backoff=BrokenBackoff())
+    async def fails(ctx: pgq.JobContext) -> None:
+        raise ConnectionError("upstream refused")
+
+    async with pgq.Client(dsn, app=app) as client:
+        job = await client.enqueue(fails.spec())
+        with anyio.fail_after(30):
+            await pgq.Worker(app, dsn, **SETTINGS).run(burst=True)
+        after = await client.get_job(job.id)
+    assert after is not None and after.state is pgq.JobState.RETRYABLE, after
+    assert after.attempt == 1
+    (entry,) = after.errors
+    assert entry["kind"] == "internal" and "backoff broke" in entry["message"], entry
+    assert "ConnectionError: upstream refused" in entry["traceback"]
+    assert after.scheduled_at is not None and after.attempted_at is not None
+    assert (after.scheduled_at - after.attempted_at).total_seconds() > 30

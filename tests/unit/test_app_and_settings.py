@@ -1,4 +1,5 @@
 import random
+import re
 
 import pytest
 
@@ -37,6 +38,54 @@ def test_task_registration_and_lookup() -> None:
         app.get("sned")
     with pytest.raises(ConfigError, match="registered twice"):
         app.task(name="send")(report.fn)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("timeout", float("inf"), "timeout must be a number of seconds above 0 and at most"),
+        ("timeout", float("nan"), "timeout must be a number of seconds above 0 and at most"),
+        ("timeout", 1e20, "timeout must be a number of seconds above 0 and at most"),
+        ("timeout", "10", "timeout must be a number of seconds above 0 and at most"),
+        ("timeout", 0, "timeout must be a number of seconds above 0 and at most"),
+        ("max_attempts", 10**10, "max_attempts must be a whole number from 1 to 2147483647"),
+        ("max_attempts", True, "max_attempts must be a whole number from 1 to 2147483647"),
+        ("max_attempts", 0, "max_attempts must be a whole number from 1 to 2147483647"),
+        ("backoff", 60, "backoff must be a pgq.Backoff, got 60"),
+        ("backoff", 0, "backoff must be a pgq.Backoff, got 0"),
+    ],
+)
+def test_a_task_option_its_jobs_could_not_be_written_with_is_refused(
+    option: str, value: object, says: str
+) -> None:
+    """Refused when the task is registered: each would have made every claim (or every
+    retry) of the queue fail in the database, over and over."""
+    app = pgq.App()
+
+    async def job(ctx: pgq.JobContext) -> None:
+        pass
+
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        app.task(**{option: value})(job)  # type: ignore[call-overload]
+    assert "job" not in [t.name for t in app]
+
+
+@pytest.mark.parametrize(
+    "fields", [{"base_s": float("nan")}, {"max_s": float("inf")}, {"base_s": "1"}, {"max_s": 1e10}]
+)
+def test_a_backoff_whose_delays_the_database_could_not_hold_is_refused(
+    fields: dict[str, object],
+) -> None:
+    with pytest.raises(ConfigError, match="invalid backoff"):
+        Backoff(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("delay", [float("inf"), float("nan"), 1e10, -1])
+def test_a_retry_or_snooze_delay_out_of_range_is_refused(delay: float) -> None:
+    with pytest.raises(ValueError, match="a delay must be from 0 to 1e"):
+        pgq.Retry(delay)
+    with pytest.raises(ValueError, match="a delay must be from 0 to 1e"):
+        pgq.Snooze(delay)
 
 
 @pytest.mark.parametrize("priority", [2**31, -(2**31) - 1, 1.5, "1", True])

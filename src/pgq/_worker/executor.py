@@ -20,6 +20,10 @@ from pgq.job import STATES, Cancel, Discard, Job, JobContext, JobState, Retry, S
 
 log = logging.getLogger("pgq.executor")
 
+#: Seconds before a job retries when pgq failed to see its attempt through and its task's
+#: backoff failed too (a ``Backoff`` subclass whose ``delay`` raises).
+INTERNAL_RETRY_S = 60.0
+
 #: Why a job's cancel scope was cancelled by the worker.
 SHUTDOWN = "shutdown"
 CANCEL = "cancel"
@@ -116,7 +120,14 @@ def internal_failure(job: Job, task: Task, exc: BaseException) -> Outcome:
     log.error("job %d (%s) attempt %d: internal error", job.id, job.task, job.attempt, exc_info=exc)
     message = f"internal error running the job: {type(exc).__name__}: {exc}"
     tb = "".join(traceback.format_exception(exc))
-    return _failure(job, task, error_entry(job.attempt, "internal", message, tb))
+    entry = error_entry(job.attempt, "internal", message, tb)
+    try:
+        return _failure(job, task, entry)
+    except Exception:  # the task's backoff failed too: the attempt still ends, and counts
+        log.exception("job %d (%s): its task's backoff failed", job.id, job.task)
+        if job.attempt >= (job.max_attempts or task.max_attempts):
+            return Outcome.of(job, "discarded", error=entry)
+        return Outcome.of(job, "retryable", delay_s=INTERNAL_RETRY_S, error=entry)
 
 
 #: Runs one attempt: ``(task, execution, limiter)`` to its outcome.

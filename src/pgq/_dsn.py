@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 from pgq.errors import ConfigError
 
@@ -60,6 +61,58 @@ def normalize_dsn(dsn: str) -> str:
     if not netloc and not tail:
         raise _malformed(dsn, _EXPECTED)
     return "postgresql://" + netloc + tail.split("#", 1)[0]
+
+
+#: libpq's connection options that asyncpg does not take: it would send each to the server
+#: as a setting, which the server refuses. (``connect_timeout`` is taken apart, below.)
+_LIBPQ_ONLY = frozenset({
+    "channel_binding", "fallback_application_name", "gssdelegation", "gssencmode",
+    "hostaddr", "keepalives", "keepalives_count", "keepalives_idle", "keepalives_interval",
+    "load_balance_hosts", "replication", "require_auth", "requirepeer", "requiressl",
+    "sslcompression", "sslsni", "tcp_user_timeout",
+})  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncpgDsn:
+    """A DSN as asyncpg takes it: libpq's ``connect_timeout`` taken out (as seconds; None
+    where the DSN gives none, 0 where it asks to wait indefinitely), and the libpq options
+    asyncpg does not take left out, named in ``dropped``."""
+
+    dsn: str | None
+    connect_timeout_s: float | None = None
+    dropped: tuple[str, ...] = ()
+
+
+def for_asyncpg(dsn: str | None) -> AsyncpgDsn:
+    """Split what asyncpg cannot take off ``dsn`` (a normalized URL, or None)."""
+    if dsn is None or "?" not in dsn:
+        return AsyncpgDsn(dsn)
+    base, _, query = dsn.partition("?")
+    kept: list[str] = []
+    dropped: list[str] = []
+    timeout: float | None = None
+    for pair in query.split("&"):
+        name = pair.partition("=")[0]
+        if name == "connect_timeout":
+            timeout = _connect_timeout(dsn, pair.partition("=")[2])
+        elif name in _LIBPQ_ONLY:
+            dropped.append(name)
+        elif pair:
+            kept.append(pair)
+    return AsyncpgDsn(base + ("?" + "&".join(kept) if kept else ""), timeout, tuple(dropped))
+
+
+def _connect_timeout(dsn: str, value: str) -> float:
+    """libpq's ``connect_timeout``: whole seconds, at least 2; 0 or less waits
+    indefinitely (returned as 0)."""
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise _malformed(
+            dsn, f"connect_timeout must be a whole number of seconds, not {value!r}"
+        ) from None
+    return 0.0 if seconds <= 0 else float(max(seconds, 2))
 
 
 def _check_host(dsn: str, host: str) -> None:

@@ -558,3 +558,63 @@ async def test_a_client_on_its_own_pool_reads_no_dsn(
             assert (await c.enqueue("email", {})).id > 0
     finally:
         await pool.close()
+
+
+def with_query(dsn: str, query: str) -> str:
+    """``dsn`` with ``query`` added to its parameters."""
+    return f"{dsn}{'&' if '?' in dsn else '?'}{query}"
+
+
+async def test_a_dsn_with_libpqs_connect_timeout_or_keepalives_connects(
+    dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Options libpq takes and asyncpg does not (common in DATABASE_URL): connect_timeout
+    is honoured, keepalives is left out with a warning, instead of the server refusing
+    them as unknown settings."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="pgq"):
+        async with pgq.Client(with_query(dsn, "connect_timeout=10&keepalives=1")) as client:
+            assert await client.count_by_state() is not None
+    (warning,) = [r.getMessage() for r in caplog.records if "libpq options" in r.getMessage()]
+    assert "(keepalives)" in warning
+
+
+async def test_a_connect_timeout_in_the_dsn_bounds_the_wait_for_a_silent_server() -> None:
+    """A server that accepts and never answers: the DSN's connect_timeout=2 ends the wait
+    well before pgq's own 10 s."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    accepted: list[anyio.abc.SocketStream] = []
+
+    async def hold(stream: anyio.abc.SocketStream) -> None:
+        async with stream:  # kept open, never answered
+            accepted.append(stream)
+            await anyio.sleep_forever()
+
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, hold)
+        began = anyio.current_time()
+        with pytest.raises(pgq.DatabaseUnavailable):
+            async with pgq.Client(f"postgresql://u:pw@127.0.0.1:{port}/db?connect_timeout=2"):
+                pass
+        waited = anyio.current_time() - began
+        tg.cancel_scope.cancel()
+    assert accepted, "the client never reached the silent server"
+    assert waited < 8, f"waited {waited:.1f} s, as if connect_timeout were not read"
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("bogus=1", 'unrecognized configuration parameter "bogus"'),
+        ("statement_timeout=abc", 'invalid value for parameter "statement_timeout"'),
+    ],
+)
+async def test_a_dsn_parameter_the_server_refuses_says_to_correct_it(
+    dsn: str, query: str, says: str
+) -> None:
+    with pytest.raises(pgq.ConfigError, match="refused a setting") as info:
+        async with pgq.Client(with_query(dsn, query)):
+            pass
+    assert says in str(info.value) and "correct or remove it" in str(info.value)

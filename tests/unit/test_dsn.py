@@ -130,3 +130,23 @@ def test_a_direct_target_asks_for_a_writable_server_unless_the_dsn_says(
     assert options["target_session_attrs"] == "read-write"
     own = Target.resolve("postgresql://h1,h2/db?target_session_attrs=primary")
     assert "target_session_attrs" not in own.options("pgq client")
+
+
+def test_libpq_options_asyncpg_lacks_are_taken_apart() -> None:
+    """connect_timeout becomes asyncpg's timeout; libpq-only options are left out and
+    named; every other parameter (server settings, asyncpg's own options) stays."""
+    from pgq._dsn import for_asyncpg
+
+    split = for_asyncpg(
+        "postgresql://u@h/db?connect_timeout=7&sslmode=disable&keepalives=1&application_name=a"
+    )
+    assert split.dsn == "postgresql://u@h/db?sslmode=disable&application_name=a"
+    assert split.connect_timeout_s == 7.0
+    assert split.dropped == ("keepalives",)
+    assert for_asyncpg("postgresql://u@h/db?connect_timeout=1").connect_timeout_s == 2.0
+    assert for_asyncpg("postgresql://u@h/db?connect_timeout=0").connect_timeout_s == 0.0
+    assert for_asyncpg("postgresql://u@h/db?connect_timeout=0").dsn == "postgresql://u@h/db"
+    assert for_asyncpg("postgresql://u@h/db") == for_asyncpg("postgresql://u@h/db")
+    assert for_asyncpg(None).dsn is None
+    with pytest.raises(ConfigError, match="connect_timeout must be a whole number of seconds"):
+        for_asyncpg("postgresql://u:pw@h/db?connect_timeout=soon")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from pgq._dsn import mask_dsn, normalize_dsn, resolve_dsn, scrub
+from pgq._dsn import for_asyncpg, mask_dsn, normalize_dsn, resolve_dsn, scrub
 from pgq.errors import ConfigError, DatabaseUnavailable
 
 if TYPE_CHECKING:
@@ -145,16 +145,64 @@ async def declare_array_types(conn: asyncpg.Connection[asyncpg.Record]) -> None:
         log.debug("array codecs not declared (%s): asyncpg will introspect them", exc)
 
 
+#: Seconds to open a connection, unless the caller or the DSN's ``connect_timeout`` says.
+CONNECT_TIMEOUT_S = 10.0
+#: DSNs already warned about for libpq options asyncpg does not take (once per process).
+_warned: set[str] = set()
+
+
+#: The seconds asyncpg gets to connect where the DSN asks to wait indefinitely
+#: (``connect_timeout=0``): about 31 years.
+_NO_LIMIT_S = 1e9
+
+
+def _for_asyncpg(dsn: str | None, timeout_s: float | None) -> tuple[str | None, float]:
+    """The DSN asyncpg gets, and the seconds it may take to connect: the caller's, else the
+    DSN's ``connect_timeout``, else :data:`CONNECT_TIMEOUT_S`."""
+    split = for_asyncpg(dsn)
+    if split.dropped and dsn not in _warned:
+        _warned.add(dsn or "")
+        log.warning(
+            "the DSN %s names libpq options asyncpg does not take (%s): pgq's connections "
+            "go without them",
+            mask_dsn(dsn), ", ".join(split.dropped),
+        )  # fmt: skip
+    if timeout_s is None:
+        timeout_s = split.connect_timeout_s
+        if timeout_s is None:
+            timeout_s = CONNECT_TIMEOUT_S
+    return split.dsn, (timeout_s or _NO_LIMIT_S)
+
+
+def _refused_setting(dsn: str | None, exc: asyncpg.PostgresError) -> ConfigError:
+    """The server refused a setting a connection asked for at its start: one the DSN's
+    query names (asyncpg sends every parameter it does not know itself as a setting)."""
+    return ConfigError(
+        f"PostgreSQL at {mask_dsn(dsn)} refused a setting: {scrub(str(exc), dsn)}. A "
+        "parameter in the DSN's query is neither a connection option asyncpg knows nor a "
+        "server setting, or its value is wrong: correct or remove it"
+    )
+
+
+#: What the server answers a connection's start with when a setting it was sent is unknown
+#: or wrong.
+_SETTING_ERRORS = (asyncpg.UndefinedObjectError, asyncpg.InvalidParameterValueError)
+
+
 async def connect(
-    dsn: str | None, *, timeout_s: float = 10.0, **kwargs: Any
+    dsn: str | None, *, timeout_s: float | None = None, **kwargs: Any
 ) -> asyncpg.Connection[asyncpg.Record]:
-    """Open one connection, turning driver and socket failures into DatabaseUnavailable."""
+    """Open one connection, turning driver and socket failures into DatabaseUnavailable,
+    and a DSN the server or asyncpg refuses into ConfigError."""
+    target, timeout = _for_asyncpg(dsn, timeout_s)
     try:
         conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(
-            dsn, timeout=timeout_s, **kwargs
+            target, timeout=timeout, **kwargs
         )
     except _connect_errors as exc:
         raise _unavailable(dsn, exc) from exc
+    except _SETTING_ERRORS as exc:
+        raise _refused_setting(dsn, exc) from None
     except ValueError as exc:  # asyncpg's own DSN parser
         raise _unparsable(dsn, exc) from None
     await declare_array_types(conn)
@@ -263,10 +311,16 @@ async def _reset(conn: Connection) -> None:
 
 
 async def create_pool(
-    dsn: str | None, *, min_size: int, max_size: int, timeout_s: float = 10.0, **kwargs: Any
+    dsn: str | None,
+    *,
+    min_size: int,
+    max_size: int,
+    timeout_s: float | None = None,
+    **kwargs: Any,
 ) -> Pool:
     """Open a pool (its first connections too) for pgq's own use, with the same error
     translation."""
+    target, timeout = _for_asyncpg(dsn, timeout_s)
     kwargs.setdefault("reset", _reset)
     init = kwargs.pop("init", None)
 
@@ -278,10 +332,12 @@ async def create_pool(
     kwargs["init"] = setup
     try:
         pool = await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, timeout=timeout_s, **kwargs
+            target, min_size=min_size, max_size=max_size, timeout=timeout, **kwargs
         )
     except _connect_errors as exc:
         raise _unavailable(dsn, exc) from exc
+    except _SETTING_ERRORS as exc:
+        raise _refused_setting(dsn, exc) from None
     except ValueError as exc:
         raise _unparsable(dsn, exc) from None
     assert pool is not None

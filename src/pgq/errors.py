@@ -76,14 +76,23 @@ class SchemaMismatch(DatabaseError):
     revisions are recorded in the project's own alembic version table, so the project's
     alembic environment migrates them."""
 
-    def __init__(self, found: str | None, needed: str, *, shared: bool = False) -> None:
+    def __init__(
+        self, found: str | None, needed: str, *, shared: bool = False, newer: bool = False
+    ) -> None:
         shown = found if found is not None else "none (pgq tables not found)"
-        fix = (
-            "run `alembic upgrade heads` in your project (pgq's revisions are in its "
-            "alembic_version)"
-            if shared
-            else "run `pgq migrate`"
-        )
+        if newer:
+            fix = (
+                "this pgq does not know that revision, so a newer pgq (or another tool) "
+                "migrated the database: run the pgq release that ships it (upgrade pgq "
+                "here); `pgq migrate` cannot undo a revision it does not have"
+            )
+        elif shared:
+            fix = (
+                "run `alembic upgrade heads` in your project (pgq's revisions are in its "
+                "alembic_version)"
+            )
+        else:
+            fix = "run `pgq migrate`"
         super().__init__(f"schema at revision {shown}, this pgq needs {needed}: {fix}")
         self.found = found
         self.needed = needed

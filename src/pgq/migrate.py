@@ -11,8 +11,14 @@ import anyio
 
 from pgq._store import sql
 from pgq._store.connections import Target, connect, sqlalchemy_engine
-from pgq._store.revision import OLD_REVISION_IDS, VERSION_TABLE, schema_revision
-from pgq.errors import ConfigError
+from pgq._store.revision import (
+    OLD_REVISION_IDS,
+    SCHEMA_REVISION,
+    VERSION_TABLE,
+    is_unknown,
+    schema_revision,
+)
+from pgq.errors import ConfigError, SchemaMismatch
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -183,6 +189,8 @@ async def _check_ready(dsn: str | None) -> None:
         found = await schema_revision(conn)
     finally:
         await conn.close()
+    if is_unknown(found):
+        raise SchemaMismatch(found.revision, SCHEMA_REVISION, shared=found.shared, newer=True)
     if found.shared:
         first = (
             "first rename pgq's old revision ids there with `pgq migrate --rename-shared-ids`, "

@@ -378,6 +378,24 @@ async def test_server_that_does_not_answer_gives_a_masked_error() -> None:
     assert info.value.__cause__ is not None
 
 
+async def test_a_newer_pgq_revision_asks_for_a_newer_pgq_not_a_migration(dsn: str) -> None:
+    """A database a newer release migrated (a revision this pgq does not ship): the client
+    and `pgq migrate` both say to run the newer pgq, rather than advise `pgq migrate`,
+    which cannot go back from a revision it does not have."""
+    from pgq import migrate
+
+    conn = await asyncpg.connect(dsn)
+    await conn.execute("UPDATE pgq_alembic_version SET version_num = 'pgq_9999'")
+    await conn.close()
+    advice = "run the pgq release that ships it"
+    with pytest.raises(pgq.SchemaMismatch, match="schema at revision pgq_9999") as info:
+        async with pgq.Client(dsn):
+            pass
+    assert advice in str(info.value) and "run `pgq migrate`" not in str(info.value)
+    with pytest.raises(pgq.SchemaMismatch, match=advice):
+        await migrate.upgrade_async(dsn)
+
+
 async def test_an_older_pgq_revision_asks_for_a_migration(dsn: str) -> None:
     """A database migrated by the previous release (0001) is told to run `pgq migrate`."""
     from pgq import migrate

@@ -78,7 +78,19 @@ def require_current(found: Revision) -> None:
     """Raise :class:`~pgq.SchemaMismatch` unless ``found`` is :data:`SCHEMA_REVISION` (an old
     id of it counts: it is the same schema)."""
     if found.revision != SCHEMA_REVISION:
-        raise SchemaMismatch(found.revision, SCHEMA_REVISION, shared=found.shared)
+        raise SchemaMismatch(
+            found.revision, SCHEMA_REVISION, shared=found.shared, newer=is_unknown(found)
+        )
+
+
+def is_unknown(found: Revision) -> bool:
+    """Whether the database records a revision no pgq release this one knows has shipped
+    (a newer pgq's, most likely)."""
+    return (
+        found.revision is not None
+        and found.revision not in KNOWN_REVISIONS
+        and not found.revision.startswith("unknown")
+    )
 
 
 async def check_schema(db: Db) -> None:

@@ -76,9 +76,10 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
     if spec.metadata:
         metadata = dict(spec.metadata)
         metadata_json = _serde.dumps(metadata, "metadata")
+    args_json = _serde.dumps(args, "args")  # checked before a unique key is derived from it
     key, states = _unique(index, spec, name, queue, args)
     row = NewJob(
-        queue, name, args, _serde.dumps(args, "args"), priority, max_attempts, spec.run_at,
+        queue, name, args, args_json, priority, max_attempts, spec.run_at,
         delay_s, tags, metadata, metadata_json, key, states,
     )  # fmt: skip
     if spec.limit_key is not None or (defaults is not None and defaults.limit_key_arg):

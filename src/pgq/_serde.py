@@ -103,6 +103,7 @@ def dumps(value: Any, what: str = "args") -> str:
     text: str | None = None
     if _encode_flat is not None and type(value) is dict:
         text = _flat_text(value)
+    flat = text is not None  # orjson wrote it: every key is a string
     try:
         if text is None:
             text = _encode(value)
@@ -116,6 +117,14 @@ def dumps(value: Any, what: str = "args") -> str:
             "e.g. a datetime to .isoformat()",
             path,
         ) from None
+    if what in _STRING_KEYS_ONLY and not flat and not _keys_are_strings(value):
+        path, key = _first_odd_key(value, what)
+        raise SerializationError(
+            f"{path} has the key {key!r}, of type {type(key).__name__}: JSON keys are "
+            "strings, and pgq does not convert keys silently (1 and '1' would become one "
+            "key, and the task would receive '1'); use string keys",
+            path,
+        )
     if len(text) > MAX_JSON_BYTES // 4:  # a UTF-8 character takes at most 4 bytes
         size = len(text.encode(errors="replace"))
         if size > MAX_JSON_BYTES:
@@ -142,6 +151,46 @@ def dumps(value: Any, what: str = "args") -> str:
             at,
         )
     return text
+
+
+_CONTAINERS = (dict, list, tuple)
+#: What is refused, rather than written with its keys turned into text, when a dict in it
+#: has a key that is not a string: what a caller enqueues (who can fix it). A task's
+#: result keeps the encoder's conversion: the work is done, and storing it matters more.
+_STRING_KEYS_ONLY = frozenset({"args", "metadata"})
+
+
+def _keys_are_strings(value: Any) -> bool:
+    """Whether every key of every dict in ``value`` (as the JSON encoder walks it: dicts,
+    lists, tuples) is a string; the encoder would write an int, float, bool or None key as
+    text. Without recursion: ``value`` may be nested as deep as the encoder goes."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    return False
+                if isinstance(inner, _CONTAINERS):
+                    stack.append(inner)
+        elif isinstance(item, list | tuple):
+            stack.extend(inner for inner in item if isinstance(inner, _CONTAINERS))
+    return True
+
+
+def _first_odd_key(value: Any, path: str) -> tuple[str, Any]:
+    """The path of a dict holding a key that is not a string, and that key."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    return at, key
+                stack.append((inner, f"{at}[{key!r}]"))
+        elif isinstance(item, list | tuple):
+            stack.extend((inner, f"{at}[{i}]") for i, inner in enumerate(item))
+    raise AssertionError("no such key")  # pragma: no cover - called once one was seen
 
 
 def _find_string(value: Any, path: str, bad: Callable[[str], bool]) -> str | None:

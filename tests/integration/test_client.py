@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import asyncpg
@@ -239,6 +239,37 @@ async def test_unserializable_args_raise_before_anything_is_written(client: pgq.
     ) as info:
         await client.enqueue_many(specs)
     assert info.value.path == "args['when']['at']"
+    assert sum((await client.count_by_state()).values()) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "path", "key"),
+    [
+        ({"x": {1: "a", "1": "b"}}, "args['x']", "1"),
+        ({"x": [{"ok": {True: 1}}]}, "args['x'][0]['ok']", "True"),
+        ({"x": {None: 1}}, "args['x']", "None"),
+    ],
+)
+@pytest.mark.parametrize("unique", [False, True])
+async def test_args_whose_nested_keys_are_not_strings_are_refused(
+    client: pgq.Client, args: dict[str, Any], path: str, key: str, unique: bool
+) -> None:
+    """JSON would turn such a key into text ({1: "a", "1": "b"} into one key): refused,
+    naming where, instead of stored changed; and with unique=True too, whose key is derived
+    from the arguments only once they are checked."""
+    with pytest.raises(SerializationError, match=f"has the key {key}, of type") as info:
+        await client.enqueue("t", args, unique=unique)
+    assert info.value.path == path
+    with pytest.raises(SerializationError, match="has the key 1, of type int"):
+        await client.enqueue("t", metadata={"m": {1: 2}})
+    assert sum((await client.count_by_state()).values()) == 0
+
+
+async def test_unique_args_that_are_not_json_raise_the_serialization_error(
+    client: pgq.Client,
+) -> None:
+    with pytest.raises(SerializationError, match=r"args\['x'\] is of type set"):
+        await client.enqueue("t", {"x": {1}}, unique=True)
     assert sum((await client.count_by_state()).values()) == 0
 
 

@@ -61,12 +61,24 @@ def test_circular_reference_is_reported() -> None:
         -0.0,
         10**30,
         {"a": {"b": [1, 'é\n"\\', 1e300, None, True, False]}, "c": 2.5},
-        {1: "int keys become strings", 2.5: "so do floats", None: "and None"},
+        {1: "in a result, int keys become strings", 2.5: "so do floats", None: "and None"},
     ],
 )
 def test_encodes_exactly_as_the_standard_library(value: object) -> None:
     expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    assert serde.dumps(value) == expected
+    assert serde.dumps(value, "result") == expected
+    if not (isinstance(value, dict) and any(not isinstance(k, str) for k in value)):
+        assert serde.dumps(value, "args") == expected
+
+
+def test_args_with_a_key_that_is_not_a_string_are_refused_at_any_depth() -> None:
+    deep: dict[str, object] = {"k": 1}
+    for _ in range(200):
+        deep = {"k": [deep]}
+    assert serde.dumps(deep, "args").count('"k"') == 201
+    with pytest.raises(SerializationError, match=r"has the key 2\.5, of type float") as info:
+        serde.dumps({"a": [0, {"b": {2.5: 1}}]}, "metadata")
+    assert info.value.path == "metadata['a'][1]['b']"
 
 
 def test_a_nul_character_is_refused_with_its_path() -> None:
@@ -110,7 +122,7 @@ FLAT_VALUES = [
     {"text": 'é\n"\\\t\u2028 \U0001f600', "": 0},
     {"f": 2.5, "g": -0.0, "h": 1e16, "j": 1e-7, "k": 5e-324, "m": 1.7976931348623157e308},
     {"big": 2**70, "neg": -(2**63), "edge": 2**64 - 1},
-    {1: "an int key", "s": 1},
+    {1: "an int key, in a result", "s": 1},
 ]
 
 
@@ -129,7 +141,7 @@ def test_flat_arguments_hold_the_same_values_with_either_encoder(
     value: dict[object, object], encoder: str
 ) -> None:
     expected = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    text = serde.dumps(value)
+    text = serde.dumps(value, "result")  # arguments refuse a key that is not a string
     assert json.loads(text) == json.loads(expected)
     if not any(isinstance(v, float) for v in value.values()):
         assert text == expected

@@ -128,6 +128,9 @@ class Job(Generic[R]):
     depends_on: list[int] | None = None
 
 
+#: The largest job id (ids are bigints).
+MAX_JOB_ID = 2**63 - 1
+
 #: The longest timeout or delay a task may set, in seconds (about 31 years): the deadlines
 #: and retry times the database computes from them must stay within its dates.
 MAX_SECONDS = 1e9

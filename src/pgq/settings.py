@@ -21,6 +21,11 @@ def _setting(
     return field(default=default, metadata={"help": help, "minimum": minimum, "optional": optional})
 
 
+#: The largest value of any setting (seconds, or a count): beyond it durations leave the
+#: database's dates and counts its integer columns, and infinity is refused with it.
+MAX_SETTING = 1e9
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerSettings:
     """Every tunable of a worker, in seconds where it is a duration."""
@@ -103,10 +108,10 @@ class WorkerSettings:
             elif (
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
-                or not value >= minimum
+                or not minimum <= value <= MAX_SETTING
             ):
                 raise ConfigError(
-                    f"{f.name} must be a number of at least {minimum:g}, got {value!r}"
+                    f"{f.name} must be a number from {minimum:g} to {MAX_SETTING:g}, got {value!r}"
                 )
             elif isinstance(f.default, int) and not isinstance(value, int):
                 raise ConfigError(f"{f.name} must be a whole number, got {value!r}")

@@ -92,6 +92,7 @@ async def test_a_filter_by_id_shows_that_job(http: httpx.AsyncClient, scene: Sce
         ("args=%7Bnope", "args must be JSON"),
         ("args=%5B1%2C2%5D", "args must be a JSON object"),
         ("id=seven", "id must be a whole number"),
+        ("id=99999999999999999999999", "id must be a whole number from 1 to"),
         ("state=lost", "unknown state lost"),
     ],
 )
@@ -304,3 +305,10 @@ async def test_a_rescue_says_who_took_the_attempt_back(
         "attempt 1: rescued by the leader: producer stale",
         "attempt 2: rescued by its worker's next run (the worker restarted)",
     ]
+
+
+async def test_a_job_id_past_the_largest_is_not_found(
+    http: httpx.AsyncClient, scene: Scene
+) -> None:
+    page = await http.get("/jobs/99999999999999999999999")
+    assert page.status_code == 404

@@ -149,6 +149,20 @@ def test_a_bad_gc_choice_in_the_environment_is_refused(python: str, tmp_path: Pa
     assert "--gc (or PGQ_GC) must be tuned or default, not 'off'" in run.stderr
 
 
+@pytest.mark.parametrize("flag", ["--heartbeat-interval", "--poll-interval"])
+def test_an_infinite_setting_is_refused_not_ignored(python: str, tmp_path: Path, flag: str) -> None:
+    """ "inf" means "never" only for the settings that take none (retention); any other
+    setting given it is refused, instead of silently running with its default."""
+    (tmp_path / "gc_tasks.py").write_text(GC_APP)
+    run = pgq_cmd(
+        python, "worker", "gc_tasks:app", flag, "inf", "--dsn", "postgresql://127.0.0.1:9/x",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 1
+    name = flag[2:].replace("-", "_")
+    assert f"pgq: error: {name} must be a number from" in run.stderr, run.stderr
+
+
 @pytest.mark.parametrize("producer", ["missing", "stale"])
 async def test_a_burst_worker_runs_the_jobs_of_a_dead_worker_before_it_exits(
     python: str, dsn: str, tmp_path: Path, producer: str

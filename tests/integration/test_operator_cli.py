@@ -248,3 +248,44 @@ async def test_a_job_whose_arguments_python_cannot_decode_is_shown_with_the_reas
     assert "args          (not shown: its stored arguments" in text.stdout, text.stdout
     shown = as_json(dsn, "jobs", "show", str(job_id))
     assert shown["args"] is None and "could not be decoded" in shown["args_problem"]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["jobs", "show", "99999999999999999999999"], {}, "argument id: expected a whole number"),
+        (["jobs", "cancel", "99999999999999999999999"], {}, "argument ID: expected a whole"),
+        (["jobs", "list", "--limit", "-1"], {}, "argument --limit: expected a whole number"),
+        (["stats"], {"PGQ_LOG_LEVEL": "bogus"}, "log level must be one of DEBUG"),
+        (["dashboard", "--port", "99999"], {}, "argument --port: expected a whole number"),
+        (
+            ["worker", "x:app", "--health-port", "99999"],
+            {},
+            "argument --health-port: expected a whole number from 1 to 65,535",
+        ),
+        (["worker", "x:app"], {"PGQ_HEALTH_PORT": "abc"}, "argument --health-port: expected"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_with_a_message_not_a_traceback(
+    dsn: str, args: list[str], env: dict[str, str], says: str
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pgq", *args, "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+    )
+    assert out.returncode == 2, out
+    assert says in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_lowercase_log_level_is_taken(dsn: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pgq", "--log-level", "debug", "stats", "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PGQ_LOG_LEVEL": "warning"},
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr

@@ -118,8 +118,11 @@ def test_settings_precedence_keyword_over_env_over_default() -> None:
 @pytest.mark.parametrize(
     ("overrides", "env", "message"),
     [
-        ({"stale_after": -1}, {}, "stale_after must be a number of at least"),
+        ({"stale_after": -1}, {}, "stale_after must be a number from 0"),
         ({"concurrency": 2.5}, {}, "concurrency must be a whole number"),
+        ({"concurrency": 10**12}, {}, "concurrency must be a number from 1 to 1e"),
+        ({"stale_after": float("inf")}, {}, "stale_after must be a number from .* to 1e"),
+        ({}, {"PGQ_POLL_INTERVAL": "inf"}, "poll_interval must be a number from"),
         (
             {},
             {"PGQ_HEARTBEAT_INTERVAL": "soon"},

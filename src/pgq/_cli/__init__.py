@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from pgq._cli import admin, worker
-from pgq._cli.parser import build_parser
+from pgq._cli.parser import LOG_LEVELS, build_parser
 from pgq._dsn import libpq_target, resolve_dsn
 from pgq.errors import DatabaseError, PgqError
 from pgq.logs import JsonFormatter, TextFormatter
@@ -26,6 +26,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.log_format not in ("text", "json"):  # from PGQ_LOG_FORMAT, which argparse trusts
         print(
             f"pgq: error: log format must be text or json, not {args.log_format!r}", file=sys.stderr
+        )
+        return 2
+    if args.log_level not in LOG_LEVELS:  # from PGQ_LOG_LEVEL, likewise
+        print(
+            f"pgq: error: log level must be one of {', '.join(LOG_LEVELS)} (PGQ_LOG_LEVEL), "
+            f"not {args.log_level!r}",
+            file=sys.stderr,
         )
         return 2
     handler = logging.StreamHandler()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
-from pgq.errors import ConfigError
-from pgq.job import JobState
+from pgq.job import MAX_JOB_ID, JobState
 from pgq.settings import env_name, optional_setting, parse_optional_seconds, setting_help
 
-_LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 _LOG_FORMATS = ["text", "json"]
 _DSN_HELP = (
     "PostgreSQL URL; default: PGQ_DSN, then DATABASE_URL, then the libpq variables "
@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         default=os.environ.get("PGQ_LOG_LEVEL", "INFO"),
-        choices=_LOG_LEVELS,
+        type=str.upper,
+        choices=LOG_LEVELS,
         help="log verbosity (default: INFO, or PGQ_LOG_LEVEL)",
     )
     parser.add_argument(
@@ -68,7 +69,8 @@ def _command(parent: Any, name: str, help: str, *, json: bool = False) -> argpar
     p.add_argument(
         "--log-level",
         default=argparse.SUPPRESS,
-        choices=_LOG_LEVELS,
+        type=str.upper,
+        choices=LOG_LEVELS,
         help="log verbosity (as before the command)",
     )
     p.add_argument(
@@ -121,9 +123,9 @@ def _worker(sub: Any) -> None:
     )
     p.add_argument(
         "--health-port",
-        type=int,
+        type=_port,
         metavar="P",
-        default=_env_int("PGQ_HEALTH_PORT"),
+        default=os.environ.get("PGQ_HEALTH_PORT") or None,  # a string: checked by _port
         help="serve GET /healthz on this port (200, or 503 with a JSON reason); env "
         "PGQ_HEALTH_PORT",
     )
@@ -218,17 +220,19 @@ def _stats_jobs_queues(sub: Any) -> None:
     p.add_argument("--state", choices=[s.value for s in JobState])
     p.add_argument("--queue")
     p.add_argument("--task")
-    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p.add_argument(
+        "--limit", type=_whole(1, MAX_LIST), default=50, help="at most this many (default 50)"
+    )
     p = _command(
         actions, "show", "one job: args, attempts, errors with tracebacks, producer", json=True
     )
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=_job_id)
     for action, text in (
         ("retry", "run finished, retryable or scheduled jobs again now"),
         ("cancel", "cancel jobs (running ones are stopped by their worker)"),
     ):
         p = _command(actions, action, f"{text}: by id, or every job the filters match", json=True)
-        p.add_argument("ids", type=int, nargs="*", metavar="ID")
+        p.add_argument("ids", type=_job_id, nargs="*", metavar="ID")
         p.add_argument(
             "--state", action="append", choices=[s.value for s in JobState], help="repeatable"
         )
@@ -336,14 +340,29 @@ def _enqueue(sub: Any) -> None:
     )
 
 
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
+#: The most rows a listing returns.
+MAX_LIST = 100_000
+
+
+def _whole(lowest: int, highest: int) -> Callable[[str], int]:
+    """An argument type: a whole number from ``lowest`` to ``highest``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not lowest <= value <= highest:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from {lowest:,} to {highest:,}, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+_job_id = _whole(1, MAX_JOB_ID)
+_port = _whole(1, 65535)
 
 
 def _dashboard(sub: Any) -> None:
@@ -354,7 +373,7 @@ def _dashboard(sub: Any) -> None:
         help="address to listen on (default 127.0.0.1; another address needs --auth or "
         "--read-only)",
     )
-    p.add_argument("--port", type=int, default=8181, help="port to listen on (default 8181)")
+    p.add_argument("--port", type=_port, default=8181, help="port to listen on (default 8181)")
     p.add_argument(
         "--auth",
         default=os.environ.get("PGQ_DASHBOARD_AUTH"),

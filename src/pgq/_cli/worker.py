@@ -16,7 +16,7 @@ from pgq._gc import GC_THRESHOLD, tune_gc
 from pgq._worker.worker import Worker
 from pgq.app import App
 from pgq.errors import ConfigError
-from pgq.settings import FOREVER, WorkerSettings, setting_help
+from pgq.settings import FOREVER, WorkerSettings, optional_setting, setting_help
 
 log = logging.getLogger("pgq.cli")
 
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the worker until a signal (or, with --burst, until nothing is left)."""
     app = load_app(args.app)
     overrides = {
-        name: None if value == FOREVER else value
+        # "none"/"forever" of an optional setting; infinity given to another is refused
+        name: None if value == FOREVER and optional_setting(name) else value
         for name in setting_help()
         if (value := getattr(args, name)) is not None
     }

@@ -51,7 +51,7 @@ from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq._worker.successor import Successor
 from pgq.app import App, check_queue_name
 from pgq.errors import ConfigError
-from pgq.settings import WorkerSettings
+from pgq.settings import MAX_SETTING, WorkerSettings
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -85,9 +85,10 @@ def resolve_queues(
         raise ConfigError("a worker needs at least one queue")
     for queue, n in resolved.items():
         check_queue_name(queue)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SETTING:
             raise ConfigError(
-                f"queue {queue!r}: concurrency must be a whole number >= 1, got {n!r}"
+                f"queue {queue!r}: concurrency must be a whole number from 1 to "
+                f"{MAX_SETTING:g}, got {n!r}"
             )
     for queue in resolved:
         if queue not in declared:

@@ -16,6 +16,7 @@ from pgq._store import queues as store_queues
 from pgq.dashboard import _security
 from pgq.dashboard._forms import Filters, field_of, read_form
 from pgq.dashboard._host import Host
+from pgq.job import MAX_JOB_ID
 
 log = logging.getLogger("pgq.dashboard")
 
@@ -53,6 +54,8 @@ class Actions:
         if action not in _JOB_ACTIONS:
             raise HTTPException(404, f"Unknown action {action!r}: use retry, cancel or delete.")
         job_id = int(request.path_params["job_id"])
+        if job_id > MAX_JOB_ID:
+            raise HTTPException(404, f"No job {job_id}: job ids end at {MAX_JOB_ID}.")
         pool = await self._d.pool()
         changed = await inspect.act(pool, [job_id], cast(inspect.Action, action))
         log.info("dashboard: %s job %d (%d changed)", action, job_id, len(changed))

@@ -10,7 +10,7 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 
 from pgq._store.inspect import JobFilter
-from pgq.job import JobState
+from pgq.job import MAX_JOB_ID, JobState
 
 #: A form body larger than this is refused (the dashboard's forms are a few fields).
 MAX_FORM_BYTES = 64 * 1024
@@ -62,7 +62,11 @@ class Filters:
             try:
                 job_id = int(self.job_id)
             except ValueError:
-                self.errors.append(f"id must be a whole number, not {self.job_id!r}")
+                job_id = None
+            if job_id is None or not 1 <= job_id <= MAX_JOB_ID:
+                self.errors.append(
+                    f"id must be a whole number from 1 to {MAX_JOB_ID}, not {self.job_id!r}"
+                )
         args = None
         if self.args:
             args = self._args_object()

@@ -20,7 +20,7 @@ from pgq.dashboard._chart import SERIES, throughput_svg
 from pgq.dashboard._forms import Filters
 from pgq.dashboard._host import Host
 from pgq.dashboard._timeline import timeline
-from pgq.job import FINAL_STATES, JobState
+from pgq.job import FINAL_STATES, MAX_JOB_ID, JobState
 
 #: The actions a bulk request may name, and how the pages word them.
 BULK_ACTIONS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
@@ -112,7 +112,7 @@ class Pages:
         """One job: its fields, args, result, metadata and timeline."""
         pool = await self._d.pool()
         job_id = int(request.path_params["job_id"])
-        job = await store_jobs.get(pool, job_id)
+        job = await store_jobs.get(pool, job_id) if job_id <= MAX_JOB_ID else None
         if job is None:
             raise HTTPException(404, f"No job {job_id}: it never existed, or was deleted.")
         return self._d.render(request, "job.html", {

@@ -22,6 +22,23 @@ Format = Literal["text", "json"]
 TEXT_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
+#: Control characters (C0, DEL, C1) as escapes: text from a job (an exception's message)
+#: put in a log line or on a terminal must not forge a line, move the cursor or recolour
+#: the screen. A tab stays; a newline stays only where :func:`printable` is told.
+_ESCAPES = {
+    code: {0x0A: "\\n", 0x0D: "\\r"}.get(code, f"\\x{code:02x}")
+    for code in (*range(0x00, 0x20), *range(0x7F, 0xA0))
+    if code != 0x09
+}
+_ESCAPES_KEEPING_NEWLINES = {k: v for k, v in _ESCAPES.items() if k != 0x0A}
+
+
+def printable(text: str, *, newlines: bool = False) -> str:
+    """``text`` with its control characters escaped (``\\x1b``, ``\\r``; newlines too
+    unless ``newlines``), safe for one log line or a terminal."""
+    return text.translate(_ESCAPES_KEEPING_NEWLINES if newlines else _ESCAPES)
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
     ``message``, the record's ``pgq`` fields, and ``exception`` when there is one."""

@@ -92,6 +92,31 @@ async def test_a_flood_of_failures_is_summed_up(
     (summary,) = [r for r in job_lines(caplog) if "were not logged one by one" in r.getMessage()]
     assert summary.getMessage().startswith("task charge: 15 more failed attempts in the last 60s")
     assert "(15 discarded)" in summary.getMessage()
+    assert "see pgq jobs list --task charge --state discarded" in summary.getMessage()
+
+
+FORGED = "\x1b[2J\x1b[31mboom\r\n2026-01-01 00:00:00,000 INFO    pgq.worker: forged line"
+
+
+async def test_a_tasks_exception_text_cannot_forge_a_log_line_or_drive_a_terminal(
+    dsn: str, client: pgq.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Control characters in what a task raised are escaped in its log line: one line,
+    no escape sequence, the text still readable."""
+    app = pgq.App()
+
+    @app.task(max_attempts=1)
+    async def loud(ctx: pgq.JobContext) -> None:
+        raise ValueError(FORGED)
+
+    caplog.set_level(logging.WARNING, "pgq.jobs")
+    await client.enqueue("loud")
+    async with pgq.Worker(app, dsn, **FAST) as worker:
+        await worker_idle(worker, 1)
+    (line,) = job_lines(caplog)
+    text = line.getMessage()
+    assert "\n" not in text and "\r" not in text and "\x1b" not in text, repr(text)
+    assert "ValueError: \\x1b[2J\\x1b[31mboom\\r\\n2026-01-01" in text, text
 
 
 def test_the_rate_limit_is_per_task_and_per_window() -> None:

@@ -250,6 +250,33 @@ async def test_a_job_whose_arguments_python_cannot_decode_is_shown_with_the_reas
     assert shown["args"] is None and "could not be decoded" in shown["args_problem"]
 
 
+async def test_jobs_show_prints_control_characters_of_an_error_escaped(
+    dsn: str, conn: Conn
+) -> None:
+    """An error's message, traceback and the job's tags as a task or caller wrote them: on
+    the operator's terminal their escape sequences are shown, not obeyed; the traceback
+    keeps its lines."""
+    entry = {
+        "attempt": 1, "kind": "exception", "at": "2026-12-03T12:00:00+00:00",
+        "message": "ValueError: \x1b[2J\rboom",
+        "traceback": "Traceback (most recent call last):\n  raise ValueError(\x1b[31m)",
+    }  # fmt: skip
+    job_id = await conn.fetchval(
+        "INSERT INTO pgq_jobs (task, args, state, attempt, errors, tags) VALUES"
+        " ('echo', '{}', 'retryable', 1, $1::jsonb, $2) RETURNING id",
+        json.dumps([entry]),
+        ["t\x1b]0;title\x07"],
+    )
+    out = pgq_cli(dsn, "jobs", "show", str(job_id))
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout and "\r" not in out.stdout and "\x07" not in out.stdout
+    assert "ValueError: \\x1b[2J\\rboom" in out.stdout, out.stdout
+    assert "      Traceback (most recent call last):\n        raise ValueError(\\x1b[31m)" in (
+        out.stdout
+    )
+    assert "tags          t\\x1b]0;title\\x07" in out.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "env", "says"),
     [

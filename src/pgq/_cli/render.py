@@ -10,6 +10,7 @@ from typing import Any
 
 from pgq import _serde
 from pgq.job import Job
+from pgq.logs import printable
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -93,18 +94,22 @@ def show_job(job: Job) -> str:
     if job.depends_on:
         lines.append(f"  depends on    {ids(job.depends_on)}")
     if job.limit_key is not None:
-        lines.append(f"  limit key     {job.limit_key}")
+        lines.append(f"  limit key     {printable(job.limit_key)}")
     if job.tags:
-        lines.append(f"  tags          {', '.join(job.tags)}")
+        lines.append(f"  tags          {printable(', '.join(job.tags))}")
     if job.metadata:
         lines.append(f"  metadata      {json.dumps(job.metadata)}")
     if job.result is not None:
         lines.append(f"  result        {json.dumps(job.result)}")
     for error in job.errors:
+        # What a task raised, as it said it: control characters shown, not obeyed.
         lines.append(
-            f"  error (attempt {error.get('attempt')}, {error.get('kind')}, "
-            f"{error.get('at')}): {error.get('message')}"
+            printable(
+                f"  error (attempt {error.get('attempt')}, {error.get('kind')}, "
+                f"{error.get('at')}): {error.get('message')}"
+            )
         )
         if error.get("traceback"):
-            lines += ["      " + line for line in str(error["traceback"]).rstrip().splitlines()]
+            traceback = printable(str(error["traceback"]).rstrip(), newlines=True)
+            lines += ["      " + line for line in traceback.split("\n")]
     return "\n".join(lines)

@@ -14,6 +14,7 @@ import anyio
 
 from pgq._hooks import EventName, Hook, JobEvent
 from pgq.job import Job, JobState
+from pgq.logs import printable
 
 log = logging.getLogger("pgq.jobs")
 
@@ -74,7 +75,8 @@ class JobLog:
 
     def _line(self, event: JobEvent) -> tuple[int | None, str]:
         job, state, error = event.job, event.state, event.error or {}
-        kind, message = error.get("kind"), error.get("message") or ""
+        # A task's exception text, in one line that cannot forge another or drive a terminal.
+        kind, message = error.get("kind"), printable(str(error.get("message") or ""))
         of = f" of {job.max_attempts}" if job.max_attempts else ""
         head = f"job {job.id} ({job.task}, queue {job.queue}) attempt {job.attempt}{of}"
         took = f" in {event.duration_s:.3f}s" if event.duration_s is not None else ""
@@ -104,10 +106,11 @@ class JobLog:
             if window.suppressed:
                 total = sum(window.suppressed.values())
                 detail = ", ".join(f"{n} {s}" for s, n in sorted(window.suppressed.items()))
+                states = " or ".join(sorted(window.suppressed))
                 log.warning(
                     "task %s: %d more failed attempts in the last %.0fs were not logged one "
-                    "by one (%s); see pgq jobs --state discarded, or the dashboard",
-                    task, total, self.window_s, detail,
+                    "by one (%s); see pgq jobs list --task %s --state %s, or the dashboard",
+                    task, total, self.window_s, detail, task, states,
                     extra={"pgq": {"task": task, "suppressed": total, "worker": self._worker}},
                 )  # fmt: skip
 

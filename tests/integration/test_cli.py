@@ -149,6 +149,32 @@ def test_a_bad_gc_choice_in_the_environment_is_refused(python: str, tmp_path: Pa
     assert "--gc (or PGQ_GC) must be tuned or default, not 'off'" in run.stderr
 
 
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("broken:app", "pgq: error: importing 'broken' raised ValueError: no DATABASE_URL"),
+        ("../tasks:app", "pgq: error: '../tasks' is not a module name"),
+        ("tasks.py:app", "(a module name has no .py)"),
+        ("plain:nothere", "pgq: error: module 'plain' has no attribute 'nothere'"),
+        ("plain:pgq", "is not a pgq.App (found module)"),
+    ],
+)
+def test_an_app_that_cannot_be_loaded_is_said_so(
+    python: str, tmp_path: Path, spec: str, says: str
+) -> None:
+    """What `pgq worker MODULE:APP` says when the App is not there: the module's own
+    traceback when it raised, and a line saying what to fix."""
+    (tmp_path / "broken.py").write_text("raise ValueError('no DATABASE_URL')\n")
+    (tmp_path / "plain.py").write_text("import pgq\n")
+    run = pgq_cmd(python, "worker", spec, "--dsn", "postgresql://127.0.0.1:9/x", cwd=tmp_path)
+    assert run.returncode == 1
+    assert says in run.stderr, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("pgq: error: "), run.stderr
+    if spec.startswith("broken"):
+        assert 'broken.py", line 1' in run.stderr  # the module's traceback, to fix it by
+
+
 @pytest.mark.parametrize("flag", ["--heartbeat-interval", "--poll-interval"])
 def test_an_infinite_setting_is_refused_not_ignored(python: str, tmp_path: Path, flag: str) -> None:
     """ "inf" means "never" only for the settings that take none (retention); any other

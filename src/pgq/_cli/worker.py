@@ -28,11 +28,26 @@ def load_app(spec: str) -> App:
         raise ConfigError(f"expected MODULE:APP, e.g. myproject.tasks:app, got {spec!r}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    if not all(part.isidentifier() for part in module_name.split(".")):
+        # a path, or a relative name ("../tasks", ".tasks", "tasks.py")
+        raise ConfigError(
+            f"{module_name!r} is not a module name: give a dotted name as Python imports it "
+            "(myproject.tasks), from the directory that holds the package or with it on "
+            "PYTHONPATH"
+        )
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"cannot import {module_name!r}: {exc}") from exc
-    app = getattr(module, attr, None)
+        hint = " (a module name has no .py)" if module_name.endswith(".py") else ""
+        raise ConfigError(f"cannot import {module_name!r}: {exc}{hint}") from exc
+    except Exception as exc:  # the module itself raised as it was imported
+        log.error("importing %s raised:", module_name, exc_info=exc)
+        raise ConfigError(
+            f"importing {module_name!r} raised {type(exc).__name__}: {exc} (traceback above)"
+        ) from exc
+    if not hasattr(module, attr):
+        raise ConfigError(f"module {module_name!r} has no attribute {attr!r}")
+    app = getattr(module, attr)
     if not isinstance(app, App):
         raise ConfigError(f"{spec!r} is not a pgq.App (found {type(app).__name__})")
     return app

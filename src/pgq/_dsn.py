@@ -55,6 +55,12 @@ def normalize_dsn(dsn: str) -> str:
             "the user name or password seems to hold a '/', '?', '#' or '@' as is: "
             "percent-encode such characters (e.g. '/' as %2F, '@' as %40)",
         )
+    if netloc.count("@") > 1:
+        raise _malformed(
+            dsn,
+            "the user name or password holds an '@' as is: percent-encode it as %40 (the "
+            "driver would take what follows the first '@' for the host)",
+        )
     hosts = netloc.rpartition("@")[2]
     for host in hosts.split(",") if hosts else ():
         _check_host(dsn, host)

@@ -86,12 +86,17 @@ def test_no_shape_of_dsn_shows_its_password(dsn: str, pieces: list[str]) -> None
         ("postgresql://u:Pa55/w0rd@h/db", "percent-encode"),
         ("postgresql://u:Pa55w0rd@h:54x2/db", "port is not a number"),
         ("postgresql://u:Pa55w0rd/db", "port is not a number"),
+        ("postgresql://u:p@ssw0rd@localhost/db", "holds an '@' as is: percent-encode it"),
+        ("postgresql://u:p@s@s3cr3tPW@h/db", "holds an '@' as is: percent-encode it"),
     ],
 )
 def test_a_malformed_dsn_says_what_is_wrong(dsn: str, why: str) -> None:
     with pytest.raises(ConfigError, match="malformed DSN") as info:
         normalize_dsn(dsn)
     assert why in str(info.value)
+    password = dsn.split("u:", 1)[1].rpartition("@")[0]
+    for piece in (password, *password.split("@")):
+        assert len(piece) < 2 or piece not in str(info.value).split("://", 1)[1], info.value
 
 
 def test_several_hosts_are_accepted_and_masked() -> None:

@@ -667,3 +667,13 @@ async def test_a_dsn_parameter_the_server_refuses_says_to_correct_it(
         async with pgq.Client(with_query(dsn, query)):
             pass
     assert says in str(info.value) and "correct or remove it" in str(info.value)
+
+
+async def test_a_dsn_that_asks_for_a_standby_is_told_no_host_is_one(dsn: str) -> None:
+    """target_session_attrs=standby against a primary: the error names what was asked,
+    rather than claim the server is a standby."""
+    with pytest.raises(pgq.DatabaseUnavailable) as info:
+        async with pgq.Client(with_query(dsn, "target_session_attrs=standby")):
+            pass
+    assert "no host is what target_session_attrs=standby asks for" in str(info.value)
+    assert "is a standby" not in str(info.value)

@@ -74,10 +74,17 @@ def is_transient(exc: BaseException) -> bool:
 def _unavailable(dsn: str | None, exc: BaseException) -> DatabaseUnavailable:
     reason = scrub(str(exc) or type(exc).__name__, dsn)
     if isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
-        reason = (
-            "the server is a standby (read-only), and pgq writes: give the primary's "
-            "address, or every host with target_session_attrs=read-write"
-        )
+        asked = _session_attrs(dsn)
+        if asked in (None, "read-write", "primary"):
+            reason = (
+                "the server is a standby (read-only), and pgq writes: give the primary's "
+                "address, or every host with target_session_attrs=read-write"
+            )
+        else:
+            reason = (
+                f"no host is what target_session_attrs={asked} asks for; pgq writes, so "
+                "leave it out or ask for read-write"
+            )
     err = DatabaseUnavailable(
         f"cannot connect to PostgreSQL at {mask_dsn(dsn)}: {reason}; check that the server "
         "is running and the DSN (--dsn, PGQ_DSN or DATABASE_URL) is right"
@@ -296,6 +303,16 @@ class Target:
         if not self.pooled and not _names_session_attrs(self.dsn):
             options["target_session_attrs"] = "read-write"
         return options
+
+
+def _session_attrs(dsn: str | None) -> str | None:
+    """The ``target_session_attrs`` the DSN (or ``PGTARGETSESSIONATTRS``) asks for."""
+    query = (dsn or "").partition("?")[2]
+    for pair in query.split("&"):
+        name, _, value = pair.partition("=")
+        if name == "target_session_attrs":
+            return value
+    return os.environ.get("PGTARGETSESSIONATTRS")
 
 
 def _names_session_attrs(dsn: str | None) -> bool:

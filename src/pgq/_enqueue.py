@@ -31,6 +31,11 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
 
     Runs once per job of a batch: the common case (a registered task, no options) takes the
     fewest steps; every check still runs."""
+    if not isinstance(spec, JobSpec):
+        raise ConfigError(
+            f"{_where(index)}expected a JobSpec (task.spec(...) or pgq.JobSpec(name, args)), "
+            f"not {type(spec).__name__}; nothing was enqueued"
+        )
     task = spec.task
     if type(task) is Task:
         if _sets_no_option(spec, task):
@@ -71,11 +76,7 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
         if isinstance(spec.tags, str) or not all(isinstance(t, str) for t in spec.tags):
             raise ConfigError(f"{_where(index)}tags must be a list of strings")
         tags = list(spec.tags)
-    metadata: dict[str, Any] = {}
-    metadata_json = "{}"
-    if spec.metadata:
-        metadata = dict(spec.metadata)
-        metadata_json = _serde.dumps(metadata, "metadata")
+    metadata, metadata_json = _metadata(index, spec.metadata)
     args_json = _serde.dumps(args, "args")  # checked before a unique key is derived from it
     key, states = _unique(index, spec, name, queue, args)
     row = NewJob(
@@ -87,6 +88,19 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
     if spec.depends_on is not None or spec.on_parent_failure is not None:
         row.depends_on, row.on_parent_failure = _dependencies(index, spec)
     return row
+
+
+def _metadata(index: int, given: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """The job's metadata, checked, and its JSON text."""
+    if given is not None and not isinstance(given, Mapping):
+        raise ConfigError(
+            f"{_where(index)}metadata must be a mapping (a dict), not "
+            f"{type(given).__name__}; nothing was enqueued"
+        )
+    if not given:
+        return {}, "{}"
+    metadata = dict(given)
+    return metadata, _serde.dumps(metadata, "metadata")
 
 
 def _sets_no_option(spec: JobSpec[Any], task: Task) -> bool:
@@ -195,6 +209,12 @@ def _unique(
     index: int, spec: JobSpec[Any], name: str, queue: str, args: dict[str, Any]
 ) -> tuple[str | None, int | None]:
     key = spec.unique_key
+    if spec.unique_period is not None and not spec.unique:
+        raise ConfigError(
+            f"{_where(index)}unique_period applies to unique=True (the key derived from "
+            "task, queue and args per period); give unique=True too, or leave it out; "
+            "nothing was enqueued"
+        )
     if key is None and spec.unique:
         canonical = json.dumps(args, sort_keys=True, separators=(",", ":"))
         key = derive_unique_key(name, queue, canonical, spec.unique_period)

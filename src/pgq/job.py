@@ -66,6 +66,11 @@ def unique_mask(states: Iterable[JobState | str]) -> int:
     """The bit mask of ``states``, as the unique index reads it (``pgq_unique_active``).
 
     ``states`` must include every non-final state: see the error raised otherwise."""
+    if isinstance(states, str | JobState):
+        raise ConfigError(
+            f"unique_states takes a list of states, not {states!r} alone (e.g. "
+            "['available', 'completed', ...])"
+        )
     mask = 0
     for state in states:
         try:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -677,3 +678,38 @@ async def test_a_dsn_that_asks_for_a_standby_is_told_no_host_is_one(dsn: str) ->
             pass
     assert "no host is what target_session_attrs=standby asks for" in str(info.value)
     assert "is a standby" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        (lambda c: c.enqueue("t", metadata=[1]), "metadata must be a mapping (a dict), not list"),
+        (
+            lambda c: c.enqueue("t", unique=True, unique_states="available"),
+            "unique_states takes a list of states, not 'available' alone",
+        ),
+        (
+            lambda c: c.enqueue("t", unique_key="k", unique_period=60),
+            "unique_period applies to unique=True",
+        ),
+        (lambda c: c.enqueue_many(["t"]), "expected a JobSpec (task.spec(...)"),
+    ],
+)
+async def test_options_of_the_wrong_shape_are_refused_with_what_to_give(
+    client: pgq.Client, call: Any, says: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        await call(client)
+    assert sum((await client.count_by_state()).values()) == 0
+
+
+def test_a_dsn_that_is_not_a_string_is_refused() -> None:
+    app = pgq.App()
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    with pytest.raises(ConfigError, match="dsn must be a PostgreSQL URL \\(a str\\) or None"):
+        pgq.Client(5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="dsn must be a PostgreSQL URL \\(a str\\) or None"):
+        pgq.Worker(app, 5)  # type: ignore[arg-type]

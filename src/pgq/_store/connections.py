@@ -255,6 +255,11 @@ class Target:
         """The target from explicit values, else ``PGQ_POOLER`` / ``PGQ_LISTEN_DSN`` (and the
         DSN's own variables), else no pooler. ``connects=False``: the caller brings its own
         pool or client, and no DSN is looked for."""
+        for name, value in (("dsn", dsn), ("listen_dsn", listen_dsn)):
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(
+                    f"{name} must be a PostgreSQL URL (a str) or None, not {type(value).__name__}"
+                )
         mode = (pooler or os.environ.get("PGQ_POOLER") or "none").strip().lower()
         if mode == "session":
             mode = "none"  # a session pooler keeps the session: nothing to change

@@ -874,3 +874,37 @@ CREATE TRIGGER refuse_delete BEFORE DELETE ON pgq_producers
 def _producer(worker: pgq.Worker) -> dict[str, Any]:
     (producer,) = worker.stats()["producers"]
     return dict(producer)
+
+
+async def test_a_burst_worker_restarted_under_its_name_runs_its_previous_runs_jobs_first(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    """The previous run (killed) beat a moment ago: its job is running and not yet past the
+    fencing bound, so neither rescuable nor gone. A burst worker of the same name waits
+    for the bound, takes the job over and runs it before it exits, instead of leaving it
+    running."""
+    import uuid
+
+    app = pgq.App()
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    previous = uuid.uuid4()
+    await conn.execute(
+        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
+        " heartbeat_at, fence_after_s) VALUES ($1, $2, 'stable-8', 'default', 5, now(), 1.0)",
+        previous,
+        uuid.uuid4(),
+    )
+    job_id = await conn.fetchval(
+        "INSERT INTO pgq_jobs (task, state, attempt, producer_id, attempted_at) VALUES"
+        " ('t', 'running', 1, $1, now()) RETURNING id",
+        previous,
+    )
+    with anyio.fail_after(30):
+        await pgq.Worker(
+            app, dsn, name="stable-8", **{**QUICK, "stale_after": 60.0, "reap_after": 120.0}
+        ).run(burst=True)
+    job = await client.get_job(job_id)
+    assert job is not None and job.state is pgq.JobState.COMPLETED and job.attempt == 2, job

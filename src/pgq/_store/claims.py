@@ -249,10 +249,20 @@ class Leftovers:
     orphaned: bool
 
 
-async def leftovers(db: Db, plan: ClaimPlan, fencing_bound: float) -> Leftovers:
+async def leftovers(
+    db: Db,
+    plan: ClaimPlan,
+    fencing_bound: float,
+    stable_name: str | None = None,
+    own_ids: Sequence[uuid.UUID] = (),
+) -> Leftovers:
     """Whether ``plan``'s queue holds jobs its producer could run now, or jobs running
-    under a producer gone or silent past ``fencing_bound`` seconds (to be rescued)."""
-    row = await db.fetchrow(sql.RUNNABLE_LEFT, plan.queue, plan.tasks, fencing_bound)
+    under a producer gone or silent past ``fencing_bound`` seconds (to be rescued), or,
+    for a worker with a ``stable_name``, under another producer of that name than its own
+    ``own_ids`` (its previous run's, which it takes over)."""
+    row = await db.fetchrow(
+        sql.RUNNABLE_LEFT, plan.queue, plan.tasks, fencing_bound, stable_name, list(own_ids)
+    )
     assert row is not None
     return Leftovers(row["runnable"], row["orphaned"])
 

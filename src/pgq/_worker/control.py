@@ -31,11 +31,15 @@ class Control:
         settings: WorkerSettings,
         *,
         wake_leader: Callable[[], None],
+        stable_name: str | None = None,
     ) -> None:
         self._pool = pool
         self._producers = producers
         self._settings = settings
         self._wake_leader = wake_leader
+        #: The worker's name when it is stable: jobs running under its previous run's
+        #: producers are this worker's to take over, so a burst waits for them too.
+        self._stable_name = stable_name
         #: Running jobs cancelled on request (by notification or by poll).
         self.cancelled = 0
         self._notifier: Notifier | None = None
@@ -120,7 +124,8 @@ class Control:
         """Call ``stop`` once nothing runs, nothing is being claimed or written, and the
         database holds no job these producers could run now, nor a job of their queues
         running under a producer that is gone or silent past the fencing bound (it will be
-        rescued, then run). With ``make_due`` (tests: time travel), jobs scheduled for later
+        rescued, then run), nor, under a stable name, one running under the previous run's
+        producers (this worker takes them over once that run is past its fencing bound). With ``make_due`` (tests: time travel), jobs scheduled for later
         are made due and run, until it finds none."""
         orphans_said = False
         while True:
@@ -135,8 +140,11 @@ class Control:
                 continue
             try:
                 await maintenance.promote_due(self._pool, 1000)
+                own = [i for p in self._producers for i in p.ids()]
                 left = [
-                    await claims.leftovers(self._pool, p.plan, self._settings.fencing_bound)
+                    await claims.leftovers(
+                        self._pool, p.plan, self._settings.fencing_bound, self._stable_name, own
+                    )
                     for p in self._producers
                 ]
                 # A producer that claimed while the database was being asked has a job

@@ -327,7 +327,13 @@ class Worker:
         services += [periodic] if periodic else []
         services += [rescuer, reaper, retention, Throughput(pool)]
         leader = LeaderServices(elector, services)
-        control = Control(pool, producers, s, wake_leader=elector.wake)
+        control = Control(
+            pool,
+            producers,
+            s,
+            wake_leader=elector.wake,
+            stable_name=self.name if self._stable_name else None,
+        )
         successor = None
         if self._stable_name:
             successor = Successor(

@@ -95,3 +95,35 @@ async def _completed(client: pgq.Client, *ids: int) -> bool:
         if job is None or job.state is not pgq.JobState.COMPLETED:
             return False
     return True
+
+
+async def test_a_first_rescue_retries_at_once_whatever_the_attempts_before_it(
+    conn: Conn,
+) -> None:
+    """A job rescued for the first time at its 4th attempt (three failed on their own)
+    runs again at once; a job rescued for the 4th time waits 7 s (0, 1, 3, 7 s ...): the
+    backoff counts rescues, not attempts."""
+    from pgq._store import maintenance
+
+    previous = uuid.uuid4()
+    await conn.execute(
+        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
+        " heartbeat_at, fence_after_s)"
+        " VALUES ($1, $2, 'w', 'default', 5, now() - interval '60 seconds', 0.5)",
+        previous,
+        uuid.uuid4(),
+    )
+    first = await running_job(conn, previous, attempt=4, max_attempts=10)
+    fourth = await running_job(conn, previous, attempt=4, max_attempts=10)
+    await conn.execute(
+        "UPDATE pgq_jobs SET metadata = '{\"pgq_rescues\": 3}' WHERE id = $1", fourth
+    )
+    rescued = await maintenance.rescue_predecessor(conn, [previous], 0.1)
+    assert sorted(r.id for r in rescued) == sorted([first, fourth])
+    waits = dict(
+        await conn.fetch(
+            "SELECT id, extract(epoch FROM scheduled_at - now())::float8 FROM pgq_jobs"
+        )
+    )
+    assert waits[first] < 0.5, waits
+    assert 7 * 0.9 - 0.5 <= waits[fourth] <= 7 * 1.1, waits

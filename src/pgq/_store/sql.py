@@ -974,9 +974,12 @@ SET state = (CASE WHEN c.cancel THEN 'cancelled'
                   ELSE 'retryable' END)::pgq_job_state,
     finalized_at = CASE WHEN c.cancel OR c.attempt >= c.max_attempts THEN now() END,
     -- The first rescue retries at once (the job did not fail, its worker did); repeated
-    -- rescues of the same job back off: 0, 1, 3, 7 ... seconds, capped at an hour.
+    -- rescues of the same job back off: 0, 1, 3, 7 ... seconds, capped at an hour. Counted
+    -- by its rescues so far, not its attempts: earlier attempts that failed on their own
+    -- say nothing about workers dying under it.
     scheduled_at = now() + make_interval(
-        secs => least(3600, 2 ^ greatest(c.attempt - 1, 0) - 1) * (0.9 + random() * 0.2)),
+        secs => least(3600, 2 ^ COALESCE((j.metadata ->> 'pgq_rescues')::int, 0) - 1)
+                * (0.9 + random() * 0.2)),
     deadline_at = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', c.attempt,

@@ -120,10 +120,9 @@ async def test_a_first_rescue_retries_at_once_whatever_the_attempts_before_it(
     )
     rescued = await maintenance.rescue_predecessor(conn, [previous], 0.1)
     assert sorted(r.id for r in rescued) == sorted([first, fourth])
-    waits = dict(
-        await conn.fetch(
-            "SELECT id, extract(epoch FROM scheduled_at - now())::float8 FROM pgq_jobs"
-        )
+    rows = await conn.fetch(
+        "SELECT id, extract(epoch FROM scheduled_at - now())::float8 AS wait FROM pgq_jobs"
     )
+    waits: dict[int, float] = {r["id"]: r["wait"] for r in rows}
     assert waits[first] < 0.5, waits
     assert 7 * 0.9 - 0.5 <= waits[fourth] <= 7 * 1.1, waits

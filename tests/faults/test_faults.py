@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import urllib.request
 from datetime import datetime
 from pathlib import Path
@@ -492,3 +493,115 @@ async def test_the_jobs_of_a_claim_whose_reply_was_lost_are_handed_back_and_run_
 async def _completed(client: pgq.Client, job_id: int) -> bool:
     job = await client.get_job(job_id)
     return job is not None and job.state is pgq.JobState.COMPLETED
+
+
+async def test_a_worker_stopped_past_stale_after_starts_none_of_the_attempts_rescued_meanwhile(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    """SIGSTOP of a worker running 2 jobs with 4 more claimed ahead, until another worker
+    (the leader by then) has rescued all 6; then SIGCONT. The stopped worker, finding itself
+    silent past its fencing bound, hands the 4 held jobs back (fenced out, since rescued)
+    instead of starting attempts that run elsewhere already; every job completes once."""
+    victim = WorkerProcess(
+        "victim", dsn, tmp_path, SHORT, concurrency=2, extra_args=("--claim-ahead", "4")
+    )
+    lead = WorkerProcess("lead", dsn, tmp_path, SHORT, concurrency=8)
+    workers += [victim, lead]
+    victim.start()
+    await wait_registered(db, "victim")
+    ids = await enqueue(dsn, 6, 4.0)
+
+    async def all_held() -> bool:
+        return await running_under(db, "victim") == 6
+
+    await until(all_held, limit_s=30)
+    lead.start()
+    await wait_registered(db, "lead")
+    assert victim.proc is not None
+    victim.proc.send_signal(signal.SIGSTOP)
+    stopped_at: datetime = await db.fetchval("SELECT clock_timestamp()")
+
+    async def all_rescued() -> bool:
+        n = await db.fetchval(
+            "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1)"
+            ' AND errors @> \'[{"kind": "rescued", "attempt": 1}]\'',
+            ids,
+        )
+        return bool(n == len(ids))
+
+    try:
+        await until(all_rescued, limit_s=60)
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+
+    async def six_refused() -> bool:
+        # The 2 attempts it was running when stopped, and the 4 it held: each outcome it
+        # sends back (a result, or a hand-back) is refused by the fence.
+        return victim.output().count("rejected: the job is no longer running this attempt") >= 6
+
+    await until(six_refused, limit_s=60)
+    await until(lambda: all_completed(db, ids), limit_s=60)
+    await assert_exactly_once(db, ids)
+    late = await db.fetch(
+        "SELECT job_id, attempt FROM starts WHERE worker = 'victim' AND at > $1", stopped_at
+    )
+    assert [tuple(r) for r in late] == [], "the stopped worker started rescued attempts"
+    assert "passed without a heartbeat" in victim.output() or "no heartbeat for" in (
+        victim.output()
+    )
+
+
+async def test_a_claim_whose_reply_comes_after_a_long_stop_starts_nothing_rescued_meanwhile(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    """The worker's claim waits on a lock; the worker is stopped (SIGSTOP); the claim
+    commits and its 2 jobs, running under the stopped worker, are rescued by the leader.
+    On SIGCONT the claim's reply arrives after a silence past the fencing bound: its jobs
+    are handed back, not started as the rescued attempt 1; attempt 2 runs, once."""
+    lead = WorkerProcess("lead", dsn, tmp_path, SHORT, extra_args=("--queue", "other"))
+    victim = WorkerProcess("victim", dsn, tmp_path, SHORT, concurrency=4)
+    workers += [lead, victim]
+    lead.start()
+    await wait_registered(db, "lead")
+    victim.start()
+    await wait_registered(db, "victim")
+    locker = await asyncpg.connect(dsn)
+    try:
+        lock = locker.transaction()
+        await lock.start()
+        await locker.execute("LOCK TABLE pgq_jobs IN ACCESS EXCLUSIVE MODE")
+        async with pgq.Client(dsn) as client:
+            specs = [pgq.JobSpec("effect", {"seconds": 1.0}) for _ in range(2)]
+            ids = [j.id for j in await client.enqueue_many(specs, connection=locker)]
+
+        async def claim_waits() -> bool:
+            return bool(
+                await db.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                    " 'pgq worker victim' AND wait_event_type = 'Lock'"
+                )
+            )
+
+        await until(claim_waits, limit_s=30)
+        assert victim.proc is not None
+        victim.proc.send_signal(signal.SIGSTOP)
+        await lock.commit()
+    finally:
+        await locker.close()
+
+    async def rescued() -> bool:
+        n = await db.fetchval(
+            "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1)"
+            ' AND errors @> \'[{"kind": "rescued", "attempt": 1}]\'',
+            ids,
+        )
+        return bool(n == len(ids))
+
+    try:
+        await until(rescued, limit_s=60)
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    await until(lambda: all_completed(db, ids), limit_s=60)
+    await assert_exactly_once(db, ids)
+    starts = await db.fetch("SELECT job_id, attempt FROM starts ORDER BY job_id, attempt")
+    assert sorted(tuple(r) for r in starts) == sorted((i, 2) for i in ids)

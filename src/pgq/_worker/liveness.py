@@ -48,6 +48,12 @@ class ProducerHealth:
         self.last_ok_at: float | None = None
         #: Called when the producer becomes healthy again (to claim at once).
         self.on_healthy: Callable[[], None] = lambda: None
+        #: Called when the producer fences itself: its jobs may be rescued from then on, so
+        #: those it holds unstarted are handed back, never started.
+        self.on_fenced: Callable[[], None] = lambda: None
+        #: How many times the producer fenced itself: a claim that spans a fence may bring
+        #: back jobs a peer rescued meanwhile.
+        self.fences = 0
 
     async def wait_healthy(self) -> None:
         """Return once the producer is healthy."""
@@ -56,12 +62,20 @@ class ProducerHealth:
     def may_claim(self) -> bool:
         """Whether claiming is allowed now. Past the fencing bound since the last proof of
         life (even with the heartbeat loop itself held up) the producer fences itself."""
+        return self.may_start(anyio.current_time())
+
+    def may_start(self, now: float) -> bool:
+        """Whether the producer may claim, or start a job it holds, at ``now`` (the event
+        loop's clock): healthy, and not silent past the fencing bound. A process held up
+        (stopped, starved) past the bound finds out here, before it starts an attempt a
+        peer may have rescued meanwhile, whatever its heartbeat loop has yet to notice."""
         if not self.healthy:
             return False
-        silent = anyio.current_time() - self._alive_at
+        silent = now - self._alive_at
         if silent > self._fence_after_s:
             log.warning(
-                "queue %s: no heartbeat for %.1fs; claiming nothing until one lands",
+                "queue %s: no heartbeat for %.1fs; claiming nothing until one lands, and "
+                "handing back the jobs claimed ahead",
                 self._queue,
                 silent,
             )
@@ -73,7 +87,18 @@ class ProducerHealth:
         """A heartbeat sent at ``sent_at`` (this loop's clock) landed: reset the failure
         count and unfence. The proof of life dates from the sending, not the reply: the
         database stamped the row when the statement began, and peers judge from that stamp,
-        so the fencing bound must not start later here than there."""
+        so the fencing bound must not start later here than there. A beat sent after a
+        silence past the fencing bound (the process was held up, and none of its checks
+        ran meanwhile) fences the producer first: whatever it holds unstarted may have been
+        rescued, and is handed back."""
+        if self.healthy and sent_at - self._alive_at > self._fence_after_s:
+            log.warning(
+                "queue %s: %.1fs passed without a heartbeat (the process was held up); "
+                "handing back the jobs claimed ahead",
+                self._queue,
+                sent_at - self._alive_at,
+            )
+            self._fence()
         self._alive_at = sent_at
         self.last_ok_at = now
         if self.consecutive_failures or not self.healthy:
@@ -115,6 +140,8 @@ class ProducerHealth:
         if self.healthy:
             self.healthy = False
             self._healthy = anyio.Event()
+            self.fences += 1
+            self.on_fenced()
 
 
 class Beating(Protocol):

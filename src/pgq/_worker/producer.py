@@ -107,7 +107,7 @@ class Producer:
         self.concurrency = concurrency
         self._worker_name = worker_name
         self.health = ProducerHealth(queue, fence_after_s)
-        self.health.on_healthy = self.wake
+        self.health.on_healthy, self.health.on_fenced = self.wake, self._hand_back_waiting
         # At most `concurrency` jobs execute at once; claimed jobs beyond them wait here.
         self._gate = Slots(concurrency)
         self._half_slots = max(1, (concurrency + 1) // 2)
@@ -193,6 +193,13 @@ class Producer:
         for execution in list(self._waiting):
             if execution.ctx.job.id in job_ids:
                 execution.cancel(RESCUED)
+
+    def _hand_back_waiting(self) -> None:
+        """The producer fenced itself: every job waiting, claimed ahead, for a slot is
+        handed back now (its hand-back is fenced out where a peer rescued it already),
+        rather than started once the producer beats again."""
+        for execution in list(self._waiting):
+            execution.cancel(FENCED)
 
     def cancel(self, job_ids: set[int], reason: str) -> list[int]:
         """Stop those of ``job_ids`` this producer runs; returns their ids."""
@@ -303,6 +310,7 @@ class Producer:
             # the jobs wanted ahead): the next claim overlaps the running batch.
             half = max(1, (capacity + 1) // 2)
             limit = min(capacity - len(self.running), max(self._half_slots, min(half, CLAIM_BATCH)))
+            fences = self.health.fences
             try:
                 jobs = await self._fetch(limit)
             except DATABASE_ERRORS as exc:
@@ -322,6 +330,13 @@ class Producer:
                 for job in jobs:
                     self._outcomes(stopped_before_start(job, SHUTDOWN))
                 break
+            if jobs and (fences != self.health.fences or not self.health.may_claim()):
+                # The producer fenced itself while the claim was out (the process held up,
+                # its heartbeats failing): a peer may have rescued these attempts since the
+                # claim committed. Hand them back (fenced out where rescued), never start.
+                for job in jobs:
+                    self._outcomes(stopped_before_start(job, FENCED))
+                continue
             if jobs:
                 self._start(tg, jobs)
 
@@ -410,9 +425,12 @@ class Producer:
                     return
                 execution.waited_s = monotonic() - began
                 began += execution.waited_s
-            if execution.reason is None and (self._stopping or not self.health.healthy):
-                # The slot came after a stop began, or while this producer is fenced (its
-                # jobs may be rescued any moment): hand the job back rather than start it.
+            if execution.reason is None and (
+                self._stopping or not self.health.may_start(asyncio.get_running_loop().time())
+            ):
+                # The slot came after a stop began, or while this producer is fenced (or
+                # silent past its fencing bound: its jobs may be rescued any moment, or may
+                # have been): hand the job back rather than start it.
                 execution.reason = SHUTDOWN if self._stopping else FENCED
             if execution.reason is not None:
                 self._gate.release()
@@ -445,10 +463,11 @@ class Producer:
             # Its timeout counts from the claim: hand it back while half of it is left,
             # rather than start it with little or no time to run.
             patience = timeout / 2 if patience is None else min(patience, timeout / 2)
-        if execution.reason is not None or self._stopping:
-            # Cancelled before its task began, or a stop began before this job came to
-            # wait (stop_fetching did not see it): neither would interrupt the wait.
-            execution.reason = execution.reason or SHUTDOWN
+        if execution.reason is not None or self._stopping or not self.health.healthy:
+            # Cancelled before its task began, or a stop began (or the producer fenced
+            # itself) before this job came to wait (stop_fetching and the fence did not see
+            # it): none would interrupt the wait.
+            execution.reason = execution.reason or (SHUTDOWN if self._stopping else FENCED)
             self._outcomes(stopped_before_start(job, execution.reason))
             return False
         self._waiting.add(execution)

@@ -22,8 +22,19 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.anyio
 
-# Never a rescue in these tests: the worker itself must settle every job.
-SETTINGS: dict[str, Any] = {**FAST, "rescue_interval": 3600}
+# Never a rescue in these tests: the worker itself must settle every job. Some of their
+# jobs hold the event loop for seconds (a 300 MB result is built and measured): the
+# liveness bounds leave room for that, or the worker would rightly fence itself (its
+# heartbeats held up too) and hand back the jobs it holds.
+SETTINGS: dict[str, Any] = {
+    **FAST,
+    "rescue_interval": 3600,
+    "heartbeat_interval": 2.0,
+    "heartbeat_timeout": 1.0,
+    "max_heartbeat_failures": 10,
+    "stale_after": 60.0,
+    "reap_after": 120.0,
+}
 
 
 def nested(depth: int) -> list[Any]:

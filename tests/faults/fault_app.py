@@ -94,3 +94,34 @@ async def gather(ctx: pgq.JobContext, seconds: float = 0.0) -> int:
     async with p.acquire() as conn:
         await conn.execute(FENCED_EFFECT, ctx.id, completed, os.environ["FAULT_WORKER"], ctx.token)
     return completed
+
+
+async def _record_start(job_id: int, attempt: int) -> None:
+    p = await pool()
+    async with p.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO starts (job_id, attempt, worker) VALUES ($1, $2, $3)",
+            job_id,
+            attempt,
+            os.environ["FAULT_WORKER"],
+        )
+
+
+@app.task(max_attempts=10)
+def thread_effect(ctx: pgq.JobContext, seconds: float) -> str:
+    """A plain ``def`` task, run in a worker thread: records its start, works ``seconds``,
+    records the effect, fenced."""
+    import time
+
+    anyio.from_thread.run(_record_start, ctx.id, ctx.attempt)
+    time.sleep(seconds)
+
+    async def effect() -> None:
+        p = await pool()
+        async with p.acquire() as conn:
+            await conn.execute(
+                FENCED_EFFECT, ctx.id, ctx.attempt, os.environ["FAULT_WORKER"], ctx.token
+            )
+
+    anyio.from_thread.run(effect)
+    return "done"

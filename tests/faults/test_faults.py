@@ -605,3 +605,60 @@ async def test_a_claim_whose_reply_comes_after_a_long_stop_starts_nothing_rescue
     await assert_exactly_once(db, ids)
     starts = await db.fetch("SELECT job_id, attempt FROM starts ORDER BY job_id, attempt")
     assert sorted(tuple(r) for r in starts) == sorted((i, 2) for i in ids)
+
+
+async def test_a_job_waiting_for_a_thread_when_its_worker_stops_is_not_started_after(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    """Two plain ``def`` jobs, one worker thread: one runs, the other has its slot and
+    waits for the thread. SIGSTOP past stale_after, the leader rescues both, SIGCONT: the
+    waiting job's body never starts on the stopped worker (the fence is asked again once
+    the thread is its), and each job completes once, elsewhere."""
+    victim = WorkerProcess(
+        "victim", dsn, tmp_path, SHORT, concurrency=2,
+        extra_args=("--max-threads", "1", "--claim-ahead", "0"),
+    )  # fmt: skip
+    lead = WorkerProcess("lead", dsn, tmp_path, SHORT, concurrency=4)
+    workers += [victim, lead]
+    victim.start()
+    await wait_registered(db, "victim")
+    async with pgq.Client(dsn) as client:
+        jobs = await client.enqueue_many(
+            [pgq.JobSpec("thread_effect", {"seconds": 2.0}) for _ in range(2)]
+        )
+    ids = [j.id for j in jobs]
+
+    async def one_in_the_thread() -> bool:
+        started = await db.fetchval("SELECT count(*) FROM starts")
+        return await running_under(db, "victim") == 2 and started == 1
+
+    await until(one_in_the_thread, limit_s=30)
+    lead.start()
+    await wait_registered(db, "lead")
+    assert victim.proc is not None
+    victim.proc.send_signal(signal.SIGSTOP)
+    stopped_at: datetime = await db.fetchval("SELECT clock_timestamp()")
+
+    async def rescued() -> bool:
+        n = await db.fetchval(
+            "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1)"
+            ' AND errors @> \'[{"kind": "rescued", "attempt": 1}]\'',
+            ids,
+        )
+        return bool(n == len(ids))
+
+    try:
+        await until(rescued, limit_s=60)
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+
+    async def both_refused() -> bool:
+        return victim.output().count("rejected: the job is no longer running this attempt") >= 2
+
+    await until(both_refused, limit_s=60)
+    await until(lambda: all_completed(db, ids), limit_s=60)
+    await assert_exactly_once(db, ids)
+    late = await db.fetch(
+        "SELECT job_id, attempt FROM starts WHERE worker = 'victim' AND at > $1", stopped_at
+    )
+    assert [tuple(r) for r in late] == [], "the stopped worker started a rescued attempt"

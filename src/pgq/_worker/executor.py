@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import traceback
 from collections.abc import Awaitable, Callable
 from time import monotonic
@@ -43,17 +44,32 @@ _NOT_STARTED = {
 }
 
 
+class _Fenced(BaseException):
+    """The producer fenced itself (or fell silent past its fencing bound) after the job
+    took its slot and before the task's body began. A BaseException: no middleware's
+    ``except Exception`` turns it into the task's failure."""
+
+
 class Execution:
     """One running attempt: its context, and the asyncio task that runs it (cancelling the
     task is how the worker stops the attempt)."""
 
     __slots__ = (
-        "cancel_sent", "cancel_spent", "ctx", "reason", "started", "task", "torn_down",
-        "waited_s",
+        "cancel_sent", "cancel_spent", "ctx", "fence", "reason", "started", "task",
+        "torn_down", "waited_s",
     )  # fmt: skip
 
-    def __init__(self, job: Job, settler: Settling | None = None) -> None:
+    def __init__(
+        self,
+        job: Job,
+        settler: Settling | None = None,
+        fence: Callable[[], bool] | None = None,
+    ) -> None:
         self.ctx = JobContext(job, settler)
+        #: Whether the producer may start a job now (not fenced, not silent past its
+        #: fencing bound), asked again after each wait between the slot and the task's
+        #: body (a thread, job_started hooks, parents, middleware); None: always.
+        self.fence = fence
         self.reason: str | None = None
         self.task: asyncio.Task[None] | None = None
         #: Whether the task has taken its first step. A task cancelled before it would
@@ -70,6 +86,16 @@ class Execution:
         #: Set when the worker tears the task down (:meth:`tear_down`): from then on no
         #: cancellation is the attempt's to absorb.
         self.torn_down = False
+
+    def may_start(self) -> bool:
+        """Whether the producer may start this job now (see ``fence``)."""
+        return self.fence is None or self.fence()
+
+    def check_fence(self) -> None:
+        """Raise :class:`_Fenced` when the producer may not start a job now: the attempt
+        is handed back, its body never begun (a peer may have rescued it meanwhile)."""
+        if not self.may_start():
+            raise _Fenced
 
     def cancel(self, reason: str) -> None:
         """Stop the attempt: async tasks are cancelled, threads see ``cancel_requested``."""
@@ -183,6 +209,8 @@ async def _run(
     if report == "every" and hooks is not None:
         if hooks.wants("job_started"):
             await hooks.emit(JobEvent("job_started", job), execution.judge_cancel)
+            if execution.reason is None and not execution.may_start():
+                execution.reason = FENCED
         if execution.reason is not None:
             # Stopped while its job_started hooks ran: the task never began. Its end is
             # still reported, as every attempt's is (hooks pair job_started with
@@ -205,14 +233,15 @@ async def _run(
                 if job.depends_on and ctx._settler is not None:
                     # Inside: a cancel or a shutdown during this read ends the attempt as any.
                     ctx._parents = await ctx._settler.parents(job)
+                    execution.check_fence()
                 if task.timeout is None and task.is_async and not middleware:
                     # The common case: the task itself, nothing in between.
                     result = await task.fn(ctx, **job.args)
                 elif task.timeout is None:
-                    result = await _make_call(task, ctx, limiter, middleware)()
+                    result = await _make_call(task, execution, limiter, middleware)()
                 else:
                     left = max(task.timeout - execution.waited_s, 0.0)
-                    call = _make_call(task, ctx, limiter, middleware)
+                    call = _make_call(task, execution, limiter, middleware)
                     result = await _within_timeout(left, task.timeout, ctx, call)
             except asyncio.CancelledError as exc:
                 verdict = execution.judge_cancel()
@@ -224,6 +253,8 @@ async def _run(
                 outcome = _stopped(job, execution.reason)
         except Exception as exc:
             outcome = _raised(job, task, exc)
+        except _Fenced:
+            outcome = stopped_before_start(job, FENCED)
         if outcome is None:
             outcome = _completed(job, result)
             if report != "every":
@@ -234,18 +265,25 @@ async def _run(
 
 
 def _make_call(
-    task: Task, ctx: JobContext, limiter: anyio.CapacityLimiter, middleware: list[Middleware]
+    task: Task, execution: Execution, limiter: anyio.CapacityLimiter, middleware: list[Middleware]
 ) -> Callable[[], Awaitable[Any]]:
-    """The task call, in threads for plain ``def`` tasks, inside the App's middleware."""
+    """The task call, in threads for plain ``def`` tasks, inside the App's middleware. The
+    producer's fence is asked again right before the body: middleware, or the wait for a
+    thread, may have taken any time."""
+    ctx = execution.ctx
     job = ctx.job
     if task.is_async and not middleware:
         return functools.partial(task.fn, ctx, **job.args)
 
     async def call_task() -> Any:
         if task.is_async:
+            execution.check_fence()
             return await task.fn(ctx, **job.args)
         run = functools.partial(task.fn, ctx, **job.args)
-        return await anyio.to_thread.run_sync(run, limiter=limiter, abandon_on_cancel=True)
+        async with limiter:  # taken here, so that the fence is asked once a thread is ours
+            execution.check_fence()
+            unlimited = anyio.CapacityLimiter(math.inf)  # the tokens are `limiter`'s
+            return await anyio.to_thread.run_sync(run, limiter=unlimited, abandon_on_cancel=True)
 
     call: Callable[[], Awaitable[Any]] = call_task
     for mw in reversed(middleware):

@@ -72,11 +72,21 @@ def normalize_dsn(dsn: str) -> str:
 #: libpq's connection options that asyncpg does not take: it would send each to the server
 #: as a setting, which the server refuses. (``connect_timeout`` is taken apart, below.)
 _LIBPQ_ONLY = frozenset({
-    "channel_binding", "fallback_application_name", "gssdelegation", "gssencmode",
-    "hostaddr", "keepalives", "keepalives_count", "keepalives_idle", "keepalives_interval",
-    "load_balance_hosts", "replication", "require_auth", "requirepeer", "requiressl",
-    "sslcompression", "sslsni", "tcp_user_timeout",
+    "fallback_application_name", "gssdelegation", "keepalives", "keepalives_count",
+    "keepalives_idle", "keepalives_interval", "load_balance_hosts", "sslcompression",
+    "sslsni", "tcp_user_timeout",
 })  # fmt: skip
+#: libpq's options that restrict or pin the connection, which asyncpg cannot honour:
+#: refused, never dropped (pgq would connect without the guarantee the DSN demands).
+_LIBPQ_REFUSED = {
+    "channel_binding": "asyncpg does not enforce channel binding",
+    "require_auth": "asyncpg does not restrict the authentication methods it answers",
+    "gssencmode": "asyncpg has no GSSAPI encryption",
+    "requiressl": "use sslmode=require (or verify-full) instead",
+    "requirepeer": "asyncpg does not check the server process's user",
+    "hostaddr": "give the address as the host",
+    "replication": "pgq's connections are not replication connections",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +112,13 @@ def for_asyncpg(dsn: str | None) -> AsyncpgDsn:
         name = pair.partition("=")[0]
         if name == "connect_timeout":
             timeout = _connect_timeout(dsn, pair.partition("=")[2])
+        elif name in _LIBPQ_REFUSED:
+            raise _malformed(
+                dsn,
+                f"{name} is a libpq option asyncpg cannot honour ({_LIBPQ_REFUSED[name]}): "
+                "pgq refuses to connect without what it demands; remove it or use what "
+                "the note says",
+            )
         elif name in _LIBPQ_ONLY:
             dropped.append(name)
         elif pair:

@@ -74,6 +74,14 @@ class SyncClient:
     ) -> None:
         self.close()
 
+    def _libpq_options(self) -> dict[str, Any]:
+        """libpq's keywords for the connection: pgq's 10 s to connect unless the DSN gives
+        its own connect_timeout (a keyword here would override it)."""
+        options: dict[str, Any] = self._target.libpq_options("pgq sync client")
+        if "connect_timeout=" not in (self._dsn or ""):
+            options["connect_timeout"] = 10
+        return options
+
     def _connect(self) -> psycopg.Connection[Any]:
         import psycopg
 
@@ -85,8 +93,7 @@ class SyncClient:
             conn = psycopg.connect(
                 self._dsn or "",
                 autocommit=True,
-                connect_timeout=10,
-                **self._target.libpq_options("pgq sync client"),
+                **self._libpq_options(),
             )
             if self._target.pooled:
                 conn.prepare_threshold = None  # a prepared statement outlives the transaction

@@ -25,7 +25,9 @@ import asyncpg
 from typing_extensions import ParamSpec, TypeVar
 
 from pgq import _serde, migrate
+from pgq._dsn import resolve_dsn
 from pgq._store import admin, jobs, maintenance
+from pgq._store.connections import create_pool
 from pgq._worker.worker import Worker
 from pgq.app import App, Task
 from pgq.client import Client
@@ -204,8 +206,7 @@ async def drain(
     worker = Worker(
         app, dsn, queues=list(queues) if queues is not None else None, **_DRAIN_SETTINGS
     )
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
-    assert pool is not None
+    pool = await create_pool(resolve_dsn(dsn), min_size=1, max_size=2)
     try:
         started = await maintenance.database_now(pool)
         rounds: dict[str, int] = {}

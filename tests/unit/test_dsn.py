@@ -155,3 +155,18 @@ def test_libpq_options_asyncpg_lacks_are_taken_apart() -> None:
     assert for_asyncpg(None).dsn is None
     with pytest.raises(ConfigError, match="connect_timeout must be a whole number of seconds"):
         for_asyncpg("postgresql://u:pw@h/db?connect_timeout=soon")
+
+
+@pytest.mark.parametrize(
+    "option", ["channel_binding=require", "require_auth=scram-sha-256", "requiressl=1",
+               "gssencmode=require", "requirepeer=postgres", "hostaddr=10.0.0.1"]
+)  # fmt: skip
+def test_libpq_options_that_demand_a_guarantee_asyncpg_cannot_give_are_refused(
+    option: str,
+) -> None:
+    """Dropped, they would let pgq connect without it (no channel binding, any auth
+    method, no TLS): refused instead, naming the option."""
+    from pgq._dsn import for_asyncpg
+
+    with pytest.raises(ConfigError, match=f"{option.split('=')[0]} is a libpq option asyncpg"):
+        for_asyncpg(f"postgresql://u:pw@h/db?sslmode=require&{option}")

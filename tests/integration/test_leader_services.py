@@ -102,7 +102,8 @@ async def test_a_first_rescue_retries_at_once_whatever_the_attempts_before_it(
 ) -> None:
     """A job rescued for the first time at its 4th attempt (three failed on their own)
     runs again at once; a job rescued for the 4th time waits 7 s (0, 1, 3, 7 s ...): the
-    backoff counts rescues, not attempts."""
+    backoff counts rescues, not attempts. A count in the metadata that pgq did not write
+    fails no rescue."""
     from pgq._store import maintenance
 
     previous = uuid.uuid4()
@@ -118,11 +119,21 @@ async def test_a_first_rescue_retries_at_once_whatever_the_attempts_before_it(
     await conn.execute(
         "UPDATE pgq_jobs SET metadata = '{\"pgq_rescues\": 3}' WHERE id = $1", fourth
     )
+    odd = {}
+    for metadata in ('{"pgq_rescues": 1100}', '{"pgq_rescues": "many"}', '{"pgq_rescues": -3}'):
+        job = await running_job(conn, previous, attempt=1, max_attempts=10)
+        await conn.execute("UPDATE pgq_jobs SET metadata = $2::jsonb WHERE id = $1", job, metadata)
+        odd[job] = metadata
     rescued = await maintenance.rescue_predecessor(conn, [previous], 0.1)
-    assert sorted(r.id for r in rescued) == sorted([first, fourth])
+    assert sorted(r.id for r in rescued) == sorted([first, fourth, *odd])
     rows = await conn.fetch(
         "SELECT id, extract(epoch FROM scheduled_at - now())::float8 AS wait FROM pgq_jobs"
     )
     waits: dict[int, float] = {r["id"]: r["wait"] for r in rows}
     assert waits[first] < 0.5, waits
     assert 7 * 0.9 - 0.5 <= waits[fourth] <= 7 * 1.1, waits
+    # Counts pgq did not write do not stop the rescue: a huge one is capped at an hour,
+    # one that is no number or below zero counts as no rescue yet.
+    huge, word, negative = odd
+    assert 3600 * 0.9 - 1 <= waits[huge] <= 3600 * 1.1, waits
+    assert waits[word] < 0.5 and waits[negative] < 0.5, waits

@@ -966,6 +966,13 @@ FROM (SELECT queue, count(*)::int AS n FROM upd GROUP BY queue) g
 # The write of a rescue, shared by the leader's and a restarted worker's: the candidates CTE
 # before it names the jobs (id, attempt, max_attempts, producer_id, worker_name, cancel,
 # attempted_at, reason, silent_s).
+# A job's rescues so far, as its metadata counts them; a value pgq did not write there (not
+# a number, negative, huge) counts as 0 or is capped, never fails the rescue of every job.
+_RESCUES_SO_FAR: Final = (
+    "(CASE WHEN jsonb_typeof(j.metadata -> 'pgq_rescues') = 'number'"
+    " THEN least(greatest((j.metadata ->> 'pgq_rescues')::numeric, 0), 1000000)::int"
+    " ELSE 0 END)"
+)
 _RESCUE_UPDATE: Final = (
     """
 UPDATE pgq_jobs j
@@ -978,7 +985,9 @@ SET state = (CASE WHEN c.cancel THEN 'cancelled'
     -- by its rescues so far, not its attempts: earlier attempts that failed on their own
     -- say nothing about workers dying under it.
     scheduled_at = now() + make_interval(
-        secs => least(3600, 2 ^ COALESCE((j.metadata ->> 'pgq_rescues')::int, 0) - 1)
+        secs => least(3600, 2 ^ least("""
+    + _RESCUES_SO_FAR
+    + """, 12) - 1)
                 * (0.9 + random() * 0.2)),
     deadline_at = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
@@ -996,7 +1005,9 @@ SET state = (CASE WHEN c.cancel THEN 'cancelled'
         'started_at', c.attempted_at,
         'at', now())),
     metadata = jsonb_set(j.metadata, '{pgq_rescues}',
-                         to_jsonb(COALESCE((j.metadata ->> 'pgq_rescues')::int, 0) + 1))
+                         to_jsonb("""
+    + _RESCUES_SO_FAR
+    + """ + 1))
 FROM candidates c
 WHERE j.id = c.id
 RETURNING j.id, j.state::text AS state, c.reason, c.worker_name, c.silent_s, j.queue, j.task,

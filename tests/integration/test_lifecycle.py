@@ -908,3 +908,37 @@ async def test_a_burst_worker_restarted_under_its_name_runs_its_previous_runs_jo
         ).run(burst=True)
     job = await client.get_job(job_id)
     assert job is not None and job.state is pgq.JobState.COMPLETED and job.attempt == 2, job
+
+
+async def test_a_burst_worker_does_not_wait_for_a_live_process_of_its_name(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    """Another process under the same name that beats on (its heartbeat newer than the
+    burst's start) keeps its running job, and the burst worker exits without waiting for
+    it."""
+    import uuid
+
+    app = pgq.App()
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    sibling = uuid.uuid4()
+    await conn.execute(
+        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
+        " heartbeat_at, fence_after_s)"
+        " VALUES ($1, $2, 'stable-9', 'default', 5, now() + interval '1 hour', 1.0)",
+        sibling,
+        uuid.uuid4(),
+    )
+    job_id = await conn.fetchval(
+        "INSERT INTO pgq_jobs (task, state, attempt, producer_id, attempted_at) VALUES"
+        " ('t', 'running', 1, $1, now()) RETURNING id",
+        sibling,
+    )
+    with anyio.fail_after(30):
+        await pgq.Worker(
+            app, dsn, name="stable-9", **{**QUICK, "stale_after": 60.0, "reap_after": 120.0}
+        ).run(burst=True)
+    job = await client.get_job(job_id)
+    assert job is not None and job.state is pgq.JobState.RUNNING and job.attempt == 1, job

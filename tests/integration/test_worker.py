@@ -976,7 +976,7 @@ async def test_the_burst_check_finds_what_is_runnable_and_reads_no_finished_job(
     await conn.execute("UPDATE pgq_jobs SET state = 'completed', finalized_at = now(), attempt = 1")
     assert not await runnable()
     plan_json = await conn.fetchval(
-        "EXPLAIN (FORMAT JSON) " + sql.RUNNABLE_LEFT, "default", ["noop"], 30.0, None, []
+        "EXPLAIN (FORMAT JSON) " + sql.RUNNABLE_LEFT, "default", ["noop"], 30.0, None, [], None
     )
     assert "Seq Scan" not in plan_json, plan_json
 

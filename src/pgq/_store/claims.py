@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from pgq._store import sql
@@ -255,13 +256,21 @@ async def leftovers(
     fencing_bound: float,
     stable_name: str | None = None,
     own_ids: Sequence[uuid.UUID] = (),
+    silent_since: datetime | None = None,
 ) -> Leftovers:
     """Whether ``plan``'s queue holds jobs its producer could run now, or jobs running
     under a producer gone or silent past ``fencing_bound`` seconds (to be rescued), or,
     for a worker with a ``stable_name``, under another producer of that name than its own
-    ``own_ids`` (its previous run's, which it takes over)."""
+    ``own_ids`` that has not beaten since ``silent_since`` (its previous run's, which it
+    takes over)."""
     row = await db.fetchrow(
-        sql.RUNNABLE_LEFT, plan.queue, plan.tasks, fencing_bound, stable_name, list(own_ids)
+        sql.RUNNABLE_LEFT,
+        plan.queue,
+        plan.tasks,
+        fencing_bound,
+        stable_name,
+        list(own_ids),
+        silent_since,
     )
     assert row is not None
     return Leftovers(row["runnable"], row["orphaned"])

@@ -754,7 +754,8 @@ SELECT ((SELECT 1 FROM pgq_jobs
            SELECT 1 FROM pgq_jobs j LEFT JOIN pgq_producers pr ON pr.id = j.producer_id
            WHERE j.state = 'running' AND j.queue = $1 AND j.task = ANY($2::text[])
              AND (pr.id IS NULL OR pr.heartbeat_at < now() - make_interval(secs => $3)
-                  OR (pr.worker_name = $4 AND pr.id <> ALL($5::uuid[])))
+                  OR (pr.worker_name = $4 AND pr.id <> ALL($5::uuid[])
+                      AND pr.heartbeat_at < $6))
        ) AND NOT p.paused AS orphaned
 FROM (SELECT EXISTS (SELECT 1 FROM pgq_queues
                      WHERE name IN ($1, '*') AND paused_at IS NOT NULL) AS paused) p

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 
 import anyio
 
@@ -125,9 +126,12 @@ class Control:
         database holds no job these producers could run now, nor a job of their queues
         running under a producer that is gone or silent past the fencing bound (it will be
         rescued, then run), nor, under a stable name, one running under the previous run's
-        producers (this worker takes them over once that run is past its fencing bound). With ``make_due`` (tests: time travel), jobs scheduled for later
+        producers that have not beaten since the burst began (this worker takes them over
+        once that run is past its fencing bound; a live process of the same name, beating,
+        keeps its jobs, and is not waited for). With ``make_due`` (tests: time travel), jobs scheduled for later
         are made due and run, until it finds none."""
         orphans_said = False
+        since: datetime | None = None  # the database's clock as the burst began to check
         while True:
             # Wait for the jobs to end and their outcomes to be written (events, so the
             # check below runs as soon as the last one is durable), then for any claim in
@@ -140,11 +144,12 @@ class Control:
                 continue
             try:
                 await maintenance.promote_due(self._pool, 1000)
+                if since is None:
+                    since = await maintenance.database_now(self._pool)
                 own = [i for p in self._producers for i in p.ids()]
+                bound = self._settings.fencing_bound
                 left = [
-                    await claims.leftovers(
-                        self._pool, p.plan, self._settings.fencing_bound, self._stable_name, own
-                    )
+                    await claims.leftovers(self._pool, p.plan, bound, self._stable_name, own, since)
                     for p in self._producers
                 ]
                 # A producer that claimed while the database was being asked has a job

@@ -7,6 +7,7 @@ keyword or flag > environment variable > default. Durations are seconds.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -22,7 +23,8 @@ def _setting(
 
 
 #: The largest value of any setting (seconds, or a count): beyond it durations leave the
-#: database's dates and counts its integer columns, and infinity is refused with it.
+#: database's dates and counts its integer columns, and infinity is refused with it (but
+#: for ``shutdown_timeout``, where it means: let running jobs finish, however long).
 MAX_SETTING = 1e9
 
 
@@ -108,7 +110,10 @@ class WorkerSettings:
             elif (
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
-                or not minimum <= value <= MAX_SETTING
+                or (
+                    not minimum <= value <= MAX_SETTING
+                    and not (f.name == "shutdown_timeout" and value == math.inf)
+                )
             ):
                 raise ConfigError(
                     f"{f.name} must be a number from {minimum:g} to {MAX_SETTING:g}, got {value!r}"

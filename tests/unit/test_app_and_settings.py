@@ -123,6 +123,7 @@ def test_settings_precedence_keyword_over_env_over_default() -> None:
         ({"concurrency": 10**12}, {}, "concurrency must be a number from 1 to 1e"),
         ({"stale_after": float("inf")}, {}, "stale_after must be a number from .* to 1e"),
         ({}, {"PGQ_POLL_INTERVAL": "inf"}, "poll_interval must be a number from"),
+        ({"shutdown_timeout": float("nan")}, {}, "shutdown_timeout must be a number from"),
         (
             {},
             {"PGQ_HEARTBEAT_INTERVAL": "soon"},
@@ -170,3 +171,10 @@ def test_one_setting_is_read_without_checking_the_others() -> None:
 def test_the_fencing_bound_is_computed_in_one_place() -> None:
     s = WorkerSettings(heartbeat_interval=2.0, max_heartbeat_failures=4, heartbeat_timeout=1.5)
     assert s.fencing_bound == 2.0 * 4 + 1.5
+
+
+def test_a_shutdown_timeout_may_be_infinite() -> None:
+    """The one setting whose infinity means something: running jobs finish, however long."""
+    assert WorkerSettings.resolve({"shutdown_timeout": float("inf")}).shutdown_timeout == float(
+        "inf"
+    )

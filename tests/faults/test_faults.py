@@ -71,6 +71,21 @@ async def running_under(conn: asyncpg.Connection[asyncpg.Record], name: str) -> 
     )
 
 
+async def first_attempts_rescued(db: asyncpg.Connection[asyncpg.Record], ids: list[int]) -> bool:
+    """Whether every job of ``ids`` has its first attempt rescued."""
+    n = await db.fetchval(
+        "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1)"
+        ' AND errors @> \'[{"kind": "rescued", "attempt": 1}]\'',
+        ids,
+    )
+    return bool(n == len(ids))
+
+
+async def outcomes_refused(worker: WorkerProcess, n: int) -> bool:
+    """Whether ``worker`` logged at least ``n`` outcomes the fence refused."""
+    return worker.output().count("rejected: the job is no longer running this attempt") >= n
+
+
 def health(port: int) -> tuple[int, dict[str, object]]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
@@ -521,25 +536,14 @@ async def test_a_worker_stopped_past_stale_after_starts_none_of_the_attempts_res
     victim.proc.send_signal(signal.SIGSTOP)
     stopped_at: datetime = await db.fetchval("SELECT clock_timestamp()")
 
-    async def all_rescued() -> bool:
-        n = await db.fetchval(
-            "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1)"
-            ' AND errors @> \'[{"kind": "rescued", "attempt": 1}]\'',
-            ids,
-        )
-        return bool(n == len(ids))
-
     try:
-        await until(all_rescued, limit_s=60)
+        await until(lambda: first_attempts_rescued(db, ids), limit_s=60)
     finally:
         victim.proc.send_signal(signal.SIGCONT)
 
-    async def six_refused() -> bool:
-        # The 2 attempts it was running when stopped, and the 4 it held: each outcome it
-        # sends back (a result, or a hand-back) is refused by the fence.
-        return victim.output().count("rejected: the job is no longer running this attempt") >= 6
-
-    await until(six_refused, limit_s=60)
+    # The 2 attempts it was running when stopped, and the 4 it held: each outcome it sends
+    # back (a result, or a hand-back) is refused by the fence.
+    await until(lambda: outcomes_refused(victim, 6), limit_s=60)
     await until(lambda: all_completed(db, ids), limit_s=60)
     await assert_exactly_once(db, ids)
     late = await db.fetch(
@@ -589,16 +593,8 @@ async def test_a_claim_whose_reply_comes_after_a_long_stop_starts_nothing_rescue
     finally:
         await locker.close()
 
-    async def rescued() -> bool:
-        n = await db.fetchval(
-            "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1)"
-            ' AND errors @> \'[{"kind": "rescued", "attempt": 1}]\'',
-            ids,
-        )
-        return bool(n == len(ids))
-
     try:
-        await until(rescued, limit_s=60)
+        await until(lambda: first_attempts_rescued(db, ids), limit_s=60)
     finally:
         victim.proc.send_signal(signal.SIGCONT)
     await until(lambda: all_completed(db, ids), limit_s=60)
@@ -639,23 +635,12 @@ async def test_a_job_waiting_for_a_thread_when_its_worker_stops_is_not_started_a
     victim.proc.send_signal(signal.SIGSTOP)
     stopped_at: datetime = await db.fetchval("SELECT clock_timestamp()")
 
-    async def rescued() -> bool:
-        n = await db.fetchval(
-            "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1)"
-            ' AND errors @> \'[{"kind": "rescued", "attempt": 1}]\'',
-            ids,
-        )
-        return bool(n == len(ids))
-
     try:
-        await until(rescued, limit_s=60)
+        await until(lambda: first_attempts_rescued(db, ids), limit_s=60)
     finally:
         victim.proc.send_signal(signal.SIGCONT)
 
-    async def both_refused() -> bool:
-        return victim.output().count("rejected: the job is no longer running this attempt") >= 2
-
-    await until(both_refused, limit_s=60)
+    await until(lambda: outcomes_refused(victim, 2), limit_s=60)
     await until(lambda: all_completed(db, ids), limit_s=60)
     await assert_exactly_once(db, ids)
     late = await db.fetch(

@@ -50,6 +50,11 @@ class _Fenced(BaseException):
     ``except Exception`` turns it into the task's failure."""
 
 
+def _always() -> bool:
+    """The fence of an attempt no producer holds (tests, ``pgq.testing``): never closed."""
+    return True
+
+
 class Execution:
     """One running attempt: its context, and the asyncio task that runs it (cancelling the
     task is how the worker stops the attempt)."""
@@ -63,12 +68,12 @@ class Execution:
         self,
         job: Job,
         settler: Settling | None = None,
-        fence: Callable[[], bool] | None = None,
+        fence: Callable[[], bool] = _always,
     ) -> None:
         self.ctx = JobContext(job, settler)
         #: Whether the producer may start a job now (not fenced, not silent past its
         #: fencing bound), asked again after each wait between the slot and the task's
-        #: body (a thread, job_started hooks, parents, middleware); None: always.
+        #: body (a thread, job_started hooks, parents, middleware).
         self.fence = fence
         self.reason: str | None = None
         self.task: asyncio.Task[None] | None = None
@@ -87,14 +92,10 @@ class Execution:
         #: cancellation is the attempt's to absorb.
         self.torn_down = False
 
-    def may_start(self) -> bool:
-        """Whether the producer may start this job now (see ``fence``)."""
-        return self.fence is None or self.fence()
-
     def check_fence(self) -> None:
         """Raise :class:`_Fenced` when the producer may not start a job now: the attempt
         is handed back, its body never begun (a peer may have rescued it meanwhile)."""
-        if not self.may_start():
+        if not self.fence():
             raise _Fenced
 
     def cancel(self, reason: str) -> None:
@@ -209,7 +210,7 @@ async def _run(
     if report == "every" and hooks is not None:
         if hooks.wants("job_started"):
             await hooks.emit(JobEvent("job_started", job), execution.judge_cancel)
-            if execution.reason is None and not execution.may_start():
+            if execution.reason is None and not execution.fence():
                 execution.reason = FENCED
         if execution.reason is not None:
             # Stopped while its job_started hooks ran: the task never began. Its end is

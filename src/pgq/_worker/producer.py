@@ -382,12 +382,12 @@ class Producer:
         return jobs
 
     def _start(self, tg: anyio.abc.TaskGroup, jobs: list[Job]) -> None:
-        health, fences = self.health, self.health.fences
+        health, fences, now = self.health, self.health.fences, asyncio.get_running_loop().time
 
         def fence() -> bool:
             # Not if the producer fenced itself since the claim, even if it beats again
             # now: a peer may have rescued these attempts meanwhile.
-            return health.fences == fences and health.may_start(asyncio.get_running_loop().time())
+            return health.fences == fences and health.may_start(now())
 
         executions = [Execution(job, self._settlers[job.task], fence) for job in jobs]
         for execution in executions:
@@ -432,7 +432,7 @@ class Producer:
                     return
                 execution.waited_s = monotonic() - began
                 began += execution.waited_s
-            if execution.reason is None and (self._stopping or not execution.may_start()):
+            if execution.reason is None and (self._stopping or not execution.fence()):
                 # The slot came after a stop began, or while this producer is fenced (or
                 # silent past its fencing bound: its jobs may be rescued any moment, or may
                 # have been): hand the job back rather than start it.

@@ -558,54 +558,6 @@ async def test_a_worker_stopped_past_stale_after_starts_none_of_the_attempts_res
     )
 
 
-async def test_a_claim_whose_reply_comes_after_a_long_stop_starts_nothing_rescued_meanwhile(
-    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
-) -> None:
-    """The worker's claim waits on a lock; the worker is stopped (SIGSTOP); the claim
-    commits and its 2 jobs, running under the stopped worker, are rescued by the leader.
-    On SIGCONT the claim's reply arrives after a silence past the fencing bound: its jobs
-    are handed back, not started as the rescued attempt 1; attempt 2 runs, once."""
-    lead = WorkerProcess("lead", dsn, tmp_path, SHORT, extra_args=("--queue", "other"))
-    victim = WorkerProcess("victim", dsn, tmp_path, SHORT, concurrency=4)
-    workers += [lead, victim]
-    lead.start()
-    await wait_registered(db, "lead")
-    victim.start()
-    await wait_registered(db, "victim")
-    locker = await asyncpg.connect(dsn)
-    try:
-        lock = locker.transaction()
-        await lock.start()
-        await locker.execute("LOCK TABLE pgq_jobs IN ACCESS EXCLUSIVE MODE")
-        async with pgq.Client(dsn) as client:
-            specs = [pgq.JobSpec("effect", {"seconds": 1.0}) for _ in range(2)]
-            ids = [j.id for j in await client.enqueue_many(specs, connection=locker)]
-
-        async def claim_waits() -> bool:
-            return bool(
-                await db.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
-                    " 'pgq worker victim' AND wait_event_type = 'Lock'"
-                )
-            )
-
-        await until(claim_waits, limit_s=30)
-        assert victim.proc is not None
-        victim.proc.send_signal(signal.SIGSTOP)
-        await lock.commit()
-    finally:
-        await locker.close()
-
-    try:
-        await until(lambda: first_attempts_rescued(db, ids), limit_s=60)
-    finally:
-        victim.proc.send_signal(signal.SIGCONT)
-    await until(lambda: all_completed(db, ids), limit_s=60)
-    await assert_exactly_once(db, ids)
-    starts = await db.fetch("SELECT job_id, attempt FROM starts ORDER BY job_id, attempt")
-    assert sorted(tuple(r) for r in starts) == sorted((i, 2) for i in ids)
-
-
 async def test_a_job_waiting_for_a_thread_when_its_worker_stops_is_not_started_after(
     dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
 ) -> None:

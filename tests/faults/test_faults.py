@@ -81,6 +81,38 @@ async def first_attempts_rescued(db: asyncpg.Connection[asyncpg.Record], ids: li
     return bool(n == len(ids))
 
 
+async def stop_until_rescued(
+    db: asyncpg.Connection[asyncpg.Record],
+    victim: WorkerProcess,
+    lead: WorkerProcess,
+    ids: list[int],
+) -> datetime:
+    """Start ``lead``, SIGSTOP ``victim`` until every job of ``ids`` has its first attempt
+    rescued, then SIGCONT it; returns when it was stopped (the database's clock)."""
+    lead.start()
+    await wait_registered(db, lead.name)
+    assert victim.proc is not None
+    victim.proc.send_signal(signal.SIGSTOP)
+    stopped_at: datetime = await db.fetchval("SELECT clock_timestamp()")
+    try:
+        await until(lambda: first_attempts_rescued(db, ids), limit_s=60)
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    return stopped_at
+
+
+async def rescued_attempts_started(
+    db: asyncpg.Connection[asyncpg.Record], since: datetime
+) -> list[tuple[int, int]]:
+    """Attempts 1 the victim started after ``since``: rescued while it was stopped. (Attempt
+    2 may well run on the woken worker: it claims the retries as any worker does.)"""
+    rows = await db.fetch(
+        "SELECT job_id, attempt FROM starts WHERE worker = 'victim' AND attempt = 1 AND at > $1",
+        since,
+    )
+    return [(r["job_id"], r["attempt"]) for r in rows]
+
+
 async def outcomes_refused(worker: WorkerProcess, n: int) -> bool:
     """Whether ``worker`` logged at least ``n`` outcomes the fence refused."""
     return worker.output().count("rejected: the job is no longer running this attempt") >= n
@@ -530,29 +562,14 @@ async def test_a_worker_stopped_past_stale_after_starts_none_of_the_attempts_res
         return await running_under(db, "victim") == 6
 
     await until(all_held, limit_s=30)
-    lead.start()
-    await wait_registered(db, "lead")
-    assert victim.proc is not None
-    victim.proc.send_signal(signal.SIGSTOP)
-    stopped_at: datetime = await db.fetchval("SELECT clock_timestamp()")
-
-    try:
-        await until(lambda: first_attempts_rescued(db, ids), limit_s=60)
-    finally:
-        victim.proc.send_signal(signal.SIGCONT)
+    stopped_at = await stop_until_rescued(db, victim, lead, ids)
 
     # The 2 attempts it was running when stopped, and the 4 it held: each outcome it sends
     # back (a result, or a hand-back) is refused by the fence.
     await until(lambda: outcomes_refused(victim, 6), limit_s=60)
     await until(lambda: all_completed(db, ids), limit_s=60)
     await assert_exactly_once(db, ids)
-    # Attempt 2 may well run on the woken worker (it claims the retries as any worker
-    # does); attempt 1, rescued while it was stopped, must not.
-    late = await db.fetch(
-        "SELECT job_id, attempt FROM starts WHERE worker = 'victim' AND attempt = 1 AND at > $1",
-        stopped_at,
-    )
-    assert [tuple(r) for r in late] == [], "the stopped worker started rescued attempts"
+    assert await rescued_attempts_started(db, stopped_at) == [], "a rescued attempt started"
     assert "passed without a heartbeat" in victim.output() or "no heartbeat for" in (
         victim.output()
     )
@@ -584,24 +601,9 @@ async def test_a_job_waiting_for_a_thread_when_its_worker_stops_is_not_started_a
         return await running_under(db, "victim") == 2 and started == 1
 
     await until(one_in_the_thread, limit_s=30)
-    lead.start()
-    await wait_registered(db, "lead")
-    assert victim.proc is not None
-    victim.proc.send_signal(signal.SIGSTOP)
-    stopped_at: datetime = await db.fetchval("SELECT clock_timestamp()")
-
-    try:
-        await until(lambda: first_attempts_rescued(db, ids), limit_s=60)
-    finally:
-        victim.proc.send_signal(signal.SIGCONT)
+    stopped_at = await stop_until_rescued(db, victim, lead, ids)
 
     await until(lambda: outcomes_refused(victim, 2), limit_s=60)
     await until(lambda: all_completed(db, ids), limit_s=60)
     await assert_exactly_once(db, ids)
-    # Attempt 2 may well run on the woken worker (it claims the retries as any worker
-    # does); attempt 1, rescued while it was stopped, must not.
-    late = await db.fetch(
-        "SELECT job_id, attempt FROM starts WHERE worker = 'victim' AND attempt = 1 AND at > $1",
-        stopped_at,
-    )
-    assert [tuple(r) for r in late] == [], "the stopped worker started a rescued attempt"
+    assert await rescued_attempts_started(db, stopped_at) == [], "a rescued attempt started"

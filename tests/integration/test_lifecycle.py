@@ -876,6 +876,36 @@ def _producer(worker: pgq.Worker) -> dict[str, Any]:
     return dict(producer)
 
 
+async def job_of_a_run_named(conn: Conn, name: str, heartbeat_at: str) -> int:
+    """A producer row of another run under ``name`` (its heartbeat the SQL expression
+    ``heartbeat_at``, fencing bound 1 s), and a job of task 't' running under it."""
+    import uuid
+
+    producer = uuid.uuid4()
+    await conn.execute(
+        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
+        f" heartbeat_at, fence_after_s) VALUES ($1, $2, $3, 'default', 5, {heartbeat_at}, 1.0)",
+        producer,
+        uuid.uuid4(),
+        name,
+    )
+    return int(
+        await conn.fetchval(
+            "INSERT INTO pgq_jobs (task, state, attempt, producer_id, attempted_at) VALUES"
+            " ('t', 'running', 1, $1, now()) RETURNING id",
+            producer,
+        )
+    )
+
+
+async def burst_under_name(app: pgq.App, dsn: str, name: str) -> None:
+    """Run a burst worker named ``name`` (far from stale_after) to its end."""
+    with anyio.fail_after(30):
+        await pgq.Worker(
+            app, dsn, name=name, **{**QUICK, "stale_after": 60.0, "reap_after": 120.0}
+        ).run(burst=True)
+
+
 async def test_a_burst_worker_restarted_under_its_name_runs_its_previous_runs_jobs_first(
     dsn: str, client: pgq.Client, conn: Conn
 ) -> None:
@@ -883,29 +913,14 @@ async def test_a_burst_worker_restarted_under_its_name_runs_its_previous_runs_jo
     fencing bound, so neither rescuable nor gone. A burst worker of the same name waits
     for the bound, takes the job over and runs it before it exits, instead of leaving it
     running."""
-    import uuid
 
     app = pgq.App()
 
     @app.task
     async def t(ctx: pgq.JobContext) -> None: ...
 
-    previous = uuid.uuid4()
-    await conn.execute(
-        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
-        " heartbeat_at, fence_after_s) VALUES ($1, $2, 'stable-8', 'default', 5, now(), 1.0)",
-        previous,
-        uuid.uuid4(),
-    )
-    job_id = await conn.fetchval(
-        "INSERT INTO pgq_jobs (task, state, attempt, producer_id, attempted_at) VALUES"
-        " ('t', 'running', 1, $1, now()) RETURNING id",
-        previous,
-    )
-    with anyio.fail_after(30):
-        await pgq.Worker(
-            app, dsn, name="stable-8", **{**QUICK, "stale_after": 60.0, "reap_after": 120.0}
-        ).run(burst=True)
+    job_id = await job_of_a_run_named(conn, "stable-8", "now()")
+    await burst_under_name(app, dsn, "stable-8")
     job = await client.get_job(job_id)
     assert job is not None and job.state is pgq.JobState.COMPLETED and job.attempt == 2, job
 
@@ -916,29 +931,14 @@ async def test_a_burst_worker_does_not_wait_for_a_live_process_of_its_name(
     """Another process under the same name that beats on (its heartbeat newer than the
     burst's start) keeps its running job, and the burst worker exits without waiting for
     it."""
-    import uuid
 
     app = pgq.App()
 
     @app.task
     async def t(ctx: pgq.JobContext) -> None: ...
 
-    sibling = uuid.uuid4()
-    await conn.execute(
-        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
-        " heartbeat_at, fence_after_s)"
-        " VALUES ($1, $2, 'stable-9', 'default', 5, now() + interval '1 hour', 1.0)",
-        sibling,
-        uuid.uuid4(),
-    )
-    job_id = await conn.fetchval(
-        "INSERT INTO pgq_jobs (task, state, attempt, producer_id, attempted_at) VALUES"
-        " ('t', 'running', 1, $1, now()) RETURNING id",
-        sibling,
-    )
-    with anyio.fail_after(30):
-        await pgq.Worker(
-            app, dsn, name="stable-9", **{**QUICK, "stale_after": 60.0, "reap_after": 120.0}
-        ).run(burst=True)
+    # Its heartbeat an hour ahead: it beats on, whenever the burst looks.
+    job_id = await job_of_a_run_named(conn, "stable-9", "now() + interval '1 hour'")
+    await burst_under_name(app, dsn, "stable-9")
     job = await client.get_job(job_id)
     assert job is not None and job.state is pgq.JobState.RUNNING and job.attempt == 1, job

@@ -809,7 +809,7 @@ async def test_a_fenced_producer_hands_back_jobs_claimed_ahead_instead_of_starti
             async def handed_back(job_id: int = job.id) -> bool:
                 now = await client.get_job(job_id)
                 return now is not None and any(
-                    "heartbeats were failing" in e["message"] for e in now.errors
+                    "its worker stopped claiming" in e["message"] for e in now.errors
                 )
 
             await until(handed_back)
@@ -818,6 +818,58 @@ async def test_a_fenced_producer_hands_back_jobs_claimed_ahead_instead_of_starti
     for job in (second, third):
         now = await client.get_job(job.id)
         assert now is not None and now.attempt <= 1
+
+
+async def test_a_heartbeat_the_database_dates_past_the_fencing_bound_hands_back_jobs_held(
+    dsn: str, client: pgq.Client, conn: "asyncpg.Connection[asyncpg.Record]"
+) -> None:
+    """What a suspended host looks like from the database: the heartbeat lands, but its
+    row's previous stamp is older than the fencing bound, while this process saw no gap.
+    Peers judge by that stamp, so the producer fences itself first and hands back the jobs
+    it held unstarted (the next claims run them); the job it was running goes on."""
+    app, began, release = holding_app()
+    async with pgq.Worker(
+        app,
+        dsn,
+        concurrency=1,
+        claim_ahead=2,
+        poll_interval=0.05,
+        heartbeat_interval=1.0,
+        heartbeat_timeout=1.0,
+        stale_after=60.0,
+    ) as worker:
+        (producer,) = worker._by_queue.values()
+        first, *held = await client.enqueue_many([pgq.JobSpec("hold") for _ in range(3)])
+
+        async def all_claimed() -> bool:
+            return len(producer.running) == 3 and began == [first.id]
+
+        await until(all_claimed)
+
+        async def fenced_after_a_silence_the_database_saw() -> bool:
+            # Again at each poll: a beat in flight may stamp the row over this.
+            await conn.execute(
+                "UPDATE pgq_producers SET heartbeat_at = now() - interval '30 seconds' "
+                "WHERE id = $1",
+                producer.id,
+            )
+            return producer.health.fences > 0
+
+        await until(fenced_after_a_silence_the_database_saw)
+        for job in held:
+
+            async def handed_back(job_id: int = job.id) -> bool:
+                now = await client.get_job(job_id)
+                return now is not None and any(
+                    "its worker stopped claiming" in e["message"] for e in now.errors
+                )
+
+            await until(handed_back)
+        assert began == [first.id]  # the held jobs never started then
+        assert producer.health.healthy  # the same beat proved it alive again
+        release.set()
+        for job in (first, *held):
+            assert (await client.wait(job, timeout=20)).state is pgq.JobState.COMPLETED
 
 
 def quick_and_slow_app(timeout: float | None) -> tuple[pgq.App, anyio.Event]:

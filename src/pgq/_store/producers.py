@@ -64,8 +64,9 @@ class Beat:
     rejected_outcomes: int
 
 
-async def heartbeat(db: Db, beats: Sequence[Beat]) -> set[uuid.UUID]:
-    """Write every beat on the database clock; returns the ids whose row still exists."""
+async def heartbeat(db: Db, beats: Sequence[Beat]) -> dict[uuid.UUID, float]:
+    """Write every beat on the database clock; returns the ids whose row still exists, each
+    with the seconds since its previous beat by that clock."""
     rows = await db.fetch(
         sql.HEARTBEAT,
         [b.id for b in beats],
@@ -76,7 +77,7 @@ async def heartbeat(db: Db, beats: Sequence[Beat]) -> set[uuid.UUID]:
         [b.failed for b in beats],
         [b.rejected_outcomes for b in beats],
     )
-    return {r["id"] for r in rows}
+    return {r["id"]: r["silent_s"] for r in rows}
 
 
 @dataclass(frozen=True, slots=True)

@@ -780,14 +780,17 @@ FROM unnest($1::uuid[], $4::text[], $5::int[]) AS u(id, queue, concurrency)
 
 # One heartbeat for every producer of a worker, on the database clock. Rows that come back
 # are alive; a producer whose row is missing was judged dead (or deleted) by someone else.
+# Returns each row still there, with the seconds since its previous stamp on the database
+# clock (read from the row as it was before this update: the same row, self-joined).
 HEARTBEAT: Final = """
 UPDATE pgq_producers p
 SET heartbeat_at = now(), running = u.running, healthy = u.healthy, claimed = u.claimed,
     completed = u.completed, failed = u.failed, rejected_outcomes = u.rejected
 FROM unnest($1::uuid[], $2::int[], $3::bool[], $4::bigint[], $5::bigint[], $6::bigint[],
             $7::bigint[]) AS u(id, running, healthy, claimed, completed, failed, rejected)
+JOIN pgq_producers o ON o.id = u.id
 WHERE p.id = u.id
-RETURNING p.id
+RETURNING p.id, extract(epoch FROM now() - o.heartbeat_at)::float8 AS silent_s
 """
 
 # Moving the jobs running under producers $2 to another producer, passing over rows locked

@@ -38,7 +38,8 @@ WAITED = "waited"
 
 _NOT_STARTED = {
     SHUTDOWN: "handed back before it started: its worker is stopping",
-    FENCED: "handed back before it started: its worker's heartbeats were failing",
+    FENCED: "handed back before it started: its worker stopped claiming (its heartbeats "
+    "failed, or it was held up past its fencing bound)",
     RESCUED: "handed back before it started: the attempt was rescued meanwhile",
     WAITED: "handed back before it started: no slot of its worker freed in time",
 }

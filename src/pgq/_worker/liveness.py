@@ -3,8 +3,9 @@ whole re-registration protocol, and the verdict a liveness probe reads.
 
 The protocol in one place: every ``heartbeat_interval`` one statement writes every
 producer's heartbeat on the database clock; ``max_heartbeat_failures`` failures in a row (or
-no success for the fencing bound, whatever held the loop up) fence a producer: it claims
-nothing until a beat lands. A producer whose row is gone re-registers under a new id and
+no success for the fencing bound, whatever held the loop up, or a beat that lands longer
+than the bound after the last by the database's clock) fence a producer: it claims nothing
+until a beat lands. A producer whose row is gone re-registers under a new id and
 adopts its jobs still running under the old one; their attempt tokens do not change, so
 their outcomes stay valid. The old id keeps a row, beaten with the new one's, until no job
 is left under it.
@@ -12,6 +13,7 @@ is left under it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -28,6 +30,15 @@ from pgq.settings import WorkerSettings
 
 log = logging.getLogger("pgq.liveness")
 
+#: The clock silences are measured on. Where the system has one, it is the clock that keeps
+#: counting while the host is suspended (CLOCK_BOOTTIME): a worker on a laptop or a VM
+#: that slept past the fencing bound must find out before it starts a job it held, and the
+#: event loop's monotonic clock stands still meanwhile.
+if hasattr(time, "CLOCK_BOOTTIME"):
+    clock: Callable[[], float] = functools.partial(time.clock_gettime, time.CLOCK_BOOTTIME)
+else:  # pragma: no cover - not Linux
+    clock = time.monotonic
+
 
 class ProducerHealth:
     """One producer's standing: healthy (claims) or fenced (claims nothing)."""
@@ -41,7 +52,7 @@ class ProducerHealth:
         self.healthy = True
         self._fence_after_s = fence_after_s
         # The registration counts as the first proof of life.
-        self._alive_at = anyio.current_time()
+        self._alive_at = clock()
         #: Failed heartbeats in a row.
         self.consecutive_failures = 0
         #: ``time.time()`` of the last heartbeat that landed; None before the first.
@@ -62,11 +73,11 @@ class ProducerHealth:
     def may_claim(self) -> bool:
         """Whether claiming is allowed now. Past the fencing bound since the last proof of
         life (even with the heartbeat loop itself held up) the producer fences itself."""
-        return self.may_start(anyio.current_time())
+        return self.may_start(clock())
 
     def may_start(self, now: float) -> bool:
-        """Whether the producer may claim, or start a job it holds, at ``now`` (the event
-        loop's clock): healthy, and not silent past the fencing bound. A process held up
+        """Whether the producer may claim, or start a job it holds, at ``now`` (by
+        :data:`clock`): healthy, and not silent past the fencing bound. A process held up
         (stopped, starved) past the bound finds out here, before it starts an attempt a
         peer may have rescued meanwhile, whatever its heartbeat loop has yet to notice."""
         if not self.healthy:
@@ -83,20 +94,23 @@ class ProducerHealth:
             return False
         return True
 
-    def beat_ok(self, now: float, sent_at: float) -> None:
-        """A heartbeat sent at ``sent_at`` (this loop's clock) landed: reset the failure
+    def beat_ok(self, now: float, sent_at: float, db_silent_s: float = 0.0) -> None:
+        """A heartbeat sent at ``sent_at`` (by :data:`clock`) landed: reset the failure
         count and unfence. The proof of life dates from the sending, not the reply: the
         database stamped the row when the statement began, and peers judge from that stamp,
-        so the fencing bound must not start later here than there. A beat sent after a
-        silence past the fencing bound (the process was held up, and none of its checks
-        ran meanwhile) fences the producer first: whatever it holds unstarted may have been
-        rescued, and is handed back."""
-        if self.healthy and sent_at - self._alive_at > self._fence_after_s:
+        so the fencing bound must not start later here than there. A beat after a silence
+        past the fencing bound fences the producer first: whatever it holds unstarted may
+        have been rescued, and is handed back. The silence is the longer of this process's
+        (it was held up, and none of its checks ran meanwhile) and the database's,
+        ``db_silent_s`` from the row's previous stamp to this one: the clock peers judge
+        by, which also counts a stop this process's clocks did not see."""
+        silent = max(sent_at - self._alive_at, db_silent_s)
+        if self.healthy and silent > self._fence_after_s:
             log.warning(
-                "queue %s: %.1fs passed without a heartbeat (the process was held up); "
-                "handing back the jobs claimed ahead",
+                "queue %s: %.1fs passed without a heartbeat (the process or its host was "
+                "held up); handing back the jobs claimed ahead",
                 self._queue,
-                sent_at - self._alive_at,
+                silent,
             )
             self._fence()
         self._alive_at = sent_at
@@ -216,7 +230,7 @@ class Heartbeater:
 
     async def beat(self) -> bool:
         """One heartbeat; returns whether it succeeded."""
-        sent_at = anyio.current_time()
+        sent_at = clock()
         try:
             with anyio.fail_after(self._timeout_s):
                 if self._conn is None or self._conn.is_closed():
@@ -245,7 +259,7 @@ class Heartbeater:
         self.beats += 1
         now = time.time()
         for producer in self._producers:
-            producer.health.beat_ok(now, sent_at)
+            producer.health.beat_ok(now, sent_at, alive.get(producer.id, 0.0))
         return True
 
     def _beats(self) -> list[Beat]:

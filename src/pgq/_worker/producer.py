@@ -27,7 +27,7 @@ from pgq._worker.executor import (
     runner,
     stopped_before_start,
 )
-from pgq._worker.liveness import ProducerHealth
+from pgq._worker.liveness import ProducerHealth, clock
 from pgq._worker.outcome import Outcome
 from pgq._worker.settle import Settler
 from pgq._worker.slots import Slots
@@ -382,7 +382,7 @@ class Producer:
         return jobs
 
     def _start(self, tg: anyio.abc.TaskGroup, jobs: list[Job]) -> None:
-        health, fences, now = self.health, self.health.fences, asyncio.get_running_loop().time
+        health, fences, now = self.health, self.health.fences, clock
 
         def fence() -> bool:
             # Not if the producer fenced itself since the claim, even if it beats again

@@ -4,10 +4,12 @@ with values checked against the jobs that ran."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -156,24 +158,21 @@ async def test_metrics_off_and_the_dashboard_exports_the_queue_gauges(
 
 
 async def test_a_cli_worker_serves_metrics_and_can_turn_them_off(dsn: str, tmp_path: Any) -> None:
+    """Port 0 takes a free port, which the start-up log names (no race for a port the test
+    picked and freed)."""
     (tmp_path / "metrics_app.py").write_text(
         "import pgq\napp = pgq.App()\n\n@app.task\nasync def noop(ctx) -> None: ...\n"
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     for extra, expect in (([], 200), (["--no-metrics"], 404)):
-        port = _free_port()
         cmd = [sys.executable, "-m", "pgq", "worker", "metrics_app:app", "--dsn", dsn,
-               "--health-port", str(port), *extra]  # fmt: skip
+               "--health-port", "0", *extra]  # fmt: skip
         async with await anyio.open_process(cmd, env=env) as process:
             try:
+                url = await _logged_health_url(process)
+                assert url.startswith("http://127.0.0.1:") and not url.endswith(":0/healthz")
                 async with httpx.AsyncClient() as http:
-                    with anyio.fail_after(30):
-                        while True:
-                            try:
-                                r = await http.get(f"http://127.0.0.1:{port}/metrics")
-                                break
-                            except httpx.TransportError:
-                                await anyio.sleep(0.1)
+                    r = await http.get(url.replace("/healthz", "/metrics"))
                 assert r.status_code == expect, r.text
                 if expect == 200:
                     assert "pgq_producer_healthy" in r.text
@@ -183,9 +182,14 @@ async def test_a_cli_worker_serves_metrics_and_can_turn_them_off(dsn: str, tmp_p
                 process.terminate()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+async def _logged_health_url(process: anyio.abc.Process) -> str:
+    """The /healthz address a starting `pgq worker` logs, read from its stderr."""
+    assert process.stderr is not None
+    seen = ""
+    with anyio.fail_after(30):
+        async for chunk in process.stderr:
+            seen += chunk.decode(errors="replace")
+            match = re.search(r"health endpoint on (http://\S+/healthz)", seen)
+            if match:
+                return match.group(1)
+    raise AssertionError(f"the worker exited without naming its health endpoint:\n{seen}")

@@ -288,7 +288,7 @@ async def test_jobs_show_prints_control_characters_of_an_error_escaped(
         (
             ["worker", "x:app", "--health-port", "99999"],
             {},
-            "argument --health-port: expected a whole number from 1 to 65,535",
+            "argument --health-port: expected a whole number from 0 to 65,535",
         ),
         (["worker", "x:app"], {"PGQ_HEALTH_PORT": "abc"}, "argument --health-port: expected"),
     ],

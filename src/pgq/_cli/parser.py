@@ -123,11 +123,11 @@ def _worker(sub: Any) -> None:
     )
     p.add_argument(
         "--health-port",
-        type=_port,
+        type=_health_port,
         metavar="P",
-        default=os.environ.get("PGQ_HEALTH_PORT") or None,  # a string: checked by _port
-        help="serve GET /healthz on this port (200, or 503 with a JSON reason); env "
-        "PGQ_HEALTH_PORT",
+        default=os.environ.get("PGQ_HEALTH_PORT") or None,  # a string: checked by the type
+        help="serve GET /healthz on this port (200, or 503 with a JSON reason; 0 takes a "
+        "free port, named in the start-up log); env PGQ_HEALTH_PORT",
     )
     p.add_argument(
         "--health-host",
@@ -363,6 +363,7 @@ def _whole(lowest: int, highest: int) -> Callable[[str], int]:
 
 _job_id = _whole(1, MAX_JOB_ID)
 _port = _whole(1, 65535)
+_health_port = _whole(0, 65535)
 
 
 def _dashboard(sub: Any) -> None:

@@ -575,6 +575,59 @@ async def test_a_worker_stopped_past_stale_after_starts_none_of_the_attempts_res
     )
 
 
+async def test_a_claim_whose_reply_comes_after_a_long_stop_starts_nothing_rescued_meanwhile(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    """The worker's claim of 2 jobs (enqueued and committed before it began) is held in
+    the server by a trigger; the worker is stopped (SIGSTOP); the claim is let go and
+    commits, and its 2 jobs, running under the stopped worker, are rescued by the leader.
+    On SIGCONT the claim's reply arrives after a silence past the fencing bound: its jobs
+    are handed back, not started as the rescued attempt 1; each job completes once."""
+    await db.execute(HOLD_CLAIMS)
+    lead = WorkerProcess("lead", dsn, tmp_path, SHORT, extra_args=("--queue", "other"))
+    victim = WorkerProcess("victim", dsn, tmp_path, SHORT, concurrency=4)
+    workers += [lead, victim]
+    victim.start()
+    await wait_registered(db, "victim")
+    await db.execute("SELECT pg_advisory_lock(4242)")
+    try:
+        ids = await enqueue(dsn, 2, 1.0)
+
+        async def claim_waits() -> bool:
+            return bool(
+                await db.fetchval(CLAIM_WAITS + " AND application_name = 'pgq worker victim'")
+            )
+
+        await until(claim_waits, limit_s=30)
+        assert victim.proc is not None
+        victim.proc.send_signal(signal.SIGSTOP)
+        await until(lambda: _stopped(victim), limit_s=10)
+        stopped_at: datetime = await db.fetchval("SELECT clock_timestamp()")
+    finally:
+        await db.execute("SELECT pg_advisory_unlock(4242)")
+    try:
+        # The server runs the claim to its commit while the worker is stopped.
+        await until(lambda: _running_under_victim(db, 2), limit_s=30)
+        lead.start()
+        await until(lambda: first_attempts_rescued(db, ids), limit_s=60)
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    await until(lambda: all_completed(db, ids), limit_s=60)
+    await assert_exactly_once(db, ids)
+    assert await rescued_attempts_started(db, stopped_at) == [], "a rescued attempt started"
+
+
+async def _stopped(worker: WorkerProcess) -> bool:
+    """Whether the kernel has stopped ``worker``'s process (state T in /proc)."""
+    assert worker.proc is not None
+    stat = await anyio.Path(f"/proc/{worker.proc.pid}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0] == "T"
+
+
+async def _running_under_victim(db: asyncpg.Connection[asyncpg.Record], n: int) -> bool:
+    return await running_under(db, "victim") == n
+
+
 async def test_a_job_waiting_for_a_thread_when_its_worker_stops_is_not_started_after(
     dsn: str, db: asyncpg.Connection[asyncpg.Record], workers: list[WorkerProcess], tmp_path: Path
 ) -> None:

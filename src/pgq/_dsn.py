@@ -46,8 +46,10 @@ def normalize_dsn(dsn: str) -> str:
     match = _SCHEME.match(dsn)
     if match is None or match.group(1).split("+", 1)[0].lower() not in _SCHEMES:
         raise _malformed(dsn, _EXPECTED)
-    netloc, tail = _split_netloc(dsn[match.end() :])
-    if "@" in tail and not _ats_in_query_values(tail):
+    rest = dsn[match.end() :]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i != -1), default=len(rest))
+    netloc, tail = rest[:end], rest[end:]
+    if "@" in tail:
         raise _malformed(
             dsn,
             "the user name or password seems to hold a '/', '?', '#' or '@' as is: "
@@ -65,25 +67,6 @@ def normalize_dsn(dsn: str) -> str:
     if not netloc and not tail:
         raise _malformed(dsn, _EXPECTED)
     return "postgresql://" + netloc + tail.split("#", 1)[0]
-
-
-def _split_netloc(rest: str) -> tuple[str, str]:
-    """A URL past its scheme, split into the user information and hosts, and the rest."""
-    end = min((i for i in (rest.find(c) for c in "/?#") if i != -1), default=len(rest))
-    return rest[:end], rest[end:]
-
-
-def _ats_in_query_values(tail: str) -> bool:
-    """Whether every '@' past the hosts is in a query parameter's value
-    (``?application_name=a@b``), rather than in what follows a '/', '?' or '#' a password
-    held unencoded (``user:pa/ss@host``: the driver would take ``ss@host`` for the path)."""
-    path, _, query = tail.partition("?")
-    query, _, fragment = query.partition("#")
-    return "@" not in path + fragment and all(
-        "=" in piece and "@" not in piece.partition("=")[0]
-        for piece in query.split("&")
-        if "@" in piece
-    )
 
 
 #: libpq's connection options that asyncpg does not take: it would send each to the server
@@ -177,12 +160,10 @@ def _malformed(dsn: str, why: str) -> ConfigError:
 
 
 def sqlalchemy_url(dsn: str | None) -> str:
-    """The same DSN for SQLAlchemy's asyncpg dialect (used by alembic). An '@' in a query
-    value is percent-encoded: SQLAlchemy's parser would take what follows it for the host."""
+    """The same DSN for SQLAlchemy's asyncpg dialect (used by alembic)."""
     if dsn is None:
         return "postgresql+asyncpg://"
-    netloc, tail = _split_netloc(dsn.split("://", 1)[1])
-    return "postgresql+asyncpg://" + netloc + tail.replace("@", "%40")
+    return "postgresql+asyncpg://" + dsn.split("://", 1)[1]
 
 
 def mask_dsn(dsn: str | None) -> str:
@@ -195,13 +176,6 @@ def mask_dsn(dsn: str | None) -> str:
         return _KEYWORD_PASSWORD.sub(r"\1***", dsn)
     text = dsn
     at = text.rfind("@")
-    scheme = _SCHEME.match(text)
-    if scheme is not None:
-        netloc, tail = _split_netloc(text[scheme.end() :])
-        if _ats_in_query_values(tail):
-            # Well formed, an '@' past the hosts only in the query (application_name=a@b):
-            # the user information, if any, ends at the hosts' last '@'.
-            at = scheme.end() + netloc.rfind("@") if "@" in netloc else -1
     if at != -1:
         # Everything before the last '@' is user information, whatever a password holds.
         head = text[:at]

@@ -52,8 +52,9 @@ def normalize_dsn(dsn: str) -> str:
     if "@" in tail:
         raise _malformed(
             dsn,
-            "the user name or password seems to hold a '/', '?', '#' or '@' as is: "
-            "percent-encode such characters (e.g. '/' as %2F, '@' as %40)",
+            "the user name or password seems to hold a '/', '?', '#' or '@' as is, or "
+            "a query value an '@': percent-encode such characters (e.g. '/' as %2F, '@' "
+            "as %40; ?application_name=ops%40example)",
         )
     if netloc.count("@") > 1:
         raise _malformed(

@@ -99,6 +99,19 @@ def test_a_malformed_dsn_says_what_is_wrong(dsn: str, why: str) -> None:
         assert len(piece) < 2 or piece not in str(info.value).split("://", 1)[1], info.value
 
 
+def test_an_at_sign_in_a_query_value_is_refused_with_the_encoding_that_works() -> None:
+    """It cannot be told apart from a password holding '?' and '=' (u:2024?k=v@host),
+    which the driver would read as host 'u', port 2024: percent-encoded, it is taken."""
+    with pytest.raises(ConfigError, match="ops%40example") as info:
+        normalize_dsn("postgresql://u:pw@h/db?application_name=ops@example")
+    assert "pw" not in str(info.value)
+    encoded = "postgresql://u:pw@h/db?application_name=ops%40example"
+    assert normalize_dsn(encoded) == encoded
+    with pytest.raises(ConfigError, match="percent-encode") as info:
+        normalize_dsn("postgresql://app:2024?Zq=9@db.prod:5432/app")
+    assert "2024" not in str(info.value) and "Zq" not in str(info.value)
+
+
 def test_several_hosts_are_accepted_and_masked() -> None:
     dsn = "postgresql://u:pw@db1:5432,db2:5433,[::1]:5434/app?target_session_attrs=read-write"
     assert normalize_dsn(dsn) == dsn

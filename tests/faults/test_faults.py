@@ -29,6 +29,7 @@ from tests.faults.workers import (
     via_proxy,
     wait_registered,
 )
+from tests.integration.test_liveness import fake_producer, running_job
 from tests.tests_support import until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults, pytest.mark.timeout(180)]
@@ -477,7 +478,7 @@ CREATE TRIGGER hold_claims BEFORE UPDATE ON pgq_jobs
 """
 CLAIM_WAITS = """
 SELECT count(*) FROM pg_stat_activity
-WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'
+WHERE wait_event_type = 'Lock' AND wait_event = 'advisory' AND datname = current_database()
   AND query LIKE '%attempt_token = gen_random_uuid()%'
 """
 
@@ -535,6 +536,83 @@ async def test_the_jobs_of_a_claim_whose_reply_was_lost_are_handed_back_and_run_
     (entry,) = json.loads(stored["errors"])
     assert entry["kind"] == "lost_reply" and "reply to the claim" in entry["message"]
     assert runs == [job.id]
+
+
+# Holds the commit of each transaction that takes a job out of 'running' while the test
+# holds advisory lock 4343 (a deferred trigger runs at commit, after the statement replied).
+HOLD_RESCUE_COMMITS = """
+CREATE FUNCTION hold_rescue_commits() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(4343);
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER hold_rescue_commits AFTER UPDATE ON pgq_jobs
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (OLD.state = 'running' AND NEW.state <> 'running')
+    EXECUTE FUNCTION hold_rescue_commits();
+"""
+
+
+async def test_a_rescue_whose_commit_reply_was_lost_is_reported_once_seen_to_have_landed(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    """The leader rescues a dead peer's job; the connection breaks after the rescue
+    committed and before the commit's reply arrived. Once the database is reachable again,
+    the leader finds that its rescue landed and reports it: one ``job_rescued`` event, one
+    rescue counted, no second rescue of the job."""
+    app = pgq.App()
+    rescued: list[pgq.JobEvent] = []
+    app.on("job_rescued")(rescued.append)
+
+    @app.task
+    async def note(ctx: pgq.JobContext) -> None: ...
+
+    dead = await fake_producer(db, silent_s=3600)
+    job_id = await running_job(db, dead, started_s_ago=3600)
+    await db.execute(HOLD_RESCUE_COMMITS)
+    await db.execute("SELECT pg_advisory_lock(4343)")
+    proxy = Proxy(*upstream(dsn))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        settings: dict[str, Any] = dict(SHORT)
+        async with pgq.Worker(app, via_proxy(dsn, port), **settings) as worker:
+
+            async def commit_waits() -> bool:
+                return bool(
+                    await db.fetchval(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                        " AND objid = 4343 AND NOT granted AND database ="
+                        " (SELECT oid FROM pg_database WHERE datname = current_database())"
+                    )
+                )
+
+            await until(commit_waits, limit_s=30)
+            proxy.cut()
+            await db.execute("SELECT pg_advisory_unlock(4343)")
+
+            async def rescue_landed() -> bool:
+                state = await db.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", job_id)
+                return bool(state != "running")
+
+            await until(rescue_landed)
+            assert rescued == []  # the leader has not heard of it
+            proxy.heal()
+
+            async def reported() -> bool:
+                return bool(rescued)
+
+            await until(reported, limit_s=60)
+            rounds = worker.stats()["leader_services"]["rescuer"]["runs"]
+
+            async def two_more_rounds() -> bool:
+                return bool(worker.stats()["leader_services"]["rescuer"]["runs"] >= rounds + 2)
+
+            await until(two_more_rounds, limit_s=30)
+            assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer stale")]
+            assert worker.stats()["rescued"] == 1
+        tg.cancel_scope.cancel()
+    errors = json.loads(await db.fetchval("SELECT errors FROM pgq_jobs WHERE id = $1", job_id))
+    assert [e["kind"] for e in errors] == ["rescued"]
 
 
 async def _completed(client: pgq.Client, job_id: int) -> bool:

@@ -42,6 +42,8 @@ class Rescued:
     queue: str
     task: str
     attempt: int
+    #: When the rescued attempt began (the claim's time; None if a hand cleared it).
+    started_at: datetime | None
 
 
 async def rescue(
@@ -63,9 +65,22 @@ def _rescued(rows: list[Record]) -> list[Rescued]:
             r["queue"],
             r["task"],
             r["attempt"],
+            r["attempted_at"],
         )
         for r in rows
     ]
+
+
+async def rescues_landed(db: Db, rescues: Sequence[Rescued]) -> set[int]:
+    """The ids of ``rescues`` that are in the database: those of a transaction whose
+    commit's outcome is unknown may or may not be."""
+    rows = await db.fetch(
+        sql.RESCUES_LANDED,
+        [r.id for r in rescues],
+        [r.attempt for r in rescues],
+        [r.started_at for r in rescues],
+    )
+    return {r["id"] for r in rows}
 
 
 @dataclass(frozen=True, slots=True)

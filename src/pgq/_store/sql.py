@@ -1015,7 +1015,7 @@ SET state = (CASE WHEN c.cancel THEN 'cancelled'
 FROM candidates c
 WHERE j.id = c.id
 RETURNING j.id, j.state::text AS state, c.reason, c.worker_name, c.silent_s, j.queue, j.task,
-          j.attempt,
+          j.attempt, c.attempted_at,
           CASE WHEN j.state <> 'retryable' THEN pg_notify("""
     + _DONE
     + """, j.id::text)::text END AS done
@@ -1053,6 +1053,18 @@ WITH lease AS (
     + _RESCUE_UPDATE
 )
 
+
+# Which of the rescues $1 (job ids), $2 (their attempts), $3 (when those attempts began)
+# landed: a rescue whose commit's reply was lost may have. Each rescue writes one entry
+# naming its attempt and when it began, which no other rescue of the job can.
+RESCUES_LANDED: Final = """
+SELECT u.id
+FROM unnest($1::bigint[], $2::int[], $3::timestamptz[]) AS u(id, attempt, started_at)
+JOIN pgq_jobs j ON j.id = u.id
+WHERE EXISTS (SELECT 1 FROM jsonb_array_elements(j.errors) e
+              WHERE e->>'kind' = 'rescued' AND (e->>'attempt')::int = u.attempt
+                AND (e->>'started_at')::timestamptz = u.started_at)
+"""
 
 # A worker restarted under its stable name: the rows of its predecessor (same name, another
 # id), with their heartbeat and fencing bound, so it can rescue their jobs as soon as that

@@ -27,7 +27,7 @@ import anyio
 
 from pgq._store import maintenance as store
 from pgq._store.connections import DATABASE_ERRORS, Pool
-from pgq._worker.leader.rescuer import report_rescue
+from pgq._worker.leader.rescuer import Unsure, report_rescue
 from pgq._worker.rescue_reports import RescueReports
 
 log = logging.getLogger("pgq.worker")
@@ -62,6 +62,7 @@ class Successor:
         #: Producer rows of live processes with this worker's name.
         self.duplicates: set[uuid.UUID] = set()
         self._seen: dict[uuid.UUID, datetime] = {}
+        self._unsure = Unsure()
 
     async def run(self) -> None:
         """Watch the rows of this name until each is rescued, found alive, or the rounds
@@ -98,19 +99,24 @@ class Successor:
                 past.append(row.id)
             else:
                 waits.append(row.fence_after_s + self._margin_s - row.age_s + 0.05)
+        rescued = await self._unsure.landed(self._pool)  # a round's lost commit reply
         if past:
-            rescued = await store.rescue_predecessor(self._pool, past, self._margin_s)
-            self.rescued += len(rescued)
-            if rescued:
-                log.info(
-                    "worker %s took over %d job(s) of its previous run (silent %.1f s)",
-                    self._name,
-                    len(rescued),
-                    max(r.silent_s for r in rescued),
+            async with self._pool.acquire() as conn:
+                rescued += await self._unsure.commit(
+                    conn, lambda c: store.rescue_predecessor(c, past, self._margin_s)
                 )
-                self._after_rescue()
+        if rescued:
+            self.rescued += len(rescued)
+            log.info(
+                "worker %s took over %d job(s) of its previous run (silent %.1f s)",
+                self._name,
+                len(rescued),
+                max(r.silent_s for r in rescued),
+            )
+            self._after_rescue()
             for r in rescued:
                 report_rescue(self._reports, r)  # reason "worker restarted"
+        if past:
             await self._delete(past)
             waits.append(RETRY_S)  # look again: a row stays while a job of it was locked
         return min(waits) if waits else None

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pgq._store import maintenance
-from pgq._store.connections import Pool
+from pgq._store.connections import Connection, Db, Pool
 from pgq._store.maintenance import Rescued
 from pgq._worker.rescue_reports import RescueReports
 from pgq.job import JobState
@@ -61,6 +61,7 @@ class Rescuer:
         self._after_rescue = after_rescue
         self._reports = reports
         self._skipping = False
+        self._unsure = Unsure()
         self.interval_s = settings.rescue_interval
         #: Jobs rescued since the worker started.
         self.rescued = 0
@@ -83,25 +84,11 @@ class Rescuer:
             self._skipping = False
         counts = dict.fromkeys(JobState, 0)
         async with self._pool.acquire() as conn:
+            # A round whose commit's reply was lost is reported now, as far as it landed.
+            self._report(await self._unsure.landed(conn), counts)
             while True:
-                rows = await maintenance.rescue(
-                    conn,
-                    self._leader_id,
-                    stale_after=self._stale_after,
-                    grace=self._grace,
-                    limit=BATCH,
-                )
-                for r in rows:
-                    counts[r.state] += 1
-                    log.warning(
-                        "rescued job %d -> %s: %s (worker %s, silent %.1fs)",
-                        r.id,
-                        r.state,
-                        r.reason,
-                        r.worker_name or "unknown",
-                        r.silent_s,
-                    )
-                    report_rescue(self._reports, r)
+                rows = await self._unsure.commit(conn, self._rescue_batch)
+                self._report(rows, counts)
                 if len(rows) < BATCH:
                     break
         result = RescueResult(
@@ -111,6 +98,59 @@ class Rescuer:
         if result.retried:
             self._after_rescue()  # first rescues are due at once: promote them now
         return result
+
+    async def _rescue_batch(self, conn: Connection) -> list[Rescued]:
+        return await maintenance.rescue(
+            conn, self._leader_id, stale_after=self._stale_after, grace=self._grace, limit=BATCH
+        )
+
+    def _report(self, rows: list[Rescued], counts: dict[JobState, int]) -> None:
+        for r in rows:
+            counts[r.state] += 1
+            log.warning(
+                "rescued job %d -> %s: %s (worker %s, silent %.1fs)",
+                r.id,
+                r.state,
+                r.reason,
+                r.worker_name or "unknown",
+                r.silent_s,
+            )
+            report_rescue(self._reports, r)
+
+
+class Unsure:
+    """Runs rescues each in a transaction of its own, and keeps those whose commit's reply
+    was lost (the connection broke, or the wait was cancelled): the rescue may have landed
+    or not. :meth:`landed` later asks the database which did, so that each rescue that
+    landed is counted and reported once, and none that did not."""
+
+    def __init__(self) -> None:
+        self._rows: list[Rescued] = []
+
+    async def commit(
+        self, conn: Connection, rescue: Callable[[Connection], Awaitable[list[Rescued]]]
+    ) -> list[Rescued]:
+        """Run ``rescue`` on ``conn`` in a transaction; return its rows once committed."""
+        rows: list[Rescued] = []
+        try:
+            async with conn.transaction():
+                rows = await rescue(conn)
+        except BaseException:
+            # The rows came back, so the commit is what failed: its outcome is unknown.
+            self._rows += rows
+            raise
+        return rows
+
+    async def landed(self, db: Db) -> list[Rescued]:
+        """The rescues of the commits whose outcome was unknown that are in the database;
+        the others are forgotten (their jobs are as they were, and may be rescued again)."""
+        if not self._rows:
+            return []
+        ids = await maintenance.rescues_landed(db, self._rows)
+        landed, self._rows = [r for r in self._rows if r.id in ids], []
+        if landed:
+            log.info("%d rescue(s) whose commit's reply was lost had landed", len(landed))
+        return landed
 
 
 def report_rescue(reports: RescueReports | None, r: Rescued) -> None:

@@ -129,17 +129,6 @@ class WorkerSettings:
         and each ends within ``heartbeat_timeout``."""
         return self.heartbeat_interval * self.max_heartbeat_failures + self.heartbeat_timeout
 
-    @property
-    def database_fencing_bound(self) -> float:
-        """Seconds between two of a producer's heartbeats, by the database's clock, past
-        which it fences itself on the later one (a host frozen in a way its own clocks did
-        not see). A beat's stamp may lag its sending by up to ``heartbeat_timeout`` (a
-        reconnect), so the bound leaves that much room beyond :attr:`fencing_bound` where
-        ``stale_after`` allows: never past ``stale_after - heartbeat_timeout``, where a
-        rescue racing the beat's statement could land."""
-        roomy = self.fencing_bound + self.heartbeat_timeout
-        return max(self.fencing_bound, min(roomy, self.stale_after - self.heartbeat_timeout))
-
     def _check_liveness(self) -> None:
         # The invariant of the liveness protocol: a producer whose heartbeats fail fences
         # itself (stops claiming) strictly before any peer may judge it stale.

@@ -173,20 +173,6 @@ def test_the_fencing_bound_is_computed_in_one_place() -> None:
     assert s.fencing_bound == 2.0 * 4 + 1.5
 
 
-def test_the_database_fencing_bound_leaves_room_for_a_slow_stamp_short_of_stale_after() -> None:
-    """A beat's stamp may lag its sending by heartbeat_timeout: the database's silence is
-    judged against the fencing bound plus that, unless stale_after leaves no such room."""
-    assert WorkerSettings().database_fencing_bound == 17.0 + 2.0
-    tight = WorkerSettings(
-        heartbeat_interval=1.0, heartbeat_timeout=0.5, max_heartbeat_failures=3, stale_after=4.0
-    )
-    assert tight.database_fencing_bound == tight.fencing_bound == 3.5
-    middle = WorkerSettings(
-        heartbeat_interval=1.0, heartbeat_timeout=1.0, max_heartbeat_failures=3, stale_after=5.5
-    )
-    assert middle.database_fencing_bound == 5.5 - 1.0
-
-
 def test_a_shutdown_timeout_may_be_infinite() -> None:
     """The one setting whose infinity means something: running jobs finish, however long."""
     assert WorkerSettings.resolve({"shutdown_timeout": float("inf")}).shutdown_timeout == float(

@@ -43,9 +43,7 @@ else:  # pragma: no cover - not Linux
 class ProducerHealth:
     """One producer's standing: healthy (claims) or fenced (claims nothing)."""
 
-    def __init__(
-        self, queue: str, fence_after_s: float, db_fence_after_s: float | None = None
-    ) -> None:
+    def __init__(self, queue: str, fence_after_s: float) -> None:
         self._queue = queue
         self._healthy = anyio.Event()
         self._healthy.set()
@@ -53,7 +51,6 @@ class ProducerHealth:
         #: flag is what each job reads, without a call).
         self.healthy = True
         self._fence_after_s = fence_after_s
-        self._db_fence_after_s = fence_after_s if db_fence_after_s is None else db_fence_after_s
         # The registration counts as the first proof of life.
         self._alive_at = clock()
         #: Failed heartbeats in a row.
@@ -103,22 +100,17 @@ class ProducerHealth:
         database stamped the row when the statement began, and peers judge from that stamp,
         so the fencing bound must not start later here than there. A beat after a silence
         past the fencing bound fences the producer first: whatever it holds unstarted may
-        have been rescued, and is handed back. The silence is this process's (it was held
-        up, and none of its checks ran meanwhile), and the database's, ``db_silent_s`` from
-        the row's previous stamp to this one: the clock peers judge by, which also counts
-        a stop this process's clocks did not see (judged against its own bound: see
-        :attr:`~pgq.settings.WorkerSettings.database_fencing_bound`)."""
-        silent = sent_at - self._alive_at
-        held_up = silent > self._fence_after_s
-        if self.healthy and (held_up or db_silent_s > self._db_fence_after_s):
+        have been rescued, and is handed back. The silence is the longer of this process's
+        (it was held up, and none of its checks ran meanwhile) and the database's,
+        ``db_silent_s`` from the row's previous stamp to this one: the clock peers judge
+        by, which also counts a stop this process's clocks did not see."""
+        silent = max(sent_at - self._alive_at, db_silent_s)
+        if self.healthy and silent > self._fence_after_s:
             log.warning(
-                "queue %s: %.1fs passed without a heartbeat (%s); handing back the jobs "
-                "claimed ahead",
+                "queue %s: %.1fs passed without a heartbeat (the process or its host was "
+                "held up); handing back the jobs claimed ahead",
                 self._queue,
-                max(silent, db_silent_s),
-                "the process was held up"
-                if held_up
-                else "by the database's clock: the host was held up",
+                silent,
             )
             self._fence()
         self._alive_at = sent_at

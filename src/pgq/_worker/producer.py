@@ -97,7 +97,6 @@ class Producer:
         limiter: anyio.CapacityLimiter,
         poll_interval: float,
         fence_after_s: float,
-        db_fence_after_s: float | None = None,
         hooks: Hooks | None = None,
         worker_name: str = "",
         claim_ahead: int = -1,
@@ -107,7 +106,7 @@ class Producer:
         self.queue = queue
         self.concurrency = concurrency
         self._worker_name = worker_name
-        self.health = ProducerHealth(queue, fence_after_s, db_fence_after_s)
+        self.health = ProducerHealth(queue, fence_after_s)
         self.health.on_healthy, self.health.on_fenced = self.wake, self._hand_back_waiting
         # At most `concurrency` jobs execute at once; claimed jobs beyond them wait here.
         self._gate = Slots(concurrency)

@@ -285,7 +285,6 @@ class Worker:
             limiter=limiter,
             poll_interval=s.poll_interval,
             fence_after_s=s.fencing_bound,
-            db_fence_after_s=s.database_fencing_bound,
             claim_ahead=s.claim_ahead,
             hooks=self._observers.hooks,
             worker_name=self.name,

@@ -10,16 +10,21 @@ import json
 import shutil
 import signal
 import urllib.request
+import uuid
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import anyio.lowlevel
 import asyncpg
 import pytest
 
 import pgq
+from pgq._store.connections import create_pool
+from pgq._worker.rescue_reports import RescueReports
+from pgq._worker.successor import Successor
 from tests.faults.proxy import Proxy
 from tests.faults.workers import (
     SHORT,
@@ -556,10 +561,11 @@ CREATE CONSTRAINT TRIGGER hold_rescue_commits AFTER UPDATE ON pgq_jobs
 async def test_a_rescue_whose_commit_reply_was_lost_is_reported_once_seen_to_have_landed(
     dsn: str, db: asyncpg.Connection[asyncpg.Record]
 ) -> None:
-    """The leader rescues a dead peer's job; the connection breaks after the rescue
-    committed and before the commit's reply arrived. Once the database is reachable again,
-    the leader finds that its rescue landed and reports it: one ``job_rescued`` event, one
-    rescue counted, no second rescue of the job."""
+    """The leader rescues a dead peer's job; its connection breaks while the rescue's
+    commit is held up in the server. The leader, reaching the database again, rounds on
+    without knowing: the commit is still in progress. Once it lands, the leader's next
+    round finds it committed and reports it: one ``job_rescued`` event, one rescue
+    counted, no second rescue of the job."""
     app = pgq.App()
     rescued: list[pgq.JobEvent] = []
     app.on("job_rescued")(rescued.append)
@@ -577,42 +583,92 @@ async def test_a_rescue_whose_commit_reply_was_lost_is_reported_once_seen_to_hav
         settings: dict[str, Any] = dict(SHORT)
         async with pgq.Worker(app, via_proxy(dsn, port), **settings) as worker:
 
-            async def commit_waits() -> bool:
-                return bool(
-                    await db.fetchval(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-                        " AND objid = 4343 AND NOT granted AND database ="
-                        " (SELECT oid FROM pg_database WHERE datname = current_database())"
-                    )
-                )
+            def rounds() -> int:
+                return int(worker.stats()["leader_services"]["rescuer"]["runs"])
 
-            await until(commit_waits, limit_s=30)
+            await until(lambda: _rescue_commit_waits(db), limit_s=30)
             proxy.cut()
-            await db.execute("SELECT pg_advisory_unlock(4343)")
-
-            async def rescue_landed() -> bool:
-                state = await db.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", job_id)
-                return bool(state != "running")
-
-            await until(rescue_landed)
-            assert rescued == []  # the leader has not heard of it
             proxy.heal()
+            since = rounds()
+
+            async def two_more_rounds() -> bool:
+                return rounds() >= since + 2
+
+            await until(two_more_rounds, limit_s=30)
+            assert await _rescue_commit_waits(db)  # still held: the leader could not know
+            assert rescued == []
+            await db.execute("SELECT pg_advisory_unlock(4343)")
 
             async def reported() -> bool:
                 return bool(rescued)
 
             await until(reported, limit_s=60)
-            rounds = worker.stats()["leader_services"]["rescuer"]["runs"]
-
-            async def two_more_rounds() -> bool:
-                return bool(worker.stats()["leader_services"]["rescuer"]["runs"] >= rounds + 2)
-
+            since = rounds()
             await until(two_more_rounds, limit_s=30)
             assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer stale")]
             assert worker.stats()["rescued"] == 1
         tg.cancel_scope.cancel()
     errors = json.loads(await db.fetchval("SELECT errors FROM pgq_jobs WHERE id = $1", job_id))
     assert [e["kind"] for e in errors] == ["rescued"]
+
+
+async def test_a_restarted_workers_takeover_whose_commit_reply_was_lost_is_reported_once(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    """The same for a worker restarted under its stable name, taking over its previous
+    run's job: the takeover's commit is held up, the connection breaks, the commit lands
+    later; the successor reports the job once, as taken over from its previous run."""
+    dead = uuid.uuid4()
+    await db.execute(
+        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
+        " heartbeat_at, fence_after_s) VALUES ($1, $2, 'stable-1', 'default', 5,"
+        " now() - interval '1 hour', 1.0)",
+        dead,
+        uuid.uuid4(),
+    )
+    job_id = await running_job(db, dead, started_s_ago=3600)
+    await db.execute(HOLD_RESCUE_COMMITS)
+    await db.execute("SELECT pg_advisory_lock(4343)")
+    events: list[pgq.JobEvent] = []
+    proxy = Proxy(*upstream(dsn))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        pool = await create_pool(via_proxy(dsn, port), min_size=1, max_size=2)
+        successor = Successor(
+            pool,
+            "stable-1",
+            list,
+            margin_s=0.1,
+            after_rescue=lambda: None,
+            reports=RescueReports(None, inline=[events.append]),
+        )
+        tg.start_soon(successor.run)
+        await until(lambda: _rescue_commit_waits(db), limit_s=30)
+        proxy.cut()
+        proxy.heal()
+        await anyio.lowlevel.checkpoint()  # nothing to wait for: the successor cannot know yet
+        assert events == [] and await _rescue_commit_waits(db)
+        await db.execute("SELECT pg_advisory_unlock(4343)")
+
+        async def reported() -> bool:
+            return bool(events)
+
+        await until(reported, limit_s=30)
+        tg.cancel_scope.cancel()
+        await pool.close()
+    assert [(e.job.id, e.reason) for e in events] == [(job_id, "worker restarted")]
+    assert successor.rescued == 1
+
+
+async def _rescue_commit_waits(db: asyncpg.Connection[asyncpg.Record]) -> bool:
+    """Whether a commit held by HOLD_RESCUE_COMMITS waits, in the test's database."""
+    return bool(
+        await db.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+            " AND objid = 4343 AND NOT granted AND database ="
+            " (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+    )
 
 
 async def _completed(client: pgq.Client, job_id: int) -> bool:

@@ -42,8 +42,8 @@ class Rescued:
     queue: str
     task: str
     attempt: int
-    #: When the rescued attempt began (the claim's time; None if a hand cleared it).
-    started_at: datetime | None
+    #: The rescue's transaction (its ``pg_current_xact_id()``, in text).
+    xact: str
 
 
 async def rescue(
@@ -65,22 +65,17 @@ def _rescued(rows: list[Record]) -> list[Rescued]:
             r["queue"],
             r["task"],
             r["attempt"],
-            r["attempted_at"],
+            r["xact"],
         )
         for r in rows
     ]
 
 
-async def rescues_landed(db: Db, rescues: Sequence[Rescued]) -> set[int]:
-    """The ids of ``rescues`` that are in the database: those of a transaction whose
-    commit's outcome is unknown may or may not be."""
-    rows = await db.fetch(
-        sql.RESCUES_LANDED,
-        [r.id for r in rescues],
-        [r.attempt for r in rescues],
-        [r.started_at for r in rescues],
-    )
-    return {r["id"] for r in rows}
+async def xact_status(db: Db, xact: str) -> str | None:
+    """Whether the transaction ``xact`` is ``committed``, ``aborted`` or ``in progress``
+    (None: too old to tell)."""
+    status: str | None = await db.fetchval(sql.XACT_STATUS, xact)
+    return status
 
 
 @dataclass(frozen=True, slots=True)

@@ -1015,7 +1015,7 @@ SET state = (CASE WHEN c.cancel THEN 'cancelled'
 FROM candidates c
 WHERE j.id = c.id
 RETURNING j.id, j.state::text AS state, c.reason, c.worker_name, c.silent_s, j.queue, j.task,
-          j.attempt, c.attempted_at,
+          j.attempt, pg_current_xact_id()::text AS xact,
           CASE WHEN j.state <> 'retryable' THEN pg_notify("""
     + _DONE
     + """, j.id::text)::text END AS done
@@ -1054,17 +1054,14 @@ WITH lease AS (
 )
 
 
-# Which of the rescues $1 (job ids), $2 (their attempts), $3 (when those attempts began)
-# landed: a rescue whose commit's reply was lost may have. Each rescue writes one entry
-# naming its attempt and when it began, which no other rescue of the job can.
-RESCUES_LANDED: Final = """
-SELECT u.id
-FROM unnest($1::bigint[], $2::int[], $3::timestamptz[]) AS u(id, attempt, started_at)
-JOIN pgq_jobs j ON j.id = u.id
-WHERE EXISTS (SELECT 1 FROM jsonb_array_elements(j.errors) e
-              WHERE e->>'kind' = 'rescued' AND (e->>'attempt')::int = u.attempt
-                AND (e->>'started_at')::timestamptz = u.started_at)
-"""
+# A rescue runs in a transaction of its own, which first bounds how long it may sit idle
+# (its client frozen between the rows and the commit would otherwise hold up to a batch of
+# jobs, and a predecessor's producer rows, locked indefinitely).
+RESCUE_IDLE_LIMIT: Final = "SET LOCAL idle_in_transaction_session_timeout = '5s'"
+
+# Whether transaction $1 (as pg_current_xact_id() gave it, in text) committed, aborted, or
+# is still in progress; NULL once too old to tell.
+XACT_STATUS: Final = "SELECT pg_xact_status($1::text::xid8)"
 
 # A worker restarted under its stable name: the rows of its predecessor (same name, another
 # id), with their heartbeat and fencing bound, so it can rescue their jobs as soon as that

@@ -18,6 +18,7 @@ restarted".
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable
@@ -27,6 +28,7 @@ import anyio
 
 from pgq._store import maintenance as store
 from pgq._store.connections import DATABASE_ERRORS, Pool
+from pgq._store.maintenance import Rescued
 from pgq._worker.leader.rescuer import Unsure, report_rescue
 from pgq._worker.rescue_reports import RescueReports
 
@@ -74,8 +76,12 @@ class Successor:
                 log.warning("could not look for a previous run of worker %s: %s", self._name, exc)
                 wait_s = RETRY_S
             if wait_s is None:
-                return
+                break
             await anyio.sleep(wait_s)
+        while self._unsure.waiting:  # a rescue whose commit's outcome is still unknown
+            await anyio.sleep(RETRY_S)
+            with contextlib.suppress(*DATABASE_ERRORS):
+                self._took_over(await self._unsure.landed(self._pool))
 
     async def round(self) -> float | None:
         """One look: rescue what is past its bound; return how long to wait for the rest
@@ -99,27 +105,32 @@ class Successor:
                 past.append(row.id)
             else:
                 waits.append(row.fence_after_s + self._margin_s - row.age_s + 0.05)
-        rescued = await self._unsure.landed(self._pool)  # a round's lost commit reply
+        self._took_over(await self._unsure.landed(self._pool))  # an earlier commit's
         if past:
             async with self._pool.acquire() as conn:
-                rescued += await self._unsure.commit(
-                    conn, lambda c: store.rescue_predecessor(c, past, self._margin_s)
+                self._took_over(
+                    await self._unsure.commit(
+                        conn, lambda c: store.rescue_predecessor(c, past, self._margin_s)
+                    )
                 )
-        if rescued:
-            self.rescued += len(rescued)
-            log.info(
-                "worker %s took over %d job(s) of its previous run (silent %.1f s)",
-                self._name,
-                len(rescued),
-                max(r.silent_s for r in rescued),
-            )
-            self._after_rescue()
-            for r in rescued:
-                report_rescue(self._reports, r)  # reason "worker restarted"
-        if past:
             await self._delete(past)
             waits.append(RETRY_S)  # look again: a row stays while a job of it was locked
         return min(waits) if waits else None
+
+    def _took_over(self, rescued: list[Rescued]) -> None:
+        """Count, log and report the jobs of the previous run just rescued."""
+        if not rescued:
+            return
+        self.rescued += len(rescued)
+        log.info(
+            "worker %s took over %d job(s) of its previous run (silent %.1f s)",
+            self._name,
+            len(rescued),
+            max(r.silent_s for r in rescued),
+        )
+        self._after_rescue()
+        for r in rescued:
+            report_rescue(self._reports, r)  # reason "worker restarted"
 
     async def _delete(self, past: list[uuid.UUID]) -> None:
         """Delete the previous run's rows whose jobs were rescued. The rescue has committed,

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pgq._store import maintenance
+from pgq._store import maintenance, sql
 from pgq._store.connections import Connection, Db, Pool
 from pgq._store.maintenance import Rescued
 from pgq._worker.rescue_reports import RescueReports
@@ -94,7 +94,6 @@ class Rescuer:
         result = RescueResult(
             counts[JobState.RETRYABLE], counts[JobState.DISCARDED], counts[JobState.CANCELLED]
         )
-        self.rescued += result.rescued
         if result.retried:
             self._after_rescue()  # first rescues are due at once: promote them now
         return result
@@ -105,6 +104,7 @@ class Rescuer:
         )
 
     def _report(self, rows: list[Rescued], counts: dict[JobState, int]) -> None:
+        self.rescued += len(rows)  # at once: a later batch of the round may fail
         for r in rows:
             counts[r.state] += 1
             log.warning(
@@ -119,13 +119,15 @@ class Rescuer:
 
 
 class Unsure:
-    """Runs rescues each in a transaction of its own, and keeps those whose commit's reply
-    was lost (the connection broke, or the wait was cancelled): the rescue may have landed
-    or not. :meth:`landed` later asks the database which did, so that each rescue that
-    landed is counted and reported once, and none that did not."""
+    """Runs rescues each in a transaction of its own, and keeps those whose commit's
+    outcome is unknown (the connection broke, or the wait was cancelled, after the rows
+    came back). :meth:`landed` later asks the database what became of each such
+    transaction, so that every rescue that committed is counted and reported once (those
+    of this worker's transaction, not another rescuer's of the same job), none that
+    aborted, and one still in progress (its commit held up) is asked about again."""
 
     def __init__(self) -> None:
-        self._rows: list[Rescued] = []
+        self._pending: dict[str, list[Rescued]] = {}
 
     async def commit(
         self, conn: Connection, rescue: Callable[[Connection], Awaitable[list[Rescued]]]
@@ -134,23 +136,40 @@ class Unsure:
         rows: list[Rescued] = []
         try:
             async with conn.transaction():
+                await conn.execute(sql.RESCUE_IDLE_LIMIT)
                 rows = await rescue(conn)
         except BaseException:
-            # The rows came back, so the commit is what failed: its outcome is unknown.
-            self._rows += rows
+            if rows:  # the rows came back, so the commit is what failed: its outcome unknown
+                self._pending[rows[0].xact] = rows
             raise
         return rows
 
     async def landed(self, db: Db) -> list[Rescued]:
-        """The rescues of the commits whose outcome was unknown that are in the database;
-        the others are forgotten (their jobs are as they were, and may be rescued again)."""
-        if not self._rows:
-            return []
-        ids = await maintenance.rescues_landed(db, self._rows)
-        landed, self._rows = [r for r in self._rows if r.id in ids], []
+        """The rescues of the transactions whose outcome was unknown that have committed
+        since; those that aborted are forgotten (their jobs are as they were, and may be
+        rescued again)."""
+        landed: list[Rescued] = []
+        for xact in list(self._pending):
+            status = await maintenance.xact_status(db, xact)
+            if status == "in progress":
+                continue
+            rows = self._pending.pop(xact)
+            if status == "committed":
+                landed += rows
+            elif status is None:
+                log.warning(
+                    "could not tell whether a rescue of %d job(s) whose commit's reply was "
+                    "lost landed (its transaction is too old): not reported",
+                    len(rows),
+                )
         if landed:
             log.info("%d rescue(s) whose commit's reply was lost had landed", len(landed))
         return landed
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a rescue's outcome is still unknown."""
+        return bool(self._pending)
 
 
 def report_rescue(reports: RescueReports | None, r: Rescued) -> None:

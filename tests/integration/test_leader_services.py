@@ -137,3 +137,24 @@ async def test_a_first_rescue_retries_at_once_whatever_the_attempts_before_it(
     huge, word, negative = odd
     assert 3600 * 0.9 - 1 <= waits[huge] <= 3600 * 1.1, waits
     assert waits[word] < 0.5 and waits[negative] < 0.5, waits
+
+
+async def test_the_status_of_a_rescue_transaction_is_read_back_or_reported_unknown(
+    conn: Conn,
+) -> None:
+    """How a rescue whose commit's reply was lost is settled: committed and aborted
+    transactions read back as such; an id this server never gave (another server, after a
+    failover) reads as unknown, rather than failing every later round."""
+    from pgq._store.maintenance import xact_status
+
+    tx = conn.transaction()
+    await tx.start()
+    committed = await conn.fetchval("SELECT pg_current_xact_id()::text")
+    await tx.commit()
+    tx = conn.transaction()
+    await tx.start()
+    aborted = await conn.fetchval("SELECT pg_current_xact_id()::text")
+    await tx.rollback()
+    assert await xact_status(conn, committed) == "committed"
+    assert await xact_status(conn, aborted) == "aborted"
+    assert await xact_status(conn, str(int(committed) + 10**9)) is None

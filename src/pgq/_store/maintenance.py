@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import asyncpg
+
 from pgq._store import sql
 from pgq._store.connections import Connection, Db, Record
 from pgq.job import JobState
@@ -73,8 +75,12 @@ def _rescued(rows: list[Record]) -> list[Rescued]:
 
 async def xact_status(db: Db, xact: str) -> str | None:
     """Whether the transaction ``xact`` is ``committed``, ``aborted`` or ``in progress``
-    (None: too old to tell)."""
-    status: str | None = await db.fetchval(sql.XACT_STATUS, xact)
+    (None: too old to tell, or an id this server never gave: another server, after a
+    failover)."""
+    try:
+        status: str | None = await db.fetchval(sql.XACT_STATUS, xact)
+    except asyncpg.InvalidParameterValueError:  # "transaction ID ... is in the future"
+        return None
     return status
 
 

@@ -159,7 +159,8 @@ class Unsure:
             elif status is None:
                 log.warning(
                     "could not tell whether a rescue of %d job(s) whose commit's reply was "
-                    "lost landed (its transaction is too old): not reported",
+                    "lost landed (its transaction is too old, or unknown to this server "
+                    "after a failover): not reported",
                     len(rows),
                 )
         if landed:

@@ -589,14 +589,15 @@ async def test_a_rescue_whose_commit_reply_was_lost_is_reported_once_seen_to_hav
             await until(lambda: _rescue_commit_waits(db), limit_s=30)
             proxy.cut()
             proxy.heal()
-            since = rounds()
+            assert worker._parts is not None
+            unsure = worker._parts.rescuer._unsure
 
-            async def two_more_rounds() -> bool:
-                return rounds() >= since + 2
+            async def asked_while_in_progress() -> bool:
+                return unsure.asked >= 1
 
-            await until(two_more_rounds, limit_s=30)
+            await until(asked_while_in_progress, limit_s=30)
             assert await _rescue_commit_waits(db)  # still held: the leader could not know
-            assert rescued == []
+            assert rescued == [] and unsure.waiting
             await db.execute("SELECT pg_advisory_unlock(4343)")
 
             async def reported() -> bool:
@@ -604,6 +605,10 @@ async def test_a_rescue_whose_commit_reply_was_lost_is_reported_once_seen_to_hav
 
             await until(reported, limit_s=60)
             since = rounds()
+
+            async def two_more_rounds() -> bool:
+                return rounds() >= since + 2
+
             await until(two_more_rounds, limit_s=30)
             assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer stale")]
             assert worker.stats()["rescued"] == 1
@@ -642,20 +647,27 @@ async def test_a_restarted_workers_takeover_whose_commit_reply_was_lost_is_repor
             after_rescue=lambda: None,
             reports=RescueReports(None, inline=[events.append]),
         )
-        tg.start_soon(successor.run)
+        finished = anyio.Event()
+
+        async def watch() -> None:
+            await successor.run()
+            finished.set()
+
+        tg.start_soon(watch)
         await until(lambda: _rescue_commit_waits(db), limit_s=30)
         proxy.cut()
         proxy.heal()
-        await anyio.lowlevel.checkpoint()  # nothing to wait for: the successor cannot know yet
+
+        async def asked_while_in_progress() -> bool:
+            return successor._unsure.asked >= 1
+
+        await until(asked_while_in_progress, limit_s=30)
         assert events == [] and await _rescue_commit_waits(db)
         await db.execute("SELECT pg_advisory_unlock(4343)")
-
-        async def reported() -> bool:
-            return bool(events)
-
-        await until(reported, limit_s=30)
-        tg.cancel_scope.cancel()
+        with anyio.fail_after(30):
+            await finished.wait()  # nothing left to watch, no outcome left unknown
         await pool.close()
+        tg.cancel_scope.cancel()
     assert [(e.job.id, e.reason) for e in events] == [(job_id, "worker restarted")]
     assert successor.rescued == 1
 

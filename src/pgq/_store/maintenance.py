@@ -84,6 +84,11 @@ async def xact_status(db: Db, xact: str) -> str | None:
     return status
 
 
+async def rescue_landed(db: Db, job_ids: Sequence[int], xact: str) -> bool:
+    """Whether the rescue made by transaction ``xact`` of ``job_ids`` is in the database."""
+    return bool(await db.fetchval(sql.RESCUE_LANDED, list(job_ids), xact))
+
+
 @dataclass(frozen=True, slots=True)
 class SameName:
     """A producer row of another process registered under this worker's name."""

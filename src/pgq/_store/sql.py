@@ -1007,6 +1007,7 @@ SET state = (CASE WHEN c.cancel THEN 'cancelled'
         'silent_s', round(c.silent_s::numeric, 3),
         'traceback', NULL,
         'started_at', c.attempted_at,
+        'xact', pg_current_xact_id()::text,
         'at', now())),
     metadata = jsonb_set(j.metadata, '{pgq_rescues}',
                          to_jsonb("""
@@ -1062,6 +1063,16 @@ RESCUE_IDLE_LIMIT: Final = "SET LOCAL idle_in_transaction_session_timeout = '5s'
 # Whether transaction $1 (as pg_current_xact_id() gave it, in text) committed, aborted, or
 # is still in progress; NULL once too old to tell.
 XACT_STATUS: Final = "SELECT pg_xact_status($1::text::xid8)"
+
+# Whether the rescue of transaction $2 is in the jobs $1: each rescue's error entry names
+# its transaction. (Its status alone would not say: after a failover, the new server may
+# have given the same id to a transaction of its own.)
+RESCUE_LANDED: Final = """
+SELECT EXISTS (SELECT 1 FROM pgq_jobs
+               WHERE id = ANY($1::bigint[])
+                 AND errors @> jsonb_build_array(jsonb_build_object('kind', 'rescued',
+                                                                    'xact', $2::text)))
+"""
 
 # A worker restarted under its stable name: the rows of its predecessor (same name, another
 # id), with their heartbeat and fencing bound, so it can rescue their jobs as soon as that

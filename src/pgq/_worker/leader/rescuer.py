@@ -122,12 +122,15 @@ class Unsure:
     """Runs rescues each in a transaction of its own, and keeps those whose commit's
     outcome is unknown (the connection broke, or the wait was cancelled, after the rows
     came back). :meth:`landed` later asks the database what became of each such
-    transaction, so that every rescue that committed is counted and reported once (those
-    of this worker's transaction, not another rescuer's of the same job), none that
-    aborted, and one still in progress (its commit held up) is asked about again."""
+    transaction, so that every rescue that landed is counted and reported once (found by
+    its transaction's id, written in its error entries: not another rescuer's of the same
+    job), none that did not, and one still in progress (its commit held up) is asked
+    about again."""
 
     def __init__(self) -> None:
         self._pending: dict[str, list[Rescued]] = {}
+        #: Questions asked about transactions whose outcome was unknown.
+        self.asked = 0
 
     async def commit(
         self, conn: Connection, rescue: Callable[[Connection], Awaitable[list[Rescued]]]
@@ -145,24 +148,23 @@ class Unsure:
         return rows
 
     async def landed(self, db: Db) -> list[Rescued]:
-        """The rescues of the transactions whose outcome was unknown that have committed
-        since; those that aborted are forgotten (their jobs are as they were, and may be
-        rescued again)."""
-        landed: list[Rescued] = []
-        for xact in list(self._pending):
-            status = await maintenance.xact_status(db, xact)
-            if status == "in progress":
+        """The rescues of the transactions whose outcome was unknown that have landed
+        since; those that did not are forgotten (their jobs are as they were, and may be
+        rescued again). A transaction still in progress is asked about again next time.
+        Nothing is settled unless every question got its answer."""
+        verdicts: dict[str, bool] = {}
+        for xact, rows in self._pending.items():
+            self.asked += 1
+            if await maintenance.xact_status(db, xact) == "in progress":
                 continue
+            # Committed, aborted, or unknown here (another server after a failover, which
+            # may even have reused the id): the rows say whether this rescue is there.
+            verdicts[xact] = await maintenance.rescue_landed(db, [r.id for r in rows], xact)
+        landed: list[Rescued] = []
+        for xact, found in verdicts.items():
             rows = self._pending.pop(xact)
-            if status == "committed":
+            if found:
                 landed += rows
-            elif status is None:
-                log.warning(
-                    "could not tell whether a rescue of %d job(s) whose commit's reply was "
-                    "lost landed (its transaction is too old, or unknown to this server "
-                    "after a failover): not reported",
-                    len(rows),
-                )
         if landed:
             log.info("%d rescue(s) whose commit's reply was lost had landed", len(landed))
         return landed

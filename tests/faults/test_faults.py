@@ -593,7 +593,7 @@ async def test_a_rescue_whose_commit_reply_was_lost_is_reported_once_seen_to_hav
             unsure = worker._parts.rescuer._unsure
 
             async def asked_while_in_progress() -> bool:
-                return unsure.asked >= 1
+                return unsure.in_progress >= 1
 
             await until(asked_while_in_progress, limit_s=30)
             assert await _rescue_commit_waits(db)  # still held: the leader could not know
@@ -659,7 +659,7 @@ async def test_a_restarted_workers_takeover_whose_commit_reply_was_lost_is_repor
         proxy.heal()
 
         async def asked_while_in_progress() -> bool:
-            return successor._unsure.asked >= 1
+            return successor._unsure.in_progress >= 1
 
         await until(asked_while_in_progress, limit_s=30)
         assert events == [] and await _rescue_commit_waits(db)

@@ -84,9 +84,15 @@ async def xact_status(db: Db, xact: str) -> str | None:
     return status
 
 
-async def rescue_landed(db: Db, job_ids: Sequence[int], xact: str) -> bool:
-    """Whether the rescue made by transaction ``xact`` of ``job_ids`` is in the database."""
-    return bool(await db.fetchval(sql.RESCUE_LANDED, list(job_ids), xact))
+async def begin_rescue(db: Db, token: str) -> None:
+    """Start a rescue in the transaction open on ``db``: bound its idle time, and name it
+    ``token`` in the error entries it writes."""
+    await db.execute(sql.RESCUE_BEGIN, token)
+
+
+async def rescue_landed(db: Db, job_ids: Sequence[int], token: str) -> bool:
+    """Whether the rescue named ``token`` of ``job_ids`` is in the database."""
+    return bool(await db.fetchval(sql.RESCUE_LANDED, list(job_ids), token))
 
 
 @dataclass(frozen=True, slots=True)

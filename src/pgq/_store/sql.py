@@ -1007,7 +1007,7 @@ SET state = (CASE WHEN c.cancel THEN 'cancelled'
         'silent_s', round(c.silent_s::numeric, 3),
         'traceback', NULL,
         'started_at', c.attempted_at,
-        'xact', pg_current_xact_id()::text,
+        'rescue', current_setting('pgq.rescue', true),
         'at', now())),
     metadata = jsonb_set(j.metadata, '{pgq_rescues}',
                          to_jsonb("""
@@ -1057,21 +1057,25 @@ WITH lease AS (
 
 # A rescue runs in a transaction of its own, which first bounds how long it may sit idle
 # (its client frozen between the rows and the commit would otherwise hold up to a batch of
-# jobs, and a predecessor's producer rows, locked indefinitely).
-RESCUE_IDLE_LIMIT: Final = "SET LOCAL idle_in_transaction_session_timeout = '5s'"
+# jobs, and a predecessor's producer rows, locked indefinitely), and names the rescue with a
+# token $1 its client drew, which each of its error entries records ('rescue').
+RESCUE_BEGIN: Final = """
+SELECT set_config('idle_in_transaction_session_timeout', '5s', true),
+       set_config('pgq.rescue', $1::text, true)
+"""
 
 # Whether transaction $1 (as pg_current_xact_id() gave it, in text) committed, aborted, or
 # is still in progress; NULL once too old to tell.
 XACT_STATUS: Final = "SELECT pg_xact_status($1::text::xid8)"
 
-# Whether the rescue of transaction $2 is in the jobs $1: each rescue's error entry names
-# its transaction. (Its status alone would not say: after a failover, the new server may
-# have given the same id to a transaction of its own.)
+# Whether the rescue named $2 is in the jobs $1. (Not by its transaction's id: after a
+# crash or a failover the server may give the same id to another transaction, even another
+# rescue of the same job.)
 RESCUE_LANDED: Final = """
 SELECT EXISTS (SELECT 1 FROM pgq_jobs
                WHERE id = ANY($1::bigint[])
                  AND errors @> jsonb_build_array(jsonb_build_object('kind', 'rescued',
-                                                                    'xact', $2::text)))
+                                                                    'rescue', $2::text)))
 """
 
 # A worker restarted under its stable name: the rows of its predecessor (same name, another

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pgq._store import maintenance, sql
+from pgq._store import maintenance
 from pgq._store.connections import Connection, Db, Pool
 from pgq._store.maintenance import Rescued
 from pgq._worker.rescue_reports import RescueReports
@@ -123,27 +123,29 @@ class Unsure:
     outcome is unknown (the connection broke, or the wait was cancelled, after the rows
     came back). :meth:`landed` later asks the database what became of each such
     transaction, so that every rescue that landed is counted and reported once (found by
-    its transaction's id, written in its error entries: not another rescuer's of the same
+    a token it drew, written in its error entries: not another rescuer's of the same
     job), none that did not, and one still in progress (its commit held up) is asked
     about again."""
 
     def __init__(self) -> None:
-        self._pending: dict[str, list[Rescued]] = {}
-        #: Questions asked about transactions whose outcome was unknown.
-        self.asked = 0
+        #: By the rescue's token: its transaction's id, and its rows.
+        self._pending: dict[str, tuple[str, list[Rescued]]] = {}
+        #: Answers "still in progress" about a rescue whose outcome was unknown.
+        self.in_progress = 0
 
     async def commit(
         self, conn: Connection, rescue: Callable[[Connection], Awaitable[list[Rescued]]]
     ) -> list[Rescued]:
         """Run ``rescue`` on ``conn`` in a transaction; return its rows once committed."""
         rows: list[Rescued] = []
+        token = uuid.uuid4().hex
         try:
             async with conn.transaction():
-                await conn.execute(sql.RESCUE_IDLE_LIMIT)
+                await maintenance.begin_rescue(conn, token)
                 rows = await rescue(conn)
         except BaseException:
             if rows:  # the rows came back, so the commit is what failed: its outcome unknown
-                self._pending[rows[0].xact] = rows
+                self._pending[token] = (rows[0].xact, rows)
             raise
         return rows
 
@@ -153,16 +155,17 @@ class Unsure:
         rescued again). A transaction still in progress is asked about again next time.
         Nothing is settled unless every question got its answer."""
         verdicts: dict[str, bool] = {}
-        for xact, rows in self._pending.items():
-            self.asked += 1
+        for token, (xact, rows) in self._pending.items():
             if await maintenance.xact_status(db, xact) == "in progress":
+                self.in_progress += 1
                 continue
-            # Committed, aborted, or unknown here (another server after a failover, which
-            # may even have reused the id): the rows say whether this rescue is there.
-            verdicts[xact] = await maintenance.rescue_landed(db, [r.id for r in rows], xact)
+            # Committed, aborted, or unknown here (after a crash or a failover the server
+            # may even have given the id to another transaction): the jobs say whether the
+            # rescue named by this token is there.
+            verdicts[token] = await maintenance.rescue_landed(db, [r.id for r in rows], token)
         landed: list[Rescued] = []
-        for xact, found in verdicts.items():
-            rows = self._pending.pop(xact)
+        for token, found in verdicts.items():
+            rows = self._pending.pop(token)[1]
             if found:
                 landed += rows
         if landed:

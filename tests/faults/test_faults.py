@@ -119,6 +119,16 @@ async def rescued_attempts_started(
     return [(r["job_id"], r["attempt"]) for r in rows]
 
 
+async def assert_each_once_and_no_rescued_attempt_started(
+    db: asyncpg.Connection[asyncpg.Record], ids: list[int], stopped_at: datetime
+) -> None:
+    """Every job of ``ids`` completes, each once, and the victim stopped at ``stopped_at``
+    started none of the attempts rescued from it meanwhile."""
+    await until(lambda: all_completed(db, ids), limit_s=60)
+    await assert_exactly_once(db, ids)
+    assert await rescued_attempts_started(db, stopped_at) == [], "a rescued attempt started"
+
+
 async def outcomes_refused(worker: WorkerProcess, n: int) -> bool:
     """Whether ``worker`` logged at least ``n`` outcomes the fence refused."""
     return worker.output().count("rejected: the job is no longer running this attempt") >= n
@@ -713,9 +723,7 @@ async def test_a_worker_stopped_past_stale_after_starts_none_of_the_attempts_res
     # The 2 attempts it was running when stopped, and the 4 it held: each outcome it sends
     # back (a result, or a hand-back) is refused by the fence.
     await until(lambda: outcomes_refused(victim, 6), limit_s=60)
-    await until(lambda: all_completed(db, ids), limit_s=60)
-    await assert_exactly_once(db, ids)
-    assert await rescued_attempts_started(db, stopped_at) == [], "a rescued attempt started"
+    await assert_each_once_and_no_rescued_attempt_started(db, ids, stopped_at)
     assert "passed without a heartbeat" in victim.output() or "no heartbeat for" in (
         victim.output()
     )
@@ -758,9 +766,7 @@ async def test_a_claim_whose_reply_comes_after_a_long_stop_starts_nothing_rescue
         await until(lambda: first_attempts_rescued(db, ids), limit_s=60)
     finally:
         victim.proc.send_signal(signal.SIGCONT)
-    await until(lambda: all_completed(db, ids), limit_s=60)
-    await assert_exactly_once(db, ids)
-    assert await rescued_attempts_started(db, stopped_at) == [], "a rescued attempt started"
+    await assert_each_once_and_no_rescued_attempt_started(db, ids, stopped_at)
 
 
 async def _stopped(worker: WorkerProcess) -> bool:
@@ -803,6 +809,4 @@ async def test_a_job_waiting_for_a_thread_when_its_worker_stops_is_not_started_a
     stopped_at = await stop_until_rescued(db, victim, lead, ids)
 
     await until(lambda: outcomes_refused(victim, 2), limit_s=60)
-    await until(lambda: all_completed(db, ids), limit_s=60)
-    await assert_exactly_once(db, ids)
-    assert await rescued_attempts_started(db, stopped_at) == [], "a rescued attempt started"
+    await assert_each_once_and_no_rescued_attempt_started(db, ids, stopped_at)

@@ -10,6 +10,8 @@ import asyncpg
 import pytest
 
 import pgq
+from pgq._worker import liveness
+from pgq._worker.leader import elector as elector_module
 from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderServices
@@ -87,6 +89,29 @@ async def test_a_service_that_recovers_says_so_and_logs_a_new_error_again(
     messages = [r.getMessage() for r in caplog.records if "retention" in r.getMessage()]
     assert sum("leader service retention failed" in m for m in messages) == 1
     assert any("recovered after 2 failed rounds" in m for m in messages)
+
+
+async def test_a_leader_whose_host_slept_past_its_lease_counts_itself_deposed(
+    dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease is timed on the clock that counts a suspended host's sleep, which the
+    event loop's clock does not: a jump of that clock alone stands in for the sleep."""
+    slept = [0.0]
+    monkeypatch.setattr(elector_module, "clock", lambda: liveness.clock() + slept[0])
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+    assert pool is not None
+    try:
+        elector = Elector(pool, worker_id=uuid.uuid4(), worker_name="sleeper", ttl_s=30)
+        assert await elector.attempt(), "the lease was free"
+        assert elector.is_leader
+        slept[0] = 29.0
+        assert elector.is_leader, "still inside the lease"
+        slept[0] = 31.0
+        assert not elector.is_leader, "the host slept past the lease"
+        assert await elector.attempt(), "renewed (nobody took it meanwhile)"
+        assert elector.is_leader
+    finally:
+        await pool.close()
 
 
 async def _completed(client: pgq.Client, *ids: int) -> bool:

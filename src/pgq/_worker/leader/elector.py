@@ -9,6 +9,7 @@ import anyio
 
 from pgq._store import leader as store
 from pgq._store.connections import DATABASE_ERRORS, Pool
+from pgq._worker.liveness import clock
 
 log = logging.getLogger("pgq.leader")
 
@@ -20,6 +21,8 @@ class Elector:
     Locally the worker counts itself leader only until ``ttl_s`` after it *sent* its last
     successful renewal, which is never later than the lease's expiry in the database; a
     leader cut off from the database therefore stops leading before anyone else can start.
+    That time is kept on the clock producers measure their silence on, which counts a
+    suspended host's sleep: a leader whose host slept past its lease wakes up deposed.
     """
 
     def __init__(self, pool: Pool, *, worker_id: uuid.UUID, worker_name: str, ttl_s: float):
@@ -41,7 +44,7 @@ class Elector:
     @property
     def is_leader(self) -> bool:
         """True while this worker holds an unexpired lease."""
-        return self._held and anyio.current_time() < self._valid_until
+        return self._held and clock() < self._valid_until
 
     def wake(self) -> None:
         """Seek the lease now (the leader resigned)."""
@@ -60,7 +63,7 @@ class Elector:
 
     async def attempt(self) -> bool:
         """One election round; returns whether this worker leads afterwards."""
-        sent = anyio.current_time()
+        sent = clock()
         try:
             with anyio.fail_after(self.renew_interval_s):
                 won = await store.acquire(

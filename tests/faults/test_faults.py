@@ -576,17 +576,7 @@ async def test_a_rescue_whose_commit_reply_was_lost_is_reported_once_seen_to_hav
     without knowing: the commit is still in progress. Once it lands, the leader's next
     round finds it committed and reports it: one ``job_rescued`` event, one rescue
     counted, no second rescue of the job."""
-    app = pgq.App()
-    rescued: list[pgq.JobEvent] = []
-    app.on("job_rescued")(rescued.append)
-
-    @app.task
-    async def note(ctx: pgq.JobContext) -> None: ...
-
-    dead = await fake_producer(db, silent_s=3600)
-    job_id = await running_job(db, dead, started_s_ago=3600)
-    await db.execute(HOLD_RESCUE_COMMITS)
-    await db.execute("SELECT pg_advisory_lock(4343)")
+    app, rescued, job_id = await _a_dead_peers_job_whose_rescue_commits_are_held(db)
     proxy = Proxy(*upstream(dsn))
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.run)
@@ -627,23 +617,126 @@ async def test_a_rescue_whose_commit_reply_was_lost_is_reported_once_seen_to_hav
     assert [e["kind"] for e in errors] == ["rescued"]
 
 
+async def test_a_rescue_whose_commit_reply_was_lost_is_reported_by_its_leader_deposed_since(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    """The same, but another worker takes the lease before the commit lands (a leader cut
+    off long enough to lose a reply often loses its lease too). Off the lead, the worker
+    runs no rescue round, yet still asks what became of its own, and reports it once."""
+    app, rescued, job_id = await _a_dead_peers_job_whose_rescue_commits_are_held(db)
+    proxy = Proxy(*upstream(dsn))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        settings: dict[str, Any] = dict(SHORT)
+        async with pgq.Worker(app, via_proxy(dsn, port), **settings) as worker:
+            assert worker._parts is not None
+            unsure = worker._parts.rescuer._unsure
+            await until(lambda: _rescue_commit_waits(db), limit_s=30)
+            proxy.cut()
+            proxy.heal()
+
+            async def asked_while_in_progress() -> bool:
+                return unsure.in_progress >= 1
+
+            await until(asked_while_in_progress, limit_s=30)
+            await db.execute(
+                "UPDATE pgq_leader SET leader_id = $1, worker_name = 'usurper',"
+                " expires_at = now() + interval '1 hour' WHERE name = 'default'",
+                uuid.uuid4(),
+            )
+
+            async def deposed() -> bool:
+                return not worker.stats()["leader"]
+
+            await until(deposed, limit_s=30)
+            rounds = worker.stats()["leader_services"]["rescuer"]["runs"]
+            asked = unsure.in_progress
+
+            async def asked_off_the_lead() -> bool:
+                return unsure.in_progress > asked
+
+            await until(asked_off_the_lead, limit_s=30)
+            assert rescued == [] and unsure.waiting
+            await db.execute("SELECT pg_advisory_unlock(4343)")
+
+            async def reported() -> bool:
+                return bool(rescued)
+
+            await until(reported, limit_s=60)
+            assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer stale")]
+            assert worker.stats()["rescued"] == 1 and not unsure.waiting
+            assert worker.stats()["leader_services"]["rescuer"]["runs"] == rounds
+        tg.cancel_scope.cancel()
+
+
+async def test_a_rescue_whose_commit_reply_was_lost_is_reported_as_its_worker_stops(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    """The commit lands after the leader's last rescue round: the worker, stopping, asks
+    before its last reports go out (rounds run here only when the test wakes them)."""
+    app, rescued, job_id = await _a_dead_peers_job_whose_rescue_commits_are_held(db)
+    proxy = Proxy(*upstream(dsn))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        settings: dict[str, Any] = {**SHORT, "rescue_interval": 3600.0}
+        async with pgq.Worker(app, via_proxy(dsn, port), **settings) as worker:
+            assert worker._parts is not None and worker.stats()["leader"]
+            leader, rescuer = worker._parts.leader, worker._parts.rescuer
+            status = leader.status["rescuer"]
+            woken = [status.runs]
+            leader.wake("rescuer")
+            await until(lambda: _rescue_commit_waits(db), limit_s=30)
+            proxy.cut()
+            proxy.heal()
+
+            async def asked_while_in_progress() -> bool:
+                if rescuer._unsure.in_progress >= 1:
+                    return True
+                if status.runs > woken[-1]:  # one round at a time, none left queued
+                    woken.append(status.runs)
+                    leader.wake("rescuer")
+                return False
+
+            await until(asked_while_in_progress, limit_s=30)
+            await db.execute("SELECT pg_advisory_unlock(4343)")
+
+            async def landed() -> bool:
+                state = await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id)
+                return bool(state != "running")
+
+            await until(landed, limit_s=30)
+            assert rescued == [] and rescuer._unsure.waiting, "no round has asked since"
+        tg.cancel_scope.cancel()
+    assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer stale")]
+    assert rescuer.rescued == 1 and not rescuer._unsure.waiting
+
+
+async def _a_dead_peers_job_whose_rescue_commits_are_held(
+    db: asyncpg.Connection[asyncpg.Record],
+) -> tuple[pgq.App, list[pgq.JobEvent], int]:
+    """An app recording its ``job_rescued`` events, and a running job of a producer silent
+    for an hour, whose rescue's commit will wait until the test unlocks 4343."""
+    app = pgq.App()
+    rescued: list[pgq.JobEvent] = []
+    app.on("job_rescued")(rescued.append)
+
+    @app.task
+    async def note(ctx: pgq.JobContext) -> None: ...
+
+    dead = await fake_producer(db, silent_s=3600)
+    job_id = await running_job(db, dead, started_s_ago=3600)
+    await db.execute(HOLD_RESCUE_COMMITS)
+    await db.execute("SELECT pg_advisory_lock(4343)")
+    return app, rescued, job_id
+
+
 async def test_a_restarted_workers_takeover_whose_commit_reply_was_lost_is_reported_once(
     dsn: str, db: asyncpg.Connection[asyncpg.Record]
 ) -> None:
     """The same for a worker restarted under its stable name, taking over its previous
     run's job: the takeover's commit is held up, the connection breaks, the commit lands
     later; the successor reports the job once, as taken over from its previous run."""
-    dead = uuid.uuid4()
-    await db.execute(
-        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
-        " heartbeat_at, fence_after_s) VALUES ($1, $2, 'stable-1', 'default', 5,"
-        " now() - interval '1 hour', 1.0)",
-        dead,
-        uuid.uuid4(),
-    )
-    job_id = await running_job(db, dead, started_s_ago=3600)
-    await db.execute(HOLD_RESCUE_COMMITS)
-    await db.execute("SELECT pg_advisory_lock(4343)")
+    job_id = await _a_previous_runs_job_whose_takeover_commits_are_held(db)
     events: list[pgq.JobEvent] = []
     proxy = Proxy(*upstream(dsn))
     async with anyio.create_task_group() as tg:
@@ -680,6 +773,70 @@ async def test_a_restarted_workers_takeover_whose_commit_reply_was_lost_is_repor
         tg.cancel_scope.cancel()
     assert [(e.job.id, e.reason) for e in events] == [(job_id, "worker restarted")]
     assert successor.rescued == 1
+
+
+async def test_a_takeover_whose_commit_reply_was_lost_is_reported_when_asked_at_the_stop(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    """The same, but the successor's watch ends (its worker stops) before it asked again:
+    the question the stopping worker asks reports the takeover once."""
+    job_id = await _a_previous_runs_job_whose_takeover_commits_are_held(db)
+    events: list[pgq.JobEvent] = []
+    proxy = Proxy(*upstream(dsn))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        pool = await create_pool(via_proxy(dsn, port), min_size=1, max_size=2)
+        successor = Successor(
+            pool,
+            "stable-1",
+            list,
+            margin_s=0.1,
+            after_rescue=lambda: None,
+            reports=RescueReports(None, inline=[events.append]),
+        )
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(successor.run)
+            await until(lambda: _rescue_commit_waits(db), limit_s=30)
+            proxy.cut()
+            proxy.heal()
+
+            async def asked_while_in_progress() -> bool:
+                return successor._unsure.in_progress >= 1
+
+            await until(asked_while_in_progress, limit_s=30)
+            watching.cancel_scope.cancel()  # the worker stops: nothing watches any more
+        await db.execute("SELECT pg_advisory_unlock(4343)")
+
+        async def landed() -> bool:
+            state = await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id)
+            return bool(state != "running")
+
+        await until(landed, limit_s=30)
+        assert events == [] and successor.unsure == 1
+        await successor.settle()
+        await pool.close()
+        tg.cancel_scope.cancel()
+    assert [(e.job.id, e.reason) for e in events] == [(job_id, "worker restarted")]
+    assert successor.rescued == 1 and successor.unsure == 0
+
+
+async def _a_previous_runs_job_whose_takeover_commits_are_held(
+    db: asyncpg.Connection[asyncpg.Record],
+) -> int:
+    """A running job under a producer row of worker ``stable-1`` silent for an hour, whose
+    takeover's commit will wait until the test unlocks 4343."""
+    dead = uuid.uuid4()
+    await db.execute(
+        "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
+        " heartbeat_at, fence_after_s) VALUES ($1, $2, 'stable-1', 'default', 5,"
+        " now() - interval '1 hour', 1.0)",
+        dead,
+        uuid.uuid4(),
+    )
+    job_id = await running_job(db, dead, started_s_ago=3600)
+    await db.execute(HOLD_RESCUE_COMMITS)
+    await db.execute("SELECT pg_advisory_lock(4343)")
+    return job_id
 
 
 async def _rescue_commit_waits(db: asyncpg.Connection[asyncpg.Record]) -> bool:

@@ -83,6 +83,17 @@ class Successor:
             with contextlib.suppress(*DATABASE_ERRORS):
                 self._took_over(await self._unsure.landed(self._pool))
 
+    async def settle(self) -> None:
+        """Report the takeovers whose commit's reply was lost that have landed since (as
+        this worker stops, before its last rescue reports go out)."""
+        if self._unsure.waiting:
+            self._took_over(await self._unsure.landed(self._pool))
+
+    @property
+    def unsure(self) -> int:
+        """Takeovers whose commit's outcome is still unknown."""
+        return self._unsure.waiting
+
     async def round(self) -> float | None:
         """One look: rescue what is past its bound; return how long to wait for the rest
         (None: nothing left to watch)."""

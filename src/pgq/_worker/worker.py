@@ -387,6 +387,7 @@ class Worker:
                 await self._flush(parts.completer)
                 if not parts.completer.pending:  # else the database may be down: no wait
                     await self._sweep(parts.strays)
+                await self._settle(parts)
                 await parts.reports.flush()  # at most FLUSH_S, whatever a hook does
                 tg.cancel_scope.cancel()
         finally:
@@ -474,6 +475,24 @@ class Worker:
                 "will rescue them",
                 str(exc) or type(exc).__name__,
             )
+
+    @staticmethod
+    async def _settle(parts: _Parts) -> None:
+        # A rescue (or takeover) whose commit's reply was lost is reported if it landed,
+        # before the last rescue reports go out; after the stop, nothing would ask.
+        for party in (parts.rescuer, parts.successor):
+            if party is None or not party.unsure:
+                continue
+            try:
+                with anyio.fail_after(5):
+                    await party.settle()
+            except CHECK_ERRORS as exc:
+                log.warning(
+                    "could not find out whether %d rescue(s) whose commit's reply was lost "
+                    "landed (%s): those that did are not reported",
+                    party.unsure,
+                    str(exc) or type(exc).__name__,
+                )
 
     def _counted(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         by_queue = self._by_queue

@@ -8,6 +8,8 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import anyio
+
 from pgq._store import maintenance
 from pgq._store.connections import Connection, Db, Pool
 from pgq._store.maintenance import Rescued
@@ -98,6 +100,18 @@ class Rescuer:
             self._after_rescue()  # first rescues are due at once: promote them now
         return result
 
+    async def settle(self) -> None:
+        """Report the rescues whose commit's reply was lost that have landed since. Asked
+        while this worker does not lead, and as it stops: the question needs no lease, and
+        a leader cut off long enough to lose its commit's reply often loses its lease too."""
+        if self._unsure.waiting:
+            self._report(await self._unsure.landed(self._pool), dict.fromkeys(JobState, 0))
+
+    @property
+    def unsure(self) -> int:
+        """Rescues whose commit's outcome is still unknown."""
+        return self._unsure.waiting
+
     async def _rescue_batch(self, conn: Connection) -> list[Rescued]:
         return await maintenance.rescue(
             conn, self._leader_id, stale_after=self._stale_after, grace=self._grace, limit=BATCH
@@ -132,6 +146,8 @@ class Unsure:
         self._pending: dict[str, tuple[str, list[Rescued]]] = {}
         #: Answers "still in progress" about a rescue whose outcome was unknown.
         self.in_progress = 0
+        # One asker at a time: a round and the worker's stop may both ask.
+        self._asking = anyio.Lock()
 
     async def commit(
         self, conn: Connection, rescue: Callable[[Connection], Awaitable[list[Rescued]]]
@@ -154,15 +170,8 @@ class Unsure:
         since; those that did not are forgotten (their jobs are as they were, and may be
         rescued again). A transaction still in progress is asked about again next time.
         Nothing is settled unless every question got its answer."""
-        verdicts: dict[str, bool] = {}
-        for token, (xact, rows) in self._pending.items():
-            if await maintenance.xact_status(db, xact) == "in progress":
-                self.in_progress += 1
-                continue
-            # Committed, aborted, or unknown here (after a crash or a failover the server
-            # may even have given the id to another transaction): the jobs say whether the
-            # rescue named by this token is there.
-            verdicts[token] = await maintenance.rescue_landed(db, [r.id for r in rows], token)
+        async with self._asking:
+            verdicts = await self._ask(db)
         landed: list[Rescued] = []
         for token, found in verdicts.items():
             rows = self._pending.pop(token)[1]
@@ -172,10 +181,24 @@ class Unsure:
             log.info("%d rescue(s) whose commit's reply was lost had landed", len(landed))
         return landed
 
+    async def _ask(self, db: Db) -> dict[str, bool]:
+        """Whether each pending rescue landed, by its token; a rescue whose transaction is
+        still in progress has no answer yet."""
+        verdicts: dict[str, bool] = {}
+        for token, (xact, rows) in list(self._pending.items()):  # a commit may add one
+            if await maintenance.xact_status(db, xact) == "in progress":
+                self.in_progress += 1
+                continue
+            # Committed, aborted, or unknown here (after a crash or a failover the server
+            # may even have given the id to another transaction): the jobs say whether the
+            # rescue named by this token is there.
+            verdicts[token] = await maintenance.rescue_landed(db, [r.id for r in rows], token)
+        return verdicts
+
     @property
-    def waiting(self) -> bool:
-        """Whether a rescue's outcome is still unknown."""
-        return bool(self._pending)
+    def waiting(self) -> int:
+        """Rescues (transactions) whose outcome is still unknown."""
+        return len(self._pending)
 
 
 def report_rescue(reports: RescueReports | None, r: Rescued) -> None:

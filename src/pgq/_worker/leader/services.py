@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
@@ -29,6 +29,16 @@ class LeaderService(Protocol):
 
     async def run_once(self) -> Any:
         """One round; returns what it did. Raises when the round failed."""
+        ...
+
+
+@runtime_checkable
+class Settles(Protocol):
+    """A service whose rounds may leave an outcome unknown (a commit whose reply was lost)
+    and find it out later, whether or not this worker still leads."""
+
+    async def settle(self) -> None:
+        """Find out what became of what earlier rounds left unknown."""
         ...
 
 
@@ -80,9 +90,24 @@ class LeaderServices:
                     await self._wake[service.name].wait()
             first = False
             self._wake[service.name] = anyio.Event()
-            if not self._elector.is_leader:
-                continue
-            await self.run_service(service.name)
+            if self._elector.is_leader:
+                await self.run_service(service.name)
+            else:
+                await self._settle(service)
+
+    async def _settle(self, service: LeaderService) -> None:
+        """Off the lead, a service still settles what its rounds left unknown (each
+        distinct failure logged once, like a round's)."""
+        if not isinstance(service, Settles):
+            return
+        try:
+            await service.settle()
+        except Exception as exc:
+            text = f"could not settle what its rounds left unknown: {type(exc).__name__}: {exc}"
+            logged = self.status[service.name]._logged
+            if text not in logged:
+                logged.add(text)
+                log.warning("leader service %s %s (asking again)", service.name, text)
 
     async def run_service(self, name: str) -> Any:
         """Run one round of service ``name`` now, recording its success or failure;

@@ -43,6 +43,17 @@ async def wal_position(conn: asyncpg.Connection[asyncpg.Record]) -> int:
     return int(await conn.fetchval("SELECT pg_current_wal_lsn()"))
 
 
+async def reserve_wal(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    """Keep the server from removing WAL from here on until ``conn`` closes (a temporary
+    physical replication slot, reserved at once): a checkpoint during the measurement, timed
+    or forced by WAL volume, would otherwise recycle segments not yet read, and the read
+    fails with 'requested WAL segment ... has already been removed'."""
+    await conn.execute(
+        "SELECT pg_create_physical_replication_slot('pgq_bench_wal_' || pg_backend_pid(),"
+        " true, true)"
+    )
+
+
 async def wal_between(
     conn: asyncpg.Connection[asyncpg.Record], start: int, end: int
 ) -> dict[str, float]:
@@ -81,6 +92,7 @@ async def run(mode: str) -> dict[str, float]:
             await client.enqueue(noop, {"i": -1})  # warm-up: the first row of a table
             await pgq.Worker(app, dsn, metrics=False).run(burst=True)
             await conn.execute("CHECKPOINT")
+            await reserve_wal(conn)
             wal0 = await wal_position(conn)
             for start in range(0, N, 1_000):
                 if mode == "chained":
@@ -126,6 +138,7 @@ async def run_pgqueuer() -> dict[str, float]:
         await queries.enqueue("noop", b"-1")  # warm-up: the first row of a table
         await pq.run(mode=QueueExecutionMode.drain, batch_size=100)
         await conn.execute("CHECKPOINT")
+        await reserve_wal(conn)
         wal0 = await wal_position(conn)
         for start in range(0, N, 1_000):
             await queries.enqueue(

@@ -6,13 +6,16 @@ import logging
 import uuid
 from typing import TYPE_CHECKING
 
+import anyio
 import asyncpg
 import pytest
 
 import pgq
+from pgq._store.maintenance import rescue_predecessor
 from pgq._worker import liveness
 from pgq._worker.leader import elector as elector_module
 from pgq._worker.leader.elector import Elector
+from pgq._worker.leader.rescuer import Unsure
 from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderServices
 from tests.integration.test_liveness import FAST, fake_producer, running_job
@@ -112,6 +115,38 @@ async def test_a_leader_whose_host_slept_past_its_lease_counts_itself_deposed(
         assert elector.is_leader
     finally:
         await pool.close()
+
+
+async def test_two_askers_at_once_settle_a_rescue_whose_reply_was_lost_once(
+    dsn: str, conn: Conn
+) -> None:
+    """A worker's rescue round and its stop may ask at the same time what became of a
+    rescue whose commit's reply was lost: it is settled, and reported, by one of them."""
+    dead = await fake_producer(conn, silent_s=3600)
+    await conn.execute("UPDATE pgq_producers SET fence_after_s = 1 WHERE id = $1", dead)
+    job_id = await running_job(conn, dead, started_s_ago=3600)
+    pool = await asyncpg.create_pool(dsn, min_size=2, max_size=2)
+    assert pool is not None
+    try:
+        unsure = Unsure()
+        async with pool.acquire() as c:
+            rows = await unsure.commit(c, lambda c: rescue_predecessor(c, [dead], 0.1))
+        assert [r.id for r in rows] == [job_id]
+        token = await conn.fetchval(
+            "SELECT errors -> -1 ->> 'rescue' FROM pgq_jobs WHERE id = $1", job_id
+        )
+        unsure._pending[token] = (rows[0].xact, rows)  # as if the commit's reply were lost
+        found: list[int] = []
+
+        async def ask() -> None:
+            found.extend(r.id for r in await unsure.landed(pool))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask)
+            tg.start_soon(ask)
+    finally:
+        await pool.close()
+    assert found == [job_id] and not unsure.waiting
 
 
 async def _completed(client: pgq.Client, *ids: int) -> bool:

@@ -47,6 +47,7 @@ from pgq._worker.observe import observers
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
 from pgq._worker.rescue_reports import RescueReports
+from pgq._worker.stoppable import Stoppable
 from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq._worker.successor import Successor
 from pgq.app import App, check_queue_name
@@ -57,6 +58,9 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("pgq.worker")
+
+#: How long a stopping worker asks what became of rescues whose commit's reply was lost.
+SETTLE_S = 5.0
 
 
 def default_worker_name() -> str:
@@ -170,6 +174,7 @@ class Worker:
         self._parts: _Parts | None = None
         self._make_due: Callable[[Producer], Awaitable[int]] | None = None
         self._by_queue: dict[str, Producer] = {}
+        self._rescuing: list[Stoppable] = []
         self._started_at = 0.0
         #: Set once the worker runs (its producers registered, claiming).
         self.started = anyio.Event()
@@ -418,13 +423,16 @@ class Worker:
         tg.start_soon(parts.heartbeater.run)
         await parts.elector.attempt()
         tg.start_soon(functools.partial(parts.elector.run, attempted=True))
-        tg.start_soon(parts.leader.run)
+        # Stopped before the rest, at the stop: see _settle.
+        self._rescuing = [Stoppable(parts.leader.run)]
+        if parts.successor is not None:
+            self._rescuing.append(Stoppable(parts.successor.run))
+        for loop in self._rescuing:
+            tg.start_soon(loop.run)
         tg.start_soon(parts.control.poll_cancels)
         tg.start_soon(parts.strays.run)
         tg.start_soon(parts.reports.run)
         tg.start_soon(self._observers.joblog.run)
-        if parts.successor is not None:
-            tg.start_soon(parts.successor.run)
         if self._health_port is not None:
             self.health_port = await tg.start(
                 functools.partial(
@@ -476,23 +484,35 @@ class Worker:
                 str(exc) or type(exc).__name__,
             )
 
-    @staticmethod
-    async def _settle(parts: _Parts) -> None:
+    async def _settle(self, parts: _Parts) -> None:
         # A rescue (or takeover) whose commit's reply was lost is reported if it landed,
-        # before the last rescue reports go out; after the stop, nothing would ask.
-        for party in (parts.rescuer, parts.successor):
-            if party is None or not party.unsure:
-                continue
-            try:
-                with anyio.fail_after(5):
-                    await party.settle()
-            except CHECK_ERRORS as exc:
-                log.warning(
-                    "could not find out whether %d rescue(s) whose commit's reply was lost "
-                    "landed (%s): those that did are not reported",
-                    party.unsure,
-                    str(exc) or type(exc).__name__,
-                )
+        # before the last rescue reports go out: after the stop, nothing would ask. What
+        # rescues ends first, so that a round cut short has recorded what it left unknown.
+        for loop in self._rescuing:
+            await loop.stop()
+        parties = [p for p in (parts.rescuer, parts.successor) if p is not None]
+        if not any(p.unsure for p in parties):
+            return
+        reason = "stopping at once" if self._stop_now else ""
+        if parts.completer.pending:
+            reason = reason or "the database did not take the last outcomes"
+        if not reason:
+            with anyio.move_on_after(SETTLE_S) as bound:
+                for party in parties:
+                    try:
+                        await party.settle()
+                    except DATABASE_ERRORS as exc:
+                        reason = str(exc) or type(exc).__name__
+            if bound.cancelled_caught:
+                reason = f"no answer within {SETTLE_S:g} s"
+        unsure = sum(p.unsure for p in parties)
+        if unsure:
+            log.warning(
+                "%d rescue(s) whose commit's reply was lost could not be settled (%s): "
+                "those that landed are not reported",
+                unsure,
+                reason or "their commits were still in progress",
+            )
 
     def _counted(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         by_queue = self._by_queue

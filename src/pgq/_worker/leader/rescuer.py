@@ -71,7 +71,8 @@ class Rescuer:
     async def run_once(self) -> RescueResult:
         """One round. A leader whose own producers are unhealthy skips it: its view of the
         database is suspect, and so is its judgement of others; the lease lapses to a
-        healthier worker if this lasts."""
+        healthier worker if this lasts. It still asks what became of its rescues whose
+        commit's reply was lost: the likeliest moment to ask is right after a cut."""
         sick = self._sick_queues()
         if sick:
             if not self._skipping:
@@ -80,6 +81,7 @@ class Rescuer:
                     ", ".join(sick),
                 )
                 self._skipping = True
+            await self.settle()
             return RescueResult(skipped=True)
         if self._skipping:
             log.info("leader resumes rescue rounds")

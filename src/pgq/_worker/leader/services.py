@@ -18,6 +18,10 @@ from pgq._worker.leader.elector import Elector
 
 log = logging.getLogger("pgq.leader")
 
+#: The least time one question off the lead may take (a connection that stalls without
+#: breaking would otherwise hold the service's loop).
+SETTLE_BOUND_S = 5.0
+
 
 class LeaderService(Protocol):
     """A duty only the leader performs, every ``interval_s`` seconds."""
@@ -100,14 +104,24 @@ class LeaderServices:
         distinct failure logged once, like a round's)."""
         if not isinstance(service, Settles):
             return
+        logged = self.status[service.name]._logged
         try:
-            await service.settle()
+            with anyio.fail_after(max(service.interval_s, SETTLE_BOUND_S)):
+                await service.settle()
         except Exception as exc:
             text = f"could not settle what its rounds left unknown: {type(exc).__name__}: {exc}"
-            logged = self.status[service.name]._logged
             if text not in logged:
                 logged.add(text)
-                log.warning("leader service %s %s (asking again)", service.name, text)
+                expected = isinstance(exc, (TimeoutError, *DATABASE_ERRORS))
+                log.log(
+                    logging.WARNING if expected else logging.ERROR,
+                    "leader service %s %s (asking again)",
+                    service.name,
+                    text,
+                    exc_info=None if expected else exc,
+                )
+            return
+        logged.difference_update([t for t in logged if t.startswith("could not settle")])
 
     async def run_service(self, name: str) -> Any:
         """Run one round of service ``name`` now, recording its success or failure;

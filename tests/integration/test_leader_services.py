@@ -120,8 +120,9 @@ async def test_a_leader_whose_host_slept_past_its_lease_counts_itself_deposed(
 async def test_two_askers_at_once_settle_a_rescue_whose_reply_was_lost_once(
     dsn: str, conn: Conn
 ) -> None:
-    """A worker's rescue round and its stop may ask at the same time what became of a
-    rescue whose commit's reply was lost: it is settled, and reported, by one of them."""
+    """Two questions at once about a rescue whose commit's reply was lost (a worker's own
+    askers take turns, a rescuer shared by more would not): it is settled, and reported,
+    by one of them."""
     dead = await fake_producer(conn, silent_s=3600)
     await conn.execute("UPDATE pgq_producers SET fence_after_s = 1 WHERE id = $1", dead)
     job_id = await running_job(conn, dead, started_s_ago=3600)

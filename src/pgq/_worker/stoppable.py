@@ -22,13 +22,15 @@ class Stoppable:
         """Run the loop (start this in a task group)."""
         self._started = True
         try:
-            with self._scope:
-                await self._loop()
+            if not self._scope.cancel_called:  # stopped before it started: it never runs
+                with self._scope:
+                    await self._loop()
         finally:
             self._ended.set()
 
     async def stop(self) -> None:
-        """Cancel the loop and wait until it has ended (at once if it never started)."""
+        """Cancel the loop and wait until it has ended, however long its own cleanup takes
+        (at once if it has not started: it then never runs)."""
         self._scope.cancel()
         if self._started:
             await self._ended.wait()

@@ -91,7 +91,7 @@ class Successor:
 
     @property
     def unsure(self) -> int:
-        """Takeovers whose commit's outcome is still unknown."""
+        """Jobs whose takeover's commit has an outcome still unknown."""
         return self._unsure.waiting
 
     async def round(self) -> float | None:

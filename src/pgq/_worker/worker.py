@@ -59,8 +59,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pgq.worker")
 
-#: How long a stopping worker asks what became of rescues whose commit's reply was lost.
+#: How long a stopping worker asks what became of rescues whose commit's reply was lost,
+#: and how often.
 SETTLE_S = 5.0
+SETTLE_AGAIN_S = 0.2
 
 
 def default_worker_name() -> str:
@@ -175,6 +177,7 @@ class Worker:
         self._make_due: Callable[[Producer], Awaitable[int]] | None = None
         self._by_queue: dict[str, Producer] = {}
         self._rescuing: list[Stoppable] = []
+        self._settling: anyio.CancelScope | None = None
         self._started_at = 0.0
         #: Set once the worker runs (its producers registered, claiming).
         self.started = anyio.Event()
@@ -198,6 +201,8 @@ class Worker:
                 producer.cancel_running(SHUTDOWN)
             if self._parts:
                 self._parts.reports.cut()
+            if self._settling is not None:
+                self._settling.cancel()
         self._stop_requested.set()
 
     async def run(self, *, burst: bool = False) -> None:
@@ -486,33 +491,47 @@ class Worker:
 
     async def _settle(self, parts: _Parts) -> None:
         # A rescue (or takeover) whose commit's reply was lost is reported if it landed,
-        # before the last rescue reports go out: after the stop, nothing would ask. What
-        # rescues ends first, so that a round cut short has recorded what it left unknown.
+        # before the last rescue reports go out: after the stop, nothing would ask. The
+        # leader's duties and the successor's watch end first, so that a round cut short
+        # has recorded what it left unknown; a commit still in progress is asked about
+        # again until SETTLE_S has passed.
         for loop in self._rescuing:
             await loop.stop()
-        parties = [p for p in (parts.rescuer, parts.successor) if p is not None]
-        if not any(p.unsure for p in parties):
-            return
-        reason = "stopping at once" if self._stop_now else ""
-        if parts.completer.pending:
-            reason = reason or "the database did not take the last outcomes"
-        if not reason:
-            with anyio.move_on_after(SETTLE_S) as bound:
-                for party in parties:
-                    try:
-                        await party.settle()
-                    except DATABASE_ERRORS as exc:
-                        reason = str(exc) or type(exc).__name__
-            if bound.cancelled_caught:
-                reason = f"no answer within {SETTLE_S:g} s"
-        unsure = sum(p.unsure for p in parties)
-        if unsure:
-            log.warning(
-                "%d rescue(s) whose commit's reply was lost could not be settled (%s): "
-                "those that landed are not reported",
-                unsure,
-                reason or "their commits were still in progress",
+        parties = [
+            (party, what)
+            for party, what in (
+                (parts.rescuer, "rescued by the leader"),
+                (parts.successor, "taken over from the previous run"),
             )
+            if party is not None and party.unsure
+        ]
+        errors: dict[str, str] = {}
+        if parties and not self._stop_now and not parts.completer.pending:
+            with anyio.move_on_after(SETTLE_S) as self._settling:
+                while any(party.unsure for party, _ in parties):
+                    for party, what in parties:
+                        try:
+                            await party.settle()
+                        except DATABASE_ERRORS as exc:
+                            errors[what] = str(exc) or type(exc).__name__
+                    await anyio.sleep(SETTLE_AGAIN_S)
+        for party, what in parties:
+            if party.unsure:
+                log.warning(
+                    "%d job(s) %s by a commit whose reply was lost could not be settled "
+                    "(%s): those that landed are not reported",
+                    party.unsure,
+                    what,
+                    self._unsettled(parts, errors.get(what)),
+                )
+
+    def _unsettled(self, parts: _Parts, error: str | None) -> str:
+        """Why the stop could not settle a rescue whose commit's reply was lost."""
+        if self._stop_now:
+            return "stopping at once"
+        if parts.completer.pending:
+            return "the database did not take the last outcomes"
+        return error or f"still in progress, or no answer, after {SETTLE_S:g} s"
 
     def _counted(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         by_queue = self._by_queue

@@ -3,6 +3,7 @@ timeout under a live one, are taken back, judged in SQL on the database clock.""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -11,8 +12,9 @@ from dataclasses import dataclass
 import anyio
 
 from pgq._store import maintenance
-from pgq._store.connections import Connection, Db, Pool
+from pgq._store.connections import DATABASE_ERRORS, Connection, Db, Pool
 from pgq._store.maintenance import Rescued
+from pgq._worker.leader.services import SETTLE_BOUND_S
 from pgq._worker.rescue_reports import RescueReports
 from pgq.job import JobState
 from pgq.settings import WorkerSettings
@@ -81,7 +83,9 @@ class Rescuer:
                     ", ".join(sick),
                 )
                 self._skipping = True
-            await self.settle()
+            # Bounded, and its failure is not the round's: the database is suspect now.
+            with anyio.move_on_after(SETTLE_BOUND_S), contextlib.suppress(*DATABASE_ERRORS):
+                await self.settle()
             return RescueResult(skipped=True)
         if self._skipping:
             log.info("leader resumes rescue rounds")
@@ -111,7 +115,7 @@ class Rescuer:
 
     @property
     def unsure(self) -> int:
-        """Rescues whose commit's outcome is still unknown."""
+        """Jobs whose rescue's commit has an outcome still unknown."""
         return self._unsure.waiting
 
     async def _rescue_batch(self, conn: Connection) -> list[Rescued]:
@@ -180,7 +184,9 @@ class Unsure:
             if found:
                 landed += rows
         if landed:
-            log.info("%d rescue(s) whose commit's reply was lost had landed", len(landed))
+            log.info(
+                "%d job(s) rescued by a commit whose reply was lost: it had landed", len(landed)
+            )
         return landed
 
     async def _ask(self, db: Db) -> dict[str, bool]:
@@ -199,8 +205,8 @@ class Unsure:
 
     @property
     def waiting(self) -> int:
-        """Rescues (transactions) whose outcome is still unknown."""
-        return len(self._pending)
+        """Jobs whose rescue's outcome is still unknown."""
+        return sum(len(rows) for _, rows in self._pending.values())
 
 
 def report_rescue(reports: RescueReports | None, r: Rescued) -> None:

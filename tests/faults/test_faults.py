@@ -22,7 +22,7 @@ import asyncpg
 import pytest
 
 import pgq
-from pgq._store.connections import create_pool
+from pgq._store.connections import Pool, create_pool
 from pgq._worker import successor as successor_module
 from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.successor import Successor
@@ -703,11 +703,7 @@ async def test_a_rescue_whose_commit_reply_was_lost_is_reported_as_its_worker_st
             await until(asked_while_in_progress, limit_s=30)
             await db.execute("SELECT pg_advisory_unlock(4343)")
 
-            async def landed() -> bool:
-                state = await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id)
-                return bool(state != "running")
-
-            await until(landed, limit_s=30)
+            await until(lambda: _rescue_landed(db, job_id), limit_s=30)
             assert rescued == [] and rescuer._unsure.waiting, "no round has asked since"
         tg.cancel_scope.cancel()
     assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "producer stale")]
@@ -750,12 +746,8 @@ async def test_a_stopping_worker_says_how_many_rescues_it_could_not_settle(
     assert (unsure.in_progress > 1) if not now else (unsure.in_progress == 0)
     assert rescued == []
     await db.execute("SELECT pg_advisory_unlock(4343)")
-
-    async def landed() -> bool:  # as the warning said: landed, not reported
-        state = await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id)
-        return bool(state != "running")
-
-    await until(landed, limit_s=30)
+    # As the warning said: landed, and not reported.
+    await until(lambda: _rescue_landed(db, job_id), limit_s=30)
     assert rescued == []
 
 
@@ -811,14 +803,7 @@ async def test_a_restarted_workers_takeover_whose_commit_reply_was_lost_is_repor
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.run)
         pool = await create_pool(via_proxy(dsn, port), min_size=1, max_size=2)
-        successor = Successor(
-            pool,
-            "stable-1",
-            list,
-            margin_s=0.1,
-            after_rescue=lambda: None,
-            reports=RescueReports(None, inline=[events.append]),
-        )
+        successor = _successor_of_stable_1(pool, events)
         finished = anyio.Event()
 
         async def watch() -> None:
@@ -855,14 +840,7 @@ async def test_a_takeover_whose_commit_reply_was_lost_is_reported_when_asked_at_
     async with anyio.create_task_group() as tg:
         port = await tg.start(proxy.run)
         pool = await create_pool(via_proxy(dsn, port), min_size=1, max_size=2)
-        successor = Successor(
-            pool,
-            "stable-1",
-            list,
-            margin_s=0.1,
-            after_rescue=lambda: None,
-            reports=RescueReports(None, inline=[events.append]),
-        )
+        successor = _successor_of_stable_1(pool, events)
         async with anyio.create_task_group() as watching:
             watching.start_soon(successor.run)
             await until(lambda: _rescue_commit_waits(db), limit_s=30)
@@ -876,11 +854,7 @@ async def test_a_takeover_whose_commit_reply_was_lost_is_reported_when_asked_at_
             watching.cancel_scope.cancel()  # the worker stops: nothing watches any more
         await db.execute("SELECT pg_advisory_unlock(4343)")
 
-        async def landed() -> bool:
-            state = await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id)
-            return bool(state != "running")
-
-        await until(landed, limit_s=30)
+        await until(lambda: _rescue_landed(db, job_id), limit_s=30)
         assert events == [] and successor.unsure == 1
         await successor.settle()
         await pool.close()
@@ -921,15 +895,23 @@ async def test_a_takeover_whose_commit_reply_was_lost_is_reported_by_its_worker_
             await until(unknown, limit_s=30)
             await db.execute("SELECT pg_advisory_unlock(4343)")
 
-            async def landed() -> bool:
-                state = await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id)
-                return bool(state != "running")
-
-            await until(landed, limit_s=30)
+            await until(lambda: _rescue_landed(db, job_id), limit_s=30)
             assert rescued == [] and successor.unsure == 1, "nothing has asked since"
         tg.cancel_scope.cancel()
     assert [(e.job.id, e.reason) for e in rescued] == [(job_id, "worker restarted")]
     assert successor.rescued == 1 and successor.unsure == 0
+
+
+def _successor_of_stable_1(pool: Pool, events: list[pgq.JobEvent]) -> Successor:
+    """A worker named ``stable-1``'s successor, reporting its takeovers into ``events``."""
+    return Successor(
+        pool,
+        "stable-1",
+        list,
+        margin_s=0.1,
+        after_rescue=lambda: None,
+        reports=RescueReports(None, inline=[events.append]),
+    )
 
 
 async def _a_previous_runs_job_whose_takeover_commits_are_held(
@@ -949,6 +931,13 @@ async def _a_previous_runs_job_whose_takeover_commits_are_held(
     await db.execute(HOLD_RESCUE_COMMITS)
     await db.execute("SELECT pg_advisory_lock(4343)")
     return job_id
+
+
+async def _rescue_landed(db: asyncpg.Connection[asyncpg.Record], job_id: int) -> bool:
+    """Whether the held rescue (or takeover) of ``job_id`` has landed (or aborted: then
+    the job is running still, and this waits on)."""
+    state = await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id)
+    return bool(state != "running")
 
 
 async def _rescue_commit_waits(db: asyncpg.Connection[asyncpg.Record]) -> bool:

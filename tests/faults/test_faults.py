@@ -24,6 +24,7 @@ import pytest
 import pgq
 from pgq._store.connections import Pool, create_pool
 from pgq._worker import successor as successor_module
+from pgq._worker.leader.rescuer import Unsure
 from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.successor import Successor
 from tests.faults.proxy import Proxy
@@ -587,16 +588,9 @@ async def test_a_rescue_whose_commit_reply_was_lost_is_reported_once_seen_to_hav
             def rounds() -> int:
                 return int(worker.stats()["leader_services"]["rescuer"]["runs"])
 
-            await until(lambda: _rescue_commit_waits(db), limit_s=30)
-            proxy.cut()
-            proxy.heal()
             assert worker._parts is not None
             unsure = worker._parts.rescuer._unsure
-
-            async def asked_while_in_progress() -> bool:
-                return unsure.in_progress >= 1
-
-            await until(asked_while_in_progress, limit_s=30)
+            await _lose_the_held_commits_reply(db, proxy, unsure)
             assert await _rescue_commit_waits(db)  # still held: the leader could not know
             assert rescued == [] and unsure.waiting
             await db.execute("SELECT pg_advisory_unlock(4343)")
@@ -632,14 +626,7 @@ async def test_a_rescue_whose_commit_reply_was_lost_is_reported_by_its_leader_de
         async with pgq.Worker(app, via_proxy(dsn, port), **settings) as worker:
             assert worker._parts is not None
             unsure = worker._parts.rescuer._unsure
-            await until(lambda: _rescue_commit_waits(db), limit_s=30)
-            proxy.cut()
-            proxy.heal()
-
-            async def asked_while_in_progress() -> bool:
-                return unsure.in_progress >= 1
-
-            await until(asked_while_in_progress, limit_s=30)
+            await _lose_the_held_commits_reply(db, proxy, unsure)
             await db.execute(
                 "UPDATE pgq_leader SET leader_id = $1, worker_name = 'usurper',"
                 " expires_at = now() + interval '1 hour' WHERE name = 'default'",
@@ -811,14 +798,7 @@ async def test_a_restarted_workers_takeover_whose_commit_reply_was_lost_is_repor
             finished.set()
 
         tg.start_soon(watch)
-        await until(lambda: _rescue_commit_waits(db), limit_s=30)
-        proxy.cut()
-        proxy.heal()
-
-        async def asked_while_in_progress() -> bool:
-            return successor._unsure.in_progress >= 1
-
-        await until(asked_while_in_progress, limit_s=30)
+        await _lose_the_held_commits_reply(db, proxy, successor._unsure)
         assert events == [] and await _rescue_commit_waits(db)
         await db.execute("SELECT pg_advisory_unlock(4343)")
         with anyio.fail_after(30):
@@ -843,14 +823,7 @@ async def test_a_takeover_whose_commit_reply_was_lost_is_reported_when_asked_at_
         successor = _successor_of_stable_1(pool, events)
         async with anyio.create_task_group() as watching:
             watching.start_soon(successor.run)
-            await until(lambda: _rescue_commit_waits(db), limit_s=30)
-            proxy.cut()
-            proxy.heal()
-
-            async def asked_while_in_progress() -> bool:
-                return successor._unsure.in_progress >= 1
-
-            await until(asked_while_in_progress, limit_s=30)
+            await _lose_the_held_commits_reply(db, proxy, successor._unsure)
             watching.cancel_scope.cancel()  # the worker stops: nothing watches any more
         await db.execute("SELECT pg_advisory_unlock(4343)")
 
@@ -931,6 +904,21 @@ async def _a_previous_runs_job_whose_takeover_commits_are_held(
     await db.execute(HOLD_RESCUE_COMMITS)
     await db.execute("SELECT pg_advisory_lock(4343)")
     return job_id
+
+
+async def _lose_the_held_commits_reply(
+    db: asyncpg.Connection[asyncpg.Record], proxy: Proxy, unsure: Unsure
+) -> None:
+    """Wait until a commit held by HOLD_RESCUE_COMMITS waits, break the connection under
+    it, and wait until its party has asked about it and heard that it is in progress."""
+    await until(lambda: _rescue_commit_waits(db), limit_s=30)
+    proxy.cut()
+    proxy.heal()
+
+    async def asked_while_in_progress() -> bool:
+        return unsure.in_progress >= 1
+
+    await until(asked_while_in_progress, limit_s=30)
 
 
 async def _rescue_landed(db: asyncpg.Connection[asyncpg.Record], job_id: int) -> bool:

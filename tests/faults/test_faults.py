@@ -6,11 +6,13 @@ completes twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
 import urllib.request
 import uuid
+from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,9 +26,10 @@ import pytest
 import pgq
 from pgq._store.connections import Pool, create_pool
 from pgq._worker import successor as successor_module
-from pgq._worker.leader.rescuer import Unsure
 from pgq._worker.rescue_reports import RescueReports
+from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq._worker.successor import Successor
+from pgq._worker.unsure import Unsure
 from tests.faults.proxy import Proxy
 from tests.faults.workers import (
     SHORT,
@@ -36,7 +39,12 @@ from tests.faults.workers import (
     via_proxy,
     wait_registered,
 )
-from tests.integration.test_liveness import fake_producer, running_job
+from tests.integration.test_liveness import (
+    StandInProducer,
+    claimed_jobs,
+    fake_producer,
+    running_job,
+)
 from tests.tests_support import until
 
 pytestmark = [pytest.mark.anyio, pytest.mark.faults, pytest.mark.timeout(180)]
@@ -875,6 +883,139 @@ async def test_a_takeover_whose_commit_reply_was_lost_is_reported_by_its_worker_
     assert successor.rescued == 1 and successor.unsure == 0
 
 
+async def test_a_stray_hand_back_whose_commit_reply_was_lost_is_reported_once_it_landed(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    """A worker hands back a stray (a job of a claim whose reply was lost); the connection
+    breaks while the hand-back's commit is held up in the server. The worker asks later:
+    still in progress, so nothing yet; once the commit has landed, the hand-back is counted
+    and reported once, as its error entry (which names it) shows it landed."""
+    async with _a_stray_whose_hand_back_lost_its_reply(dsn, db) as (strays, job_id, events):
+        assert strays.unsure == 1 and strays.handed_back == 0
+        await strays.settle()
+        assert strays._unsure.in_progress == 1 and strays.unsure == 1  # held: cannot know
+        await db.execute("SELECT pg_advisory_unlock(4343)")
+        await until(lambda: _rescue_landed(db, job_id), limit_s=30)
+        assert events == []
+        assert await strays.check() == []  # each check asks first; nothing is stray now
+        assert await strays.check() == []
+    assert [(e.job.id, e.state, e.reason) for e in events] == [
+        (job_id, pgq.JobState.AVAILABLE, "claim reply lost")
+    ]
+    assert strays.handed_back == 1 and strays.unsure == 0
+    errors = json.loads(await db.fetchval("SELECT errors FROM pgq_jobs WHERE id = $1", job_id))
+    assert [e["kind"] for e in errors] == ["lost_reply"] and errors[0]["rescue"]
+
+
+async def test_a_stray_hand_back_whose_commit_was_lost_and_aborted_is_not_reported(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    """The same, but the held commit never lands (its server process is ended): nothing is
+    reported, nothing counted, and the stray, still running under the producer, is found
+    and handed back again."""
+    async with _a_stray_whose_hand_back_lost_its_reply(dsn, db) as (strays, job_id, events):
+        ended = await db.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
+            " WHERE locktype = 'advisory' AND objid = 4343 AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
+        assert ended == 1
+
+        async def aborted() -> bool:
+            return not await _rescue_commit_waits(db)
+
+        await until(aborted, limit_s=30)
+        await db.execute("SELECT pg_advisory_unlock(4343)")
+        await strays.settle()
+        assert strays.unsure == 0 and strays.handed_back == 0 and events == []
+        assert await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id) == "running"
+        assert await strays.sweep() == [job_id]  # still a stray: handed back, this time for good
+    assert [(e.job.id, e.reason) for e in events] == [(job_id, "claim reply lost")]
+    assert strays.handed_back == 1
+
+
+async def test_a_stray_hand_back_whose_commit_reply_was_lost_is_reported_as_its_worker_stops(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stopping worker hands back a stray; the hand-back's commit is held up and its reply
+    lost. The stop asks about it before its last reports go out, and once the commit has
+    landed reports it: no warning of anything left unsettled."""
+    app = pgq.App()
+    rescued: list[pgq.JobEvent] = []
+    app.on("job_rescued")(rescued.append)
+
+    @app.task
+    async def note(ctx: pgq.JobContext) -> None: ...
+
+    await db.execute(HOLD_RESCUE_COMMITS)
+    await db.execute("SELECT pg_advisory_lock(4343)")
+    proxy = Proxy(*upstream(dsn))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        settings: dict[str, Any] = dict(SHORT)
+        worker = pgq.Worker(app, via_proxy(dsn, port), **settings)
+        stopped = anyio.Event()
+
+        async def run() -> None:
+            await worker.run()
+            stopped.set()
+
+        tg.start_soon(run)
+        await worker.started.wait()
+        assert worker._parts is not None
+        strays = worker._parts.strays
+        producer = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+        ((job_id, _),) = await claimed_jobs(db, producer, 1)
+        worker.stop()  # its sweep hands the stray back
+        await _lose_the_held_commits_reply(db, proxy, strays._unsure)
+        assert rescued == [] and strays.unsure == 1
+        await db.execute("SELECT pg_advisory_unlock(4343)")
+        with anyio.fail_after(30):
+            await stopped.wait()
+        tg.cancel_scope.cancel()
+    assert [(e.job.id, e.state, e.reason) for e in rescued] == [
+        (job_id, pgq.JobState.AVAILABLE, "claim reply lost")
+    ]
+    assert strays.handed_back == 1 and strays.unsure == 0
+    assert not [r for r in caplog.records if "could not be settled" in r.getMessage()]
+
+
+@contextlib.asynccontextmanager
+async def _a_stray_whose_hand_back_lost_its_reply(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> AsyncIterator[tuple[Strays, int, list[pgq.JobEvent]]]:
+    """A check of strays (over a stand-in producer, through a proxy, reporting into a list)
+    whose sweep hands back a stray while commits are held: the connection breaks under the
+    commit, and the sweep fails without knowing whether it landed. Yields the check, the
+    job's id and the events; the commit waits until the test unlocks 4343."""
+    producer = StandInProducer(await fake_producer(db, silent_s=0))
+    ((job_id, _),) = await claimed_jobs(db, producer.id, 1)
+    await db.execute(HOLD_RESCUE_COMMITS)
+    await db.execute("SELECT pg_advisory_lock(4343)")
+    events: list[pgq.JobEvent] = []
+    proxy = Proxy(*upstream(dsn))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        pool = await create_pool(via_proxy(dsn, port), min_size=1, max_size=2)
+        reports = RescueReports(None, inline=[events.append])
+        strays = Strays(pool, [producer], set, interval_s=60, reports=reports)
+        try:
+            async with anyio.create_task_group() as sweeping:
+
+                async def sweep() -> None:
+                    with pytest.raises(CHECK_ERRORS):
+                        await strays.sweep()
+
+                sweeping.start_soon(sweep)
+                await until(lambda: _rescue_commit_waits(db), limit_s=30)
+                proxy.cut()
+                proxy.heal()
+            yield strays, job_id, events
+        finally:
+            await pool.close()
+        tg.cancel_scope.cancel()
+
+
 def _successor_of_stable_1(pool: Pool, events: list[pgq.JobEvent]) -> Successor:
     """A worker named ``stable-1``'s successor, reporting its takeovers into ``events``."""
     return Successor(
@@ -907,7 +1048,7 @@ async def _a_previous_runs_job_whose_takeover_commits_are_held(
 
 
 async def _lose_the_held_commits_reply(
-    db: asyncpg.Connection[asyncpg.Record], proxy: Proxy, unsure: Unsure
+    db: asyncpg.Connection[asyncpg.Record], proxy: Proxy, unsure: Unsure[Any]
 ) -> None:
     """Wait until a commit held by HOLD_RESCUE_COMMITS waits, break the connection under
     it, and wait until its party has asked about it and heard that it is in progress."""

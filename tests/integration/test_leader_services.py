@@ -11,13 +11,13 @@ import asyncpg
 import pytest
 
 import pgq
-from pgq._store.maintenance import rescue_predecessor
+from pgq._store.maintenance import Rescued, rescue_predecessor
 from pgq._worker import liveness
 from pgq._worker.leader import elector as elector_module
 from pgq._worker.leader.elector import Elector
-from pgq._worker.leader.rescuer import Unsure
 from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderServices
+from pgq._worker.unsure import Unsure
 from tests.integration.test_liveness import FAST, fake_producer, running_job
 from tests.tests_support import until
 
@@ -129,9 +129,9 @@ async def test_two_askers_at_once_settle_a_rescue_whose_reply_was_lost_once(
     pool = await asyncpg.create_pool(dsn, min_size=2, max_size=2)
     assert pool is not None
     try:
-        unsure = Unsure()
+        unsure: Unsure[Rescued] = Unsure(logging.getLogger("test"))
         async with pool.acquire() as c:
-            rows = await unsure.commit(c, lambda c: rescue_predecessor(c, [dead], 0.1))
+            rows = await unsure.commit(c, lambda c, _: rescue_predecessor(c, [dead], 0.1))
         assert [r.id for r in rows] == [job_id]
         token = await conn.fetchval(
             "SELECT errors -> -1 ->> 'rescue' FROM pgq_jobs WHERE id = $1", job_id

@@ -84,15 +84,22 @@ async def xact_status(db: Db, xact: str) -> str | None:
     return status
 
 
+async def current_xact(db: Db) -> str:
+    """The id of the transaction open on ``db``, as :func:`xact_status` takes it."""
+    xact: str = await db.fetchval(sql.CURRENT_XACT)
+    return xact
+
+
 async def begin_rescue(db: Db, token: str) -> None:
     """Start a rescue in the transaction open on ``db``: bound its idle time, and name it
     ``token`` in the error entries it writes."""
     await db.execute(sql.RESCUE_BEGIN, token)
 
 
-async def rescue_landed(db: Db, job_ids: Sequence[int], token: str) -> bool:
-    """Whether the rescue named ``token`` of ``job_ids`` is in the database."""
-    return bool(await db.fetchval(sql.RESCUE_LANDED, list(job_ids), token))
+async def rescue_landed(db: Db, job_ids: Sequence[int], token: str, kind: str = "rescued") -> bool:
+    """Whether the write named ``token`` of ``job_ids`` (a rescue, or with ``kind``
+    ``lost_reply`` a stray's hand-back) is in the database."""
+    return bool(await db.fetchval(sql.RESCUE_LANDED, list(job_ids), token, kind))
 
 
 @dataclass(frozen=True, slots=True)

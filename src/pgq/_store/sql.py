@@ -1068,13 +1068,16 @@ SELECT set_config('idle_in_transaction_session_timeout', '5s', true),
 # is still in progress; NULL once too old to tell.
 XACT_STATUS: Final = "SELECT pg_xact_status($1::text::xid8)"
 
-# Whether the rescue named $2 is in the jobs $1. (Not by its transaction's id: after a
-# crash or a failover the server may give the same id to another transaction, even another
-# rescue of the same job.)
+# The id of the transaction open on this connection (given one if it has none yet), in text.
+CURRENT_XACT: Final = "SELECT pg_current_xact_id()::text"
+
+# Whether the write named $2 (a rescue; with $3 'lost_reply', a stray's hand-back) is in
+# the jobs $1. (Not by its transaction's id: after a crash or a failover the server may
+# give the same id to another transaction, even another rescue of the same job.)
 RESCUE_LANDED: Final = """
 SELECT EXISTS (SELECT 1 FROM pgq_jobs
                WHERE id = ANY($1::bigint[])
-                 AND errors @> jsonb_build_array(jsonb_build_object('kind', 'rescued',
+                 AND errors @> jsonb_build_array(jsonb_build_object('kind', $3::text,
                                                                     'rescue', $2::text)))
 """
 

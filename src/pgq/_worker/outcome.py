@@ -59,18 +59,26 @@ class Outcome:
         )
 
 
-def error_entry(attempt: int, kind: str, message: str, traceback: str | None = None) -> str:
-    """One entry of a job's ``errors``, as JSON text. Whatever the message holds (a NUL, a
-    lone surrogate, megabytes of text), the entry can be stored."""
-    return _serde.dumps(
-        {
-            "attempt": attempt,
-            "kind": kind,
-            "message": storable_text(message, MAX_MESSAGE),
-            "traceback": None if traceback is None else storable_text(traceback, MAX_TRACEBACK),
-        },
-        "error",
-    )
+def error_entry(
+    attempt: int,
+    kind: str,
+    message: str,
+    traceback: str | None = None,
+    *,
+    rescue: str | None = None,
+) -> str:
+    """One entry of a job's ``errors``, as JSON text (with ``rescue``, the token of the
+    write that took the job back). Whatever the message holds (a NUL, a lone surrogate,
+    megabytes of text), the entry can be stored."""
+    entry = {
+        "attempt": attempt,
+        "kind": kind,
+        "message": storable_text(message, MAX_MESSAGE),
+        "traceback": None if traceback is None else storable_text(traceback, MAX_TRACEBACK),
+    }
+    if rescue is not None:
+        entry["rescue"] = rescue
+    return _serde.dumps(entry, "error")
 
 
 def storable_text(text: str, limit: int) -> str:

@@ -17,7 +17,9 @@ attempt not counted, with an error entry saying why. A job handed back so
 too big to read within the claim's bound) has each further attempt counted, retried after a
 backoff, and discarded when its attempts run out, instead of coming back forever. Each
 hand-back written is reported to the ``job_rescued`` hooks (reason ``RESCUE_REASON``, the
-state the write gave the job), through the worker's ``RescueReports``.
+state the write gave the job), through the worker's ``RescueReports``. A hand-back is a
+transaction of its own, named by a token in its error entries: one whose commit's reply is
+lost is asked about at the next check (and at the worker's stop), and reported if it landed.
 """
 
 from __future__ import annotations
@@ -25,16 +27,18 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import anyio
 
-from pgq._store import claims
+from pgq._store import claims, maintenance
 from pgq._store import producers as store
-from pgq._store.connections import DATABASE_ERRORS, Pool
+from pgq._store.connections import DATABASE_ERRORS, Connection, Pool
 from pgq._store.producers import RunningJob
 from pgq._worker.outcome import Outcome, error_entry
 from pgq._worker.rescue_reports import RescueReports
+from pgq._worker.unsure import Unsure
 from pgq.job import JobState
 
 log = logging.getLogger("pgq.strays")
@@ -99,6 +103,9 @@ class Strays:
         # claim in flight) as the check read them.
         self._seen: set[Attempt] = set()
         self._claims: dict[Claimer, tuple[int, bool]] = {}
+        self._unsure: Unsure[HandedBack] = Unsure(
+            log, kind="lost_reply", what="handed back from claims whose reply was lost"
+        )
         #: Jobs handed back since the worker started.
         self.handed_back = 0
 
@@ -122,7 +129,9 @@ class Strays:
             failing = False
 
     async def check(self) -> list[int]:
-        """One check; returns the ids of the jobs it handed back."""
+        """One check; returns the ids of the jobs it handed back (a hand-back whose commit's
+        reply was lost, found to have landed since, is counted and reported first)."""
+        await self.settle()
         unknown, by_id = await self._unknown()
         # Read right after the rows, with nothing awaited between: a claim whose reply came
         # meanwhile made its jobs known above.
@@ -164,51 +173,105 @@ class Strays:
         sent, fetching = claims_now[producer]
         return fetching and self._claims.get(producer) == (sent, fetching)
 
+    async def settle(self) -> None:
+        """Count and report the hand-backs whose commit's reply was lost that have landed
+        since (each check asks first, and so does the worker as it stops)."""
+        if self._unsure.waiting:
+            self._handed(await self._unsure.landed(self._pool))
+
+    @property
+    def unsure(self) -> int:
+        """Jobs whose hand-back's commit has an outcome still unknown."""
+        return self._unsure.waiting
+
     async def _hand_back(self, strays: list[RunningJob]) -> list[int]:
         if not strays:
             return []
         before = await store.lost_replies(self._pool, [r.id for r in strays])
-        outcomes = [_hand_back(r, before.get(r.id, 0)) for r in strays]
-        states = await claims.write_outcomes(self._pool, outcomes)
-        written = sorted(states)
+
+        async def write(conn: Connection, token: str) -> list[HandedBack]:
+            outcomes = [_hand_back(r, before.get(r.id, 0), token) for r in strays]
+            states = await claims.write_outcomes(conn, outcomes)
+            if not states:
+                return []
+            xact = await maintenance.current_xact(conn)
+            return [
+                HandedBack(r, JobState(states[r.id]), o.attempt_delta == 0, xact)
+                for r, o in zip(strays, outcomes, strict=True)
+                if r.id in states
+            ]
+
+        # In a transaction of its own, named by a token in its error entries: a commit whose
+        # reply is lost is asked about later, and counted and reported if it landed.
+        async with self._pool.acquire() as conn:
+            return self._handed(await self._unsure.commit(conn, write))
+
+    def _handed(self, handed: list[HandedBack]) -> list[int]:
+        """Count, log and report the hand-backs written; their job ids, in order."""
+        if not handed:
+            return []
+        written = sorted(h.id for h in handed)
         self.handed_back += len(written)
-        counted = sorted(o.job_id for o in outcomes if o.attempt_delta == 0 and o.job_id in states)
+        counted = sorted(h.id for h in handed if h.counted)
         if counted:
             log.warning(
                 "jobs %s: their claims' replies were lost %d times or more, so these hand-backs "
                 "count their attempts (retried later, or discarded after the last)",
-                ", ".join(map(str, counted[:20])) + (" ..." if len(counted) > 20 else ""),
+                _some(counted),
                 FREE_LOST_REPLIES + 1,
             )
-        if written:
-            log.warning(
-                "handed back %d jobs claimed by this worker whose claim's reply never arrived "
-                "(the connection broke after the claim committed): %s",
-                len(written),
-                ", ".join(map(str, written[:20])) + (" ..." if len(written) > 20 else ""),
-            )
+        log.warning(
+            "handed back %d jobs claimed by this worker whose claim's reply never arrived "
+            "(the connection broke after the claim committed): %s",
+            len(written),
+            _some(written),
+        )
         if self._reports is not None:
-            for row in strays:
-                if row.id in states:
-                    # What the write made of it: a job with a cancel request ends cancelled.
-                    self._reports.add(
-                        job_id=row.id,
-                        queue=row.queue,
-                        task=row.task,
-                        state=JobState(states[row.id]),
-                        attempt=row.attempt,
-                        reason=RESCUE_REASON,
-                    )
+            for h in handed:
+                # What the write made of it: a job with a cancel request ends cancelled.
+                r = h.row
+                self._reports.add(
+                    job_id=r.id,
+                    queue=r.queue,
+                    task=r.task,
+                    state=h.state,
+                    attempt=r.attempt,
+                    reason=RESCUE_REASON,
+                )
         return written
 
 
-def _hand_back(row: RunningJob, before: int) -> Outcome:
+@dataclass(frozen=True, slots=True)
+class HandedBack:
+    """A stray the hand-back's write took, as it came back before the commit."""
+
+    row: RunningJob
+    #: What the write made of it.
+    state: JobState
+    #: Whether the hand-back counted the attempt.
+    counted: bool
+    #: The write's transaction.
+    xact: str
+
+    @property
+    def id(self) -> int:
+        """The job's id."""
+        return self.row.id
+
+
+def _some(ids: list[int]) -> str:
+    """Up to 20 of ``ids``, for a log line."""
+    return ", ".join(map(str, ids[:20])) + (" ..." if len(ids) > 20 else "")
+
+
+def _hand_back(row: RunningJob, before: int, token: str) -> Outcome:
     """The outcome that hands ``row``'s attempt back: not counted while the job was handed
     back fewer than ``FREE_LOST_REPLIES`` times ``before`` (in its whole history, retries by
     an operator included); counted from then on, retried after 1, 2, 4 ... seconds (at most
-    ``MAX_LOST_REPLY_DELAY_S``), discarded once it was the last attempt."""
+    ``MAX_LOST_REPLY_DELAY_S``), discarded once it was the last attempt. Its error entry
+    carries ``token``, the hand-back's."""
     if before < FREE_LOST_REPLIES:
-        error = error_entry(row.attempt, "lost_reply", LOST_REPLY)
+        error = error_entry(row.attempt, "lost_reply", LOST_REPLY, rescue=token)
         return Outcome(
             row.id, row.token, row.attempt, row.queue, "available", error=error, attempt_delta=-1
         )
@@ -217,7 +280,7 @@ def _hand_back(row: RunningJob, before: int) -> Outcome:
     message = f"{LOST_REPLY}; handed back so {times} times, so this attempt counts" + (
         ", and it was the last" if last else ""
     )
-    error = error_entry(row.attempt, "lost_reply", message)
+    error = error_entry(row.attempt, "lost_reply", message, rescue=token)
     if last:
         return Outcome(row.id, row.token, row.attempt, row.queue, "discarded", error=error)
     # The exponent capped first: a job handed back a thousand times would overflow.

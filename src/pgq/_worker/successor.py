@@ -29,8 +29,9 @@ import anyio
 from pgq._store import maintenance as store
 from pgq._store.connections import DATABASE_ERRORS, Pool
 from pgq._store.maintenance import Rescued
-from pgq._worker.leader.rescuer import Unsure, report_rescue
+from pgq._worker.leader.rescuer import report_rescue
 from pgq._worker.rescue_reports import RescueReports
+from pgq._worker.unsure import Unsure
 
 log = logging.getLogger("pgq.worker")
 
@@ -64,7 +65,7 @@ class Successor:
         #: Producer rows of live processes with this worker's name.
         self.duplicates: set[uuid.UUID] = set()
         self._seen: dict[uuid.UUID, datetime] = {}
-        self._unsure = Unsure()
+        self._unsure: Unsure[Rescued] = Unsure(log, what="taken over from the previous run")
 
     async def run(self) -> None:
         """Watch the rows of this name until each is rescued, found alive, or the rounds
@@ -121,7 +122,7 @@ class Successor:
             async with self._pool.acquire() as conn:
                 self._took_over(
                     await self._unsure.commit(
-                        conn, lambda c: store.rescue_predecessor(c, past, self._margin_s)
+                        conn, lambda c, _: store.rescue_predecessor(c, past, self._margin_s)
                     )
                 )
             await self._delete(past)

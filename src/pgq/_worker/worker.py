@@ -395,6 +395,8 @@ class Worker:
                     await self._stop_requested.wait()
                     await self._drain(parts.producers)
                 await self._flush(parts.completer)
+                for loop in self._rescuing:  # see _settle
+                    await loop.stop()
                 if not parts.completer.pending:  # else the database may be down: no wait
                     await self._sweep(parts.strays)
                 await self._settle(parts)
@@ -429,13 +431,12 @@ class Worker:
         await parts.elector.attempt()
         tg.start_soon(functools.partial(parts.elector.run, attempted=True))
         # Stopped before the rest, at the stop: see _settle.
-        self._rescuing = [Stoppable(parts.leader.run)]
+        self._rescuing = [Stoppable(parts.leader.run), Stoppable(parts.strays.run)]
         if parts.successor is not None:
             self._rescuing.append(Stoppable(parts.successor.run))
         for loop in self._rescuing:
             tg.start_soon(loop.run)
         tg.start_soon(parts.control.poll_cancels)
-        tg.start_soon(parts.strays.run)
         tg.start_soon(parts.reports.run)
         tg.start_soon(self._observers.joblog.run)
         if self._health_port is not None:
@@ -490,18 +491,17 @@ class Worker:
             )
 
     async def _settle(self, parts: _Parts) -> None:
-        # A rescue (or takeover) whose commit's reply was lost is reported if it landed,
-        # before the last rescue reports go out: after the stop, nothing would ask. The
-        # leader's duties and the successor's watch end first, so that a round cut short
-        # has recorded what it left unknown; a commit still in progress is asked about
-        # again until SETTLE_S has passed.
-        for loop in self._rescuing:
-            await loop.stop()
+        # A rescue, takeover or hand-back whose commit's reply was lost is reported if it
+        # landed, before the last rescue reports go out: after the stop, nothing would ask.
+        # The leader's duties, the successor's watch and the checks for strays have ended
+        # (before the stop's sweep), so a round or check cut short has recorded what it left
+        # unknown; a commit still in progress is asked about again until SETTLE_S has passed.
         parties = [
             (party, what)
             for party, what in (
                 (parts.rescuer, "rescued by the leader"),
                 (parts.successor, "taken over from the previous run"),
+                (parts.strays, "handed back from claims whose reply was lost"),
             )
             if party is not None and party.unsure
         ]

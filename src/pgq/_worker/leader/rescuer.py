@@ -6,16 +6,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
 
 from pgq._store import maintenance
-from pgq._store.connections import DATABASE_ERRORS, Connection, Db, Pool
+from pgq._store.connections import DATABASE_ERRORS, Connection, Pool
 from pgq._store.maintenance import Rescued
 from pgq._worker.leader.services import SETTLE_BOUND_S
 from pgq._worker.rescue_reports import RescueReports
+from pgq._worker.unsure import Unsure
 from pgq.job import JobState
 from pgq.settings import WorkerSettings
 
@@ -65,7 +66,7 @@ class Rescuer:
         self._after_rescue = after_rescue
         self._reports = reports
         self._skipping = False
-        self._unsure = Unsure()
+        self._unsure: Unsure[Rescued] = Unsure(log)
         self.interval_s = settings.rescue_interval
         #: Jobs rescued since the worker started.
         self.rescued = 0
@@ -118,7 +119,8 @@ class Rescuer:
         """Jobs whose rescue's commit has an outcome still unknown."""
         return self._unsure.waiting
 
-    async def _rescue_batch(self, conn: Connection) -> list[Rescued]:
+    async def _rescue_batch(self, conn: Connection, token: str) -> list[Rescued]:
+        # The token reaches the error entries through the transaction's pgq.rescue.
         return await maintenance.rescue(
             conn, self._leader_id, stale_after=self._stale_after, grace=self._grace, limit=BATCH
         )
@@ -136,77 +138,6 @@ class Rescuer:
                 r.silent_s,
             )
             report_rescue(self._reports, r)
-
-
-class Unsure:
-    """Runs rescues each in a transaction of its own, and keeps those whose commit's
-    outcome is unknown (the connection broke, or the wait was cancelled, after the rows
-    came back). :meth:`landed` later asks the database what became of each such
-    transaction, so that every rescue that landed is counted and reported once (found by
-    a token it drew, written in its error entries: not another rescuer's of the same
-    job), none that did not, and one still in progress (its commit held up) is asked
-    about again."""
-
-    def __init__(self) -> None:
-        #: By the rescue's token: its transaction's id, and its rows.
-        self._pending: dict[str, tuple[str, list[Rescued]]] = {}
-        #: Answers "still in progress" about a rescue whose outcome was unknown.
-        self.in_progress = 0
-        # One asker at a time: a round and the worker's stop may both ask.
-        self._asking = anyio.Lock()
-
-    async def commit(
-        self, conn: Connection, rescue: Callable[[Connection], Awaitable[list[Rescued]]]
-    ) -> list[Rescued]:
-        """Run ``rescue`` on ``conn`` in a transaction; return its rows once committed."""
-        rows: list[Rescued] = []
-        token = uuid.uuid4().hex
-        try:
-            async with conn.transaction():
-                await maintenance.begin_rescue(conn, token)
-                rows = await rescue(conn)
-        except BaseException:
-            if rows:  # the rows came back, so the commit is what failed: its outcome unknown
-                self._pending[token] = (rows[0].xact, rows)
-            raise
-        return rows
-
-    async def landed(self, db: Db) -> list[Rescued]:
-        """The rescues of the transactions whose outcome was unknown that have landed
-        since; those that did not are forgotten (their jobs are as they were, and may be
-        rescued again). A transaction still in progress is asked about again next time.
-        Nothing is settled unless every question got its answer."""
-        async with self._asking:
-            verdicts = await self._ask(db)
-        landed: list[Rescued] = []
-        for token, found in verdicts.items():
-            rows = self._pending.pop(token)[1]
-            if found:
-                landed += rows
-        if landed:
-            log.info(
-                "%d job(s) rescued by a commit whose reply was lost: it had landed", len(landed)
-            )
-        return landed
-
-    async def _ask(self, db: Db) -> dict[str, bool]:
-        """Whether each pending rescue landed, by its token; a rescue whose transaction is
-        still in progress has no answer yet."""
-        verdicts: dict[str, bool] = {}
-        for token, (xact, rows) in list(self._pending.items()):  # a commit may add one
-            if await maintenance.xact_status(db, xact) == "in progress":
-                self.in_progress += 1
-                continue
-            # Committed, aborted, or unknown here (after a crash or a failover the server
-            # may even have given the id to another transaction): the jobs say whether the
-            # rescue named by this token is there.
-            verdicts[token] = await maintenance.rescue_landed(db, [r.id for r in rows], token)
-        return verdicts
-
-    @property
-    def waiting(self) -> int:
-        """Jobs whose rescue's outcome is still unknown."""
-        return sum(len(rows) for _, rows in self._pending.values())
 
 
 def report_rescue(reports: RescueReports | None, r: Rescued) -> None:

@@ -26,6 +26,7 @@ import pytest
 import pgq
 from pgq._store.connections import Pool, create_pool
 from pgq._worker import successor as successor_module
+from pgq._worker import worker as worker_module
 from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq._worker.successor import Successor
@@ -578,6 +579,23 @@ CREATE CONSTRAINT TRIGGER hold_rescue_commits AFTER UPDATE ON pgq_jobs
 """
 
 
+# The same, for the first such commit only (a sequence's count survives the abort).
+HOLD_FIRST_RESCUE_COMMIT = """
+CREATE SEQUENCE held_commits;
+CREATE FUNCTION hold_first_rescue_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('held_commits') = 1 THEN
+        PERFORM pg_advisory_xact_lock_shared(4343);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER hold_first_rescue_commit AFTER UPDATE ON pgq_jobs
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
+    WHEN (OLD.state = 'running' AND NEW.state <> 'running')
+    EXECUTE FUNCTION hold_first_rescue_commit();
+"""
+
+
 async def test_a_rescue_whose_commit_reply_was_lost_is_reported_once_seen_to_have_landed(
     dsn: str, db: asyncpg.Connection[asyncpg.Record]
 ) -> None:
@@ -914,15 +932,13 @@ async def test_a_stray_hand_back_whose_commit_was_lost_and_aborted_is_not_report
     reported, nothing counted, and the stray, still running under the producer, is found
     and handed back again."""
     async with _a_stray_whose_hand_back_lost_its_reply(dsn, db) as (strays, job_id, events):
-        ended = await db.fetchval(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks"
-            " WHERE locktype = 'advisory' AND objid = 4343 AND NOT granted"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
-        assert ended == 1
+        (pid,) = await _held_commits(db)
+        assert await db.fetchval("SELECT pg_terminate_backend($1)", pid)
 
-        async def aborted() -> bool:
-            return not await _rescue_commit_waits(db)
+        async def aborted() -> bool:  # the process gone, its transaction has ended
+            return not await db.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid
+            )
 
         await until(aborted, limit_s=30)
         await db.execute("SELECT pg_advisory_unlock(4343)")
@@ -978,6 +994,70 @@ async def test_a_stray_hand_back_whose_commit_reply_was_lost_is_reported_as_its_
     ]
     assert strays.handed_back == 1 and strays.unsure == 0
     assert not [r for r in caplog.records if "could not be settled" in r.getMessage()]
+
+
+async def test_a_stray_hand_back_the_stop_cuts_short_is_settled_and_the_stray_handed_back_once(
+    dsn: str,
+    db: asyncpg.Connection[asyncpg.Record],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's check hands a stray back while the commit is held; the worker stops. The
+    stop ends the check first (its commit is cut short, its outcome unknown for a moment),
+    then its own sweep hands the stray back, and it asks about the cut commit before it
+    stops: the hand-back is counted and reported once, nothing is left unsettled."""
+    app = pgq.App()
+    rescued: list[pgq.JobEvent] = []
+    app.on("job_rescued")(rescued.append)
+
+    @app.task
+    async def note(ctx: pgq.JobContext) -> None: ...
+
+    # The sweep's bound shorter than the check's (stale_after): were the check not ended
+    # first, the sweep would wait for its row lock past its bound and hand nothing back.
+    monkeypatch.setattr(worker_module, "SWEEP_S", 2.0)
+    await db.execute(HOLD_FIRST_RESCUE_COMMIT)
+    await db.execute("SELECT pg_advisory_lock(4343)")
+    settings: dict[str, Any] = dict(SHORT)
+    worker = pgq.Worker(app, dsn, **settings)
+    stopped = anyio.Event()
+
+    async def run() -> None:
+        await worker.run()
+        stopped.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        await worker.started.wait()
+        assert worker._parts is not None
+        strays = worker._parts.strays
+        producer = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+        ((job_id, _),) = await claimed_jobs(db, producer, 1)
+        await until(lambda: _rescue_commit_waits(db), limit_s=30)  # a check's hand-back
+        (check,) = await _held_commits(db)
+        worker.stop()
+
+        async def check_cut_short() -> bool:
+            return check not in await _held_commits(db)
+
+        await until(check_cut_short, limit_s=30)
+        with anyio.fail_after(30):
+            await stopped.wait()
+    assert [(e.job.id, e.state, e.reason) for e in rescued] == [
+        (job_id, pgq.JobState.AVAILABLE, "claim reply lost")
+    ]
+    assert strays.handed_back == 1 and strays.unsure == 0
+    assert not [r for r in caplog.records if "could not be settled" in r.getMessage()]
+    assert await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id) == "available"
+
+
+async def _held_commits(db: asyncpg.Connection[asyncpg.Record]) -> list[int]:
+    """The server processes whose commit HOLD_RESCUE_COMMITS holds, in the test's database."""
+    rows = await db.fetch(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objid = 4343 AND NOT granted"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+    )
+    return [r["pid"] for r in rows]
 
 
 @contextlib.asynccontextmanager
@@ -1071,13 +1151,7 @@ async def _rescue_landed(db: asyncpg.Connection[asyncpg.Record], job_id: int) ->
 
 async def _rescue_commit_waits(db: asyncpg.Connection[asyncpg.Record]) -> bool:
     """Whether a commit held by HOLD_RESCUE_COMMITS waits, in the test's database."""
-    return bool(
-        await db.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
-            " AND objid = 4343 AND NOT granted AND database ="
-            " (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
-    )
+    return bool(await _held_commits(db))
 
 
 async def _completed(client: pgq.Client, job_id: int) -> bool:

@@ -24,6 +24,7 @@ lost is asked about at the next check (and at the worker's stop), and reported i
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Container, Sequence
@@ -103,9 +104,7 @@ class Strays:
         # claim in flight) as the check read them.
         self._seen: set[Attempt] = set()
         self._claims: dict[Claimer, tuple[int, bool]] = {}
-        self._unsure: Unsure[HandedBack] = Unsure(
-            log, kind="lost_reply", what="handed back from claims whose reply was lost"
-        )
+        self._unsure: Unsure[HandedBack] = Unsure(log, kind="lost_reply", what="handed back")
         #: Jobs handed back since the worker started.
         self.handed_back = 0
 
@@ -129,9 +128,12 @@ class Strays:
             failing = False
 
     async def check(self) -> list[int]:
-        """One check; returns the ids of the jobs it handed back (a hand-back whose commit's
-        reply was lost, found to have landed since, is counted and reported first)."""
-        await self.settle()
+        """One check; returns the ids of the jobs it handed back. It first asks about the
+        hand-backs whose commit's reply was lost, and counts and reports those that landed
+        (within a bound; the question's failure is not the check's)."""
+        if self._unsure.waiting:
+            with anyio.move_on_after(self._interval_s / 2), contextlib.suppress(*CHECK_ERRORS):
+                await self.settle()
         unknown, by_id = await self._unknown()
         # Read right after the rows, with nothing awaited between: a claim whose reply came
         # meanwhile made its jobs known above.

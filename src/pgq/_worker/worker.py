@@ -63,6 +63,8 @@ log = logging.getLogger("pgq.worker")
 #: and how often.
 SETTLE_S = 5.0
 SETTLE_AGAIN_S = 0.2
+#: How long a stopping worker's sweep for strays may take.
+SWEEP_S = 5.0
 
 
 def default_worker_name() -> str:
@@ -480,14 +482,23 @@ class Worker:
     async def _sweep(strays: Strays) -> None:
         # The producers have ended: what still runs under their ids unknown to this worker
         # came from a claim whose reply was lost. Handed back now, not left to a rescue.
+        unsure = strays.unsure
         try:
-            with anyio.fail_after(5):
+            with anyio.fail_after(SWEEP_S):
                 await strays.sweep()
         except CHECK_ERRORS as exc:
+            reason = str(exc) or type(exc).__name__
+            if strays.unsure > unsure:  # its commit was sent: _settle asks what became of it
+                log.warning(
+                    "handing back jobs of claims whose reply was lost, the commit's outcome "
+                    "is unknown (%s); asking before stopping",
+                    reason,
+                )
+                return
             log.warning(
                 "could not hand back jobs of claims whose reply was lost (%s); the leader "
                 "will rescue them",
-                str(exc) or type(exc).__name__,
+                reason,
             )
 
     async def _settle(self, parts: _Parts) -> None:

@@ -431,7 +431,7 @@ async def test_random_kills_and_stops_leave_each_transactional_effect_exactly_on
     150 jobs write their effect and complete in one transaction."""
     from tests.faults import chaos
 
-    report = await chaos.run(dsn, tmp_path, workers=3, jobs=150, seconds=15)
+    report = await chaos.run(dsn, tmp_path, workers=3, jobs=150, seconds=10)
     print(report.summary())
     assert report.violations == {}, report.summary()
     assert report.completed == report.jobs

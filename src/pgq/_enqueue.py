@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from pgq import _serde
 from pgq._store.jobs import NewJob
@@ -77,7 +77,7 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
             raise ConfigError(f"{_where(index)}tags must be a list of strings")
         tags = list(spec.tags)
     metadata, metadata_json = _metadata(index, spec.metadata)
-    args_json = _serde.dumps(args, "args")  # checked before a unique key is derived from it
+    args_json = _args_json(index, args)  # checked before a unique key is derived from it
     key, states = _unique(index, spec, name, queue, args)
     row = NewJob(
         queue, name, args, args_json, priority, max_attempts, spec.run_at,
@@ -88,6 +88,38 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
     if spec.depends_on is not None or spec.on_parent_failure is not None:
         row.depends_on, row.on_parent_failure = _dependencies(index, spec)
     return row
+
+
+def plain_queues(specs: list[Any]) -> list[str] | None:
+    """The queues of a batch of more than one spec that all leave every option to their
+    Task's defaults (every job due now, without tags, metadata, keys, limits or parents:
+    :func:`prepare_plain` prepares them); None for any other batch."""
+    if len(specs) < 2:
+        return None
+    queues: dict[str, None] = {}
+    for spec in specs:
+        if type(spec) is not JobSpec:
+            return None
+        task = spec.task
+        if type(task) is not Task or not _sets_no_option(spec, task):
+            return None
+        queues[task.queue] = None
+    return list(queues)
+
+
+def prepare_plain(specs: list[JobSpec[Any]], start: int, stop: int) -> list[NewJob]:
+    """:func:`prepare` of ``specs[start:stop]``, of a batch :func:`plain_queues` accepted."""
+    return [_prepare_plain(i, specs[i].args, cast(Task, specs[i].task)) for i in range(start, stop)]
+
+
+def _args_json(index: int, args: dict[str, Any]) -> str:
+    """The JSON text of ``args``; an error names the spec's place in its batch."""
+    try:
+        return _serde.dumps(args, "args")
+    except SerializationError as exc:
+        if not index:
+            raise
+        raise SerializationError(f"{_where(index)}{exc}", exc.path) from exc.__cause__
 
 
 def _metadata(index: int, given: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
@@ -133,7 +165,7 @@ def _prepare_plain(index: int, args: Mapping[str, Any], task: Task) -> NewJob:
     if problem is not None:
         raise ConfigError(f"{_where(index)}{problem}; nothing was enqueued")
     return NewJob(
-        task.queue, task.name, args, _serde.dumps(args, "args"), task.priority, max_attempts,
+        task.queue, task.name, args, _args_json(index, args), task.priority, max_attempts,
         None, None, [], {}, "{}", None, None,
     )  # fmt: skip
 

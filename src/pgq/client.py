@@ -3,6 +3,7 @@ act on them (cancel, retry, pause and resume queues), wait for them and read the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -12,7 +13,7 @@ import anyio
 import asyncpg
 
 from pgq import _serde
-from pgq._enqueue import _where, prepare
+from pgq._enqueue import _where, plain_queues, prepare, prepare_plain
 from pgq._store import claims as store_claims
 from pgq._store import jobs as store_jobs
 from pgq._store import queues as store_queues
@@ -221,6 +222,12 @@ class Client:
         job holding the key, with ``duplicate=True``.
         """
         app = self._app
+        if connection is None and not self._tracing:
+            batch = list(specs)  # a copy: the caller's list may change while this waits
+            queues = plain_queues(batch)
+            if queues is not None:
+                return await self._copy_plain(batch, queues)
+            specs = batch
         rows = [prepare(i, spec, app) for i, spec in enumerate(specs)]
         if not rows:
             return []
@@ -230,6 +237,16 @@ class Client:
                 sent(span, [j.id for j in jobs])
                 return jobs
         return await self._insert(rows, connection)
+
+    async def _copy_plain(self, specs: list[JobSpec[Any]], queues: list[str]) -> list[Job[Any]]:
+        # The commonest batch (every job its task's defaults): its transaction begins while
+        # the jobs are prepared.
+        batch = store_jobs.PlainBatch(len(specs), queues, functools.partial(prepare_plain, specs))
+        try:
+            async with self.pool.acquire() as conn:
+                return await store_jobs.copy_preparing(conn, batch)
+        except asyncpg.ProgramLimitExceededError as exc:
+            raise _too_large(batch.rows, exc) from exc
 
     async def _insert(self, rows: list[NewJob], connection: AnyConnection | None) -> list[Job[Any]]:
         try:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Awaitable
 from datetime import UTC, datetime, timedelta, timezone
@@ -231,6 +232,106 @@ async def test_a_stop_before_the_commit_is_awaited_still_reaches_it(
 
 async def _equals(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
+
+
+def _two_queues_app() -> tuple[pgq.App, pgq.Task[..., None], pgq.Task[..., None]]:
+    """Tasks ``a`` (queue ``qa``) and ``b`` (queue ``qb``), each taking ``i``."""
+    app = pgq.App()
+
+    @app.task(queue="qa")
+    async def a(ctx: pgq.JobContext, i: int) -> None: ...
+
+    @app.task(queue="qb")
+    async def b(ctx: pgq.JobContext, i: int) -> None: ...
+
+    return app, a, b
+
+
+async def test_a_batch_of_task_specs_is_written_as_returned_and_wakes_its_queues_once(
+    client: pgq.Client, dsn: str
+) -> None:
+    """The commonest batch: specs of registered tasks that set no option (its transaction
+    begins while the jobs are prepared). What it returns is what it stored, in order, and
+    each task's queue is woken once, after the commit."""
+    _, a, b = _two_queues_app()
+    specs = [(a if i % 2 else b).spec(i=i) for i in range(1200)]
+    async with job_notes(dsn) as notes:
+        jobs = await client.enqueue_many(specs)
+        assert sorted(await notes.received()) == ["qa", "qb"]
+    assert [j.args for j in jobs] == [{"i": i} for i in range(1200)]
+    assert [j.id for j in jobs] == sorted({j.id for j in jobs})
+    rows = await client.pool.fetch(
+        "SELECT id, queue, task, args::text, state::text, priority, max_attempts,"
+        " scheduled_at, created_at FROM pgq_jobs ORDER BY id"
+    )
+    assert [
+        (r["id"], r["queue"], r["task"], json.loads(r["args"]), r["state"], r["priority"],
+         r["max_attempts"], r["scheduled_at"], r["created_at"])
+        for r in rows
+    ] == [
+        (j.id, j.queue, j.task, j.args, j.state.value, j.priority, j.max_attempts,
+         j.scheduled_at, j.created_at)
+        for j in jobs
+    ]  # fmt: skip
+    assert {j.queue for j in jobs[::2]} == {"qb"} and {j.queue for j in jobs[1::2]} == {"qa"}
+
+
+@pytest.mark.parametrize("bad", ["arguments", "unserializable"])
+async def test_a_bad_spec_late_in_a_batch_of_task_specs_writes_nothing_and_wakes_no_one(
+    client: pgq.Client, conn: Conn, dsn: str, bad: str
+) -> None:
+    """Job 700 of 1,000 fails to prepare after the batch's transaction has begun and its
+    ids were drawn: it raises naming the job, nothing is written, no one is woken, and no
+    connection is left in the transaction."""
+    _, a, _ = _two_queues_app()
+    specs = [a.spec(i=i) for i in range(1000)]
+    if bad == "arguments":
+        specs[700] = pgq.JobSpec(a, {"x": 1})
+        error: type[Exception] = ConfigError
+        match = "job 700: task 'a' takes no argument x"
+    else:
+        specs[700] = pgq.JobSpec(a, {"i": datetime.now()})
+        error, match = SerializationError, "job 700: .*is of type datetime"
+    async with job_notes(dsn) as notes:
+        with pytest.raises(error, match=match):
+            await client.enqueue_many(specs)
+        assert await notes.received() == []
+    assert sum((await client.count_by_state()).values()) == 0
+    assert await _in_a_transaction(conn) == 0
+    assert len(await client.enqueue_many(specs[:2])) == 2
+
+
+async def test_a_batch_of_task_specs_cancelled_at_any_point_writes_all_of_it_or_none(
+    client: pgq.Client, conn: Conn
+) -> None:
+    """Cancelled at every point from its first step to after its end (deadlines spread
+    over twice the time one batch takes, then generous ones): each batch is written
+    whole or not at all, and the pool goes on."""
+    _, a, _ = _two_queues_app()
+    specs = [a.spec(i=i) for i in range(1000)]
+    started = anyio.current_time()
+    await client.enqueue_many(specs)
+    took = anyio.current_time() - started
+    outcomes = {"written": 0, "cut": 0}
+    for k in range(45):
+        deadline = took * 2 * k / 40 if k < 40 else took * 10 + 1.0
+        with anyio.move_on_after(deadline) as scope:
+            await client.enqueue_many(specs)
+        outcomes["cut" if scope.cancelled_caught else "written"] += 1
+        assert sum((await client.count_by_state()).values()) % 1000 == 0
+    assert outcomes["cut"] >= 1 and outcomes["written"] >= 5
+    await until(lambda: _equals(_in_a_transaction(conn), 0))
+    assert len(await client.enqueue_many(specs[:3])) == 3
+
+
+async def _in_a_transaction(conn: Conn) -> int:
+    """Connections of the test's database, other than ``conn``, inside a transaction."""
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'"
+        )
+    )
 
 
 async def test_unserializable_args_raise_before_anything_is_written(client: pgq.Client) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -256,20 +256,88 @@ async def copy(conn: Connection, rows: list[NewJob]) -> list[Job]:
         allocated = await conn.fetchrow(sql.ALLOCATE_JOBS, len(rows), list(due), list(due.values()))
         assert allocated is not None
         ids, now = allocated["ids"], allocated["now"]
-        await conn.copy_records_to_table(
-            sql.COPY_JOBS_TABLE,
-            records=copy_records(rows, ids, now, plain),
-            columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
-        )
+        await _copy_rows(conn, rows, ids, now, plain)
     except BaseException as exc:
         await transaction.__aexit__(type(exc), exc, exc.__traceback__)  # rolls back
         raise
-    # The commit waits for the server to flush its log to disk: the jobs to return are built
-    # in the meantime, and returned only once the commit has succeeded.
+    return await _commit_building(transaction, lambda: copied_jobs(rows, ids, now, plain))
+
+
+#: Jobs of a plain batch prepared between two turns of the event loop (see copy_preparing).
+PREPARE_CHUNK = 250
+
+
+@dataclass(slots=True)
+class PlainBatch:
+    """A batch of ``size`` jobs all due now, without tags, metadata, keys, limits or parents
+    (see :func:`copy_plan`), in ``queues``, not yet prepared: ``prepare(start, stop)``
+    checks and serializes jobs ``start`` to ``stop`` (it may raise). ``rows`` holds those
+    prepared so far."""
+
+    size: int
+    queues: list[str]
+    prepare: Callable[[int, int], list[NewJob]]
+    rows: list[NewJob] = field(default_factory=list)
+
+
+async def copy_preparing(conn: Connection, batch: PlainBatch) -> list[Job]:
+    """:func:`copy` of a plain ``batch``, prepared meanwhile: the transaction's BEGIN and
+    the ids' allocation (two round trips, which need only the batch's size and queues) go
+    on while the jobs are prepared, ``PREPARE_CHUNK`` at a time between turns of the event
+    loop. A job that fails to prepare writes nothing: the transaction is rolled back (the
+    ids it drew are left unused, a gap as a rollback leaves)."""
+    transaction = conn.transaction()
+    started = False
+
+    async def allocate() -> Record:
+        nonlocal started
+        await transaction.__aenter__()  # a managed transaction, as in copy()
+        started = True
+        dues = [None] * len(batch.queues)
+        allocated = await conn.fetchrow(sql.ALLOCATE_JOBS, batch.size, batch.queues, dues)
+        assert allocated is not None
+        return allocated
+
+    allocating = asyncio.ensure_future(allocate())
+    rows = batch.rows
+    try:
+        for start in range(0, batch.size, PREPARE_CHUNK):
+            await asyncio.sleep(0)  # the allocation's replies are read, its next step sent
+            rows += batch.prepare(start, min(batch.size, start + PREPARE_CHUNK))
+        allocated = await allocating
+        ids, now = allocated["ids"], allocated["now"]
+        await _copy_rows(conn, rows, ids, now, True)
+    except BaseException as exc:
+        allocating.cancel()  # nothing if done
+        with contextlib.suppress(BaseException):
+            await allocating
+        if started:
+            await transaction.__aexit__(type(exc), exc, exc.__traceback__)  # rolls back
+        # Not started (or cut short as it started): the pool's release rolls back.
+        raise
+    return await _commit_building(transaction, lambda: copied_jobs(rows, ids, now, True))
+
+
+async def _copy_rows(
+    conn: Connection, rows: list[NewJob], ids: Sequence[int], now: datetime, plain: bool
+) -> None:
+    await conn.copy_records_to_table(
+        sql.COPY_JOBS_TABLE,
+        records=copy_records(rows, ids, now, plain),
+        columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
+    )
+
+
+async def _commit_building(
+    transaction: asyncpg.transaction.Transaction, build: Callable[[], list[Job]]
+) -> list[Job]:
+    """Commit ``transaction`` (entered by hand) and return what ``build`` makes meanwhile:
+    the commit waits for the server to flush its log to disk, and the jobs are returned only
+    once it has succeeded."""
     committing = asyncio.ensure_future(transaction.__aexit__(None, None, None))
     try:
         await asyncio.sleep(0)  # the commit's task runs first: its COMMIT is sent
-        jobs = copied_jobs(rows, ids, now, plain)
+        jobs = build()
     except BaseException:
         # Stopped before the commit is awaited (a cancel landing at the sleep): the stop
         # reaches the COMMIT, as it would have had the commit itself been awaited, and it is

@@ -9,7 +9,7 @@ import math
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from pgq import _serde
 from pgq._store.jobs import NewJob
@@ -77,7 +77,7 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
             raise ConfigError(f"{_where(index)}tags must be a list of strings")
         tags = list(spec.tags)
     metadata, metadata_json = _metadata(index, spec.metadata)
-    args_json = _args_json(index, args)  # checked before a unique key is derived from it
+    args_json = _json(index, args, "args")  # checked before a unique key is derived from it
     key, states = _unique(index, spec, name, queue, args)
     row = NewJob(
         queue, name, args, args_json, priority, max_attempts, spec.run_at,
@@ -90,13 +90,19 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
     return row
 
 
-def plain_queues(specs: list[Any]) -> list[str] | None:
+#: What a plain batch's job is prepared from: its args and its task, read once.
+Plain = tuple[Mapping[str, Any], Task]
+
+
+def plain_batch(specs: list[Any]) -> tuple[list[str], list[Plain]] | None:
     """The queues of a batch of more than one spec that all leave every option to their
-    Task's defaults (every job due now, without tags, metadata, keys, limits or parents:
-    :func:`prepare_plain` prepares them); None for any other batch."""
+    Task's defaults (every job due now, without tags, metadata, keys, limits or parents),
+    and each spec's args and task, read now (a spec changed later changes nothing:
+    :func:`prepare_plain` prepares from these); None for any other batch."""
     if len(specs) < 2:
         return None
     queues: dict[str, None] = {}
+    plain: list[Plain] = []
     for spec in specs:
         if type(spec) is not JobSpec:
             return None
@@ -104,18 +110,20 @@ def plain_queues(specs: list[Any]) -> list[str] | None:
         if type(task) is not Task or not _sets_no_option(spec, task):
             return None
         queues[task.queue] = None
-    return list(queues)
+        plain.append((spec.args, task))
+    return list(queues), plain
 
 
-def prepare_plain(specs: list[JobSpec[Any]], start: int, stop: int) -> list[NewJob]:
-    """:func:`prepare` of ``specs[start:stop]``, of a batch :func:`plain_queues` accepted."""
-    return [_prepare_plain(i, specs[i].args, cast(Task, specs[i].task)) for i in range(start, stop)]
+def prepare_plain(plain: list[Plain], start: int, stop: int) -> list[NewJob]:
+    """:func:`prepare` of jobs ``start`` to ``stop`` of a batch :func:`plain_batch` read."""
+    return [_prepare_plain(i, *plain[i]) for i in range(start, stop)]
 
 
-def _args_json(index: int, args: dict[str, Any]) -> str:
-    """The JSON text of ``args``; an error names the spec's place in its batch."""
+def _json(index: int, value: dict[str, Any], what: str) -> str:
+    """The JSON text of a spec's ``what`` (args, metadata); an error names the spec's place
+    in its batch."""
     try:
-        return _serde.dumps(args, "args")
+        return _serde.dumps(value, what)
     except SerializationError as exc:
         if not index:
             raise
@@ -132,7 +140,7 @@ def _metadata(index: int, given: Mapping[str, Any] | None) -> tuple[dict[str, An
     if not given:
         return {}, "{}"
     metadata = dict(given)
-    return metadata, _serde.dumps(metadata, "metadata")
+    return metadata, _json(index, metadata, "metadata")
 
 
 def _sets_no_option(spec: JobSpec[Any], task: Task) -> bool:
@@ -165,7 +173,7 @@ def _prepare_plain(index: int, args: Mapping[str, Any], task: Task) -> NewJob:
     if problem is not None:
         raise ConfigError(f"{_where(index)}{problem}; nothing was enqueued")
     return NewJob(
-        task.queue, task.name, args, _args_json(index, args), task.priority, max_attempts,
+        task.queue, task.name, args, _json(index, args, "args"), task.priority, max_attempts,
         None, None, [], {}, "{}", None, None,
     )  # fmt: skip
 

@@ -13,7 +13,7 @@ import anyio
 import asyncpg
 
 from pgq import _serde
-from pgq._enqueue import _where, plain_queues, prepare, prepare_plain
+from pgq._enqueue import Plain, _where, plain_batch, prepare, prepare_plain
 from pgq._store import claims as store_claims
 from pgq._store import jobs as store_jobs
 from pgq._store import queues as store_queues
@@ -215,18 +215,20 @@ class Client:
     async def enqueue_many(
         self, specs: Iterable[JobSpec[Any]], *, connection: AnyConnection | None = None
     ) -> list[Job[Any]]:
-        """Enqueue many jobs in one round trip; returns them in the order given.
+        """Enqueue many jobs in one transaction; returns them in the order given.
 
         Every spec is checked and serialized before anything is written: one bad spec
-        raises and none are enqueued. A spec whose unique key is taken comes back as the
-        job holding the key, with ``duplicate=True``.
+        raises (naming its place, ``job N:``) and none are enqueued. A spec whose unique key
+        is taken comes back as the job holding the key, with ``duplicate=True``. The batch
+        is written whole or not at all; a call cancelled while its commit is under way may
+        have written it (as for any commit whose reply never came).
         """
         app = self._app
         if connection is None and not self._tracing:
-            batch = list(specs)  # a copy: the caller's list may change while this waits
-            queues = plain_queues(batch)
-            if queues is not None:
-                return await self._copy_plain(batch, queues)
+            batch = list(specs)
+            plain = plain_batch(batch)
+            if plain is not None:
+                return await self._copy_plain(*plain)
             specs = batch
         rows = [prepare(i, spec, app) for i, spec in enumerate(specs)]
         if not rows:
@@ -238,13 +240,12 @@ class Client:
                 return jobs
         return await self._insert(rows, connection)
 
-    async def _copy_plain(self, specs: list[JobSpec[Any]], queues: list[str]) -> list[Job[Any]]:
+    async def _copy_plain(self, queues: list[str], plain: list[Plain]) -> list[Job[Any]]:
         # The commonest batch (every job its task's defaults): its transaction begins while
         # the jobs are prepared.
-        batch = store_jobs.PlainBatch(len(specs), queues, functools.partial(prepare_plain, specs))
+        batch = store_jobs.PlainBatch(len(plain), queues, functools.partial(prepare_plain, plain))
         try:
-            async with self.pool.acquire() as conn:
-                return await store_jobs.copy_preparing(conn, batch)
+            return await store_jobs.copy_preparing(self.pool, batch)
         except asyncpg.ProgramLimitExceededError as exc:
             raise _too_large(batch.rows, exc) from exc
 

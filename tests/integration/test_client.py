@@ -8,12 +8,14 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import asyncpg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 import pgq
 from pgq._dsn import sqlalchemy_url
+from pgq._store.connections import create_pool
 from pgq._store.revision import SCHEMA_REVISION
 from pgq.errors import ConfigError, SerializationError, UnknownTaskError
 from tests.tests_support import job_notes, until
@@ -299,6 +301,50 @@ async def test_a_bad_spec_late_in_a_batch_of_task_specs_writes_nothing_and_wakes
     assert sum((await client.count_by_state()).values()) == 0
     assert await _in_a_transaction(conn) == 0
     assert len(await client.enqueue_many(specs[:2])) == 2
+
+
+async def test_a_bad_batch_of_task_specs_says_so_without_waiting_for_a_connection(
+    dsn: str,
+) -> None:
+    """Its transaction begins while the jobs are prepared, but a batch that fails to
+    prepare does not wait for the connection first: with the pool's only connection taken,
+    it raises at once, and the pool is whole after."""
+    _, a, _ = _two_queues_app()
+    pool = await create_pool(dsn, min_size=1, max_size=1)
+    try:
+        async with pgq.Client(pool=pool) as client, pool.acquire():
+            with anyio.fail_after(10), pytest.raises(ConfigError, match="job 1: "):
+                await client.enqueue_many([a.spec(i=0), pgq.JobSpec(a, {"x": 1})])
+        async with pgq.Client(pool=pool) as client:
+            assert len(await client.enqueue_many([a.spec(i=0), a.spec(i=1)])) == 2
+    finally:
+        await pool.close()
+
+
+async def test_a_batch_of_task_specs_is_what_the_specs_were_when_it_was_given(
+    client: pgq.Client,
+) -> None:
+    """The specs are read as the call begins: a spec changed while the batch is still
+    being written (its transaction begins while the jobs are prepared) changes nothing."""
+    _, a, b = _two_queues_app()
+    specs = [a.spec(i=i) for i in range(1000)]
+    returned: list[pgq.Job[Any]] = []
+    async with anyio.create_task_group() as tg:
+
+        async def enqueue() -> None:
+            returned.extend(await client.enqueue_many(specs))
+
+        tg.start_soon(enqueue)
+        await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
+        assert not returned, "changed while the batch was still being written"
+        specs[900].task = b
+        specs[901].args = {"i": -1}
+    stored = [await client.get_job(j.id) for j in returned[900:902]]
+    assert [(j.task, j.queue, j.args) for j in stored if j is not None] == [
+        ("a", "qa", {"i": 900}),
+        ("a", "qa", {"i": 901}),
+    ]
 
 
 async def test_a_batch_of_task_specs_cancelled_at_any_point_writes_all_of_it_or_none(

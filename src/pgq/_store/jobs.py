@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import anyio
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from pgq import _serde
 from pgq._store import sql
-from pgq._store.connections import Connection, Db, Record
+from pgq._store.connections import Connection, Db, Pool, Record
 from pgq._store.rows import RowLike, job_from_row
 from pgq.errors import ConfigError
 from pgq.job import Job, JobState
@@ -258,7 +260,9 @@ async def copy(conn: Connection, rows: list[NewJob]) -> list[Job]:
         ids, now = allocated["ids"], allocated["now"]
         await _copy_rows(conn, rows, ids, now, plain)
     except BaseException as exc:
-        await transaction.__aexit__(type(exc), exc, exc.__traceback__)  # rolls back
+        # Shielded: under a cancel scope, the rollback would be cancelled in turn.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_S):
+            await transaction.__aexit__(type(exc), exc, exc.__traceback__)  # rolls back
         raise
     return await _commit_building(transaction, lambda: copied_jobs(rows, ids, now, plain))
 
@@ -280,42 +284,100 @@ class PlainBatch:
     rows: list[NewJob] = field(default_factory=list)
 
 
-async def copy_preparing(conn: Connection, batch: PlainBatch) -> list[Job]:
-    """:func:`copy` of a plain ``batch``, prepared meanwhile: the transaction's BEGIN and
-    the ids' allocation (two round trips, which need only the batch's size and queues) go
-    on while the jobs are prepared, ``PREPARE_CHUNK`` at a time between turns of the event
-    loop. A job that fails to prepare writes nothing: the transaction is rolled back (the
-    ids it drew are left unused, a gap as a rollback leaves)."""
-    transaction = conn.transaction()
-    started = False
+#: The longest a failed enqueue waits to roll back and hand its connection back.
+CLEANUP_S = 5.0
 
-    async def allocate() -> Record:
-        nonlocal started
-        await transaction.__aenter__()  # a managed transaction, as in copy()
-        started = True
-        dues = [None] * len(batch.queues)
-        allocated = await conn.fetchrow(sql.ALLOCATE_JOBS, batch.size, batch.queues, dues)
-        assert allocated is not None
-        return allocated
 
-    allocating = asyncio.ensure_future(allocate())
+async def copy_preparing(pool: Pool, batch: PlainBatch) -> list[Job]:
+    """:func:`copy` of a plain ``batch`` on a connection of ``pool``, prepared meanwhile:
+    taking the connection, the transaction's BEGIN and the ids' allocation (two round
+    trips, which need only the batch's size and queues) go on while the jobs are prepared,
+    ``PREPARE_CHUNK`` at a time between turns of the event loop. A job that fails to
+    prepare raises its own error, whatever became of the rest, and writes nothing: the
+    transaction is rolled back (the ids it drew are left unused, a gap as a rollback
+    leaves); a batch still waiting for a connection stops waiting."""
+    begun = _Begun(pool, batch)
+    allocating = asyncio.ensure_future(begun.allocate())
+    try:
+        rows = await _prepare_meanwhile(batch, begun, allocating)
+        ids, now = await allocating
+        assert begun.conn is not None
+        await _copy_rows(begun.conn, rows, ids, now, True)
+    except BaseException as exc:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_S):
+            allocating.cancel()  # nothing if it has ended
+            with contextlib.suppress(BaseException):
+                await allocating
+            await begun.roll_back(exc)
+        raise
+    try:
+        assert begun.transaction is not None
+        return await _commit_building(begun.transaction, lambda: copied_jobs(rows, ids, now, True))
+    finally:
+        await begun.release()
+
+
+async def _prepare_meanwhile(
+    batch: PlainBatch, begun: _Begun, allocating: asyncio.Future[tuple[list[int], datetime]]
+) -> list[NewJob]:
+    """Prepare ``batch`` while ``allocating`` runs. A job that fails to prepare lets the
+    allocation end first (cutting it short would cost the server a cancel request) unless it
+    is still waiting for a connection."""
     rows = batch.rows
     try:
         for start in range(0, batch.size, PREPARE_CHUNK):
             await asyncio.sleep(0)  # the allocation's replies are read, its next step sent
             rows += batch.prepare(start, min(batch.size, start + PREPARE_CHUNK))
-        allocated = await allocating
-        ids, now = allocated["ids"], allocated["now"]
-        await _copy_rows(conn, rows, ids, now, True)
-    except BaseException as exc:
-        allocating.cancel()  # nothing if done
-        with contextlib.suppress(BaseException):
-            await allocating
-        if started:
-            await transaction.__aexit__(type(exc), exc, exc.__traceback__)  # rolls back
-        # Not started (or cut short as it started): the pool's release rolls back.
+    except Exception:
+        if begun.conn is None:
+            allocating.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_S):
+            with contextlib.suppress(BaseException):
+                await allocating
         raise
-    return await _commit_building(transaction, lambda: copied_jobs(rows, ids, now, True))
+    return rows
+
+
+class _Begun:
+    """A plain batch's connection and transaction, taken and begun while its jobs are
+    prepared."""
+
+    def __init__(self, pool: Pool, batch: PlainBatch) -> None:
+        self._pool = pool
+        self._batch = batch
+        self.conn: PoolConnectionProxy[Record] | None = None
+        self.transaction: asyncpg.transaction.Transaction | None = None
+        self._started = False
+
+    async def allocate(self) -> tuple[list[int], datetime]:
+        """Take a connection, begin the transaction, draw the ids: (ids, the clock)."""
+        self.conn = await self._pool.acquire()
+        self.transaction = self.conn.transaction()
+        await self.transaction.__aenter__()  # a managed transaction, as in copy()
+        self._started = True
+        queues = self._batch.queues
+        allocated = await self.conn.fetchrow(
+            sql.ALLOCATE_JOBS, self._batch.size, queues, [None] * len(queues)
+        )
+        assert allocated is not None
+        return allocated["ids"], allocated["now"]
+
+    async def roll_back(self, exc: BaseException) -> None:
+        """Roll back (if begun) and hand the connection back. What fails here is not what
+        the caller sees: ``exc`` is (the pool resets or closes a connection it could not
+        clean)."""
+        try:
+            if self._started and self.transaction is not None:
+                with contextlib.suppress(Exception):
+                    await self.transaction.__aexit__(type(exc), exc, exc.__traceback__)
+        finally:
+            await self.release()
+
+    async def release(self) -> None:
+        if self.conn is not None:
+            conn, self.conn = self.conn, None
+            with contextlib.suppress(Exception):
+                await self._pool.release(conn)
 
 
 async def _copy_rows(

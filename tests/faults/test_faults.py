@@ -579,20 +579,15 @@ CREATE CONSTRAINT TRIGGER hold_rescue_commits AFTER UPDATE ON pgq_jobs
 """
 
 
-# The same, for the first such commit only (a sequence's count survives the abort).
-HOLD_FIRST_RESCUE_COMMIT = """
+# Run after HOLD_RESCUE_COMMITS: only the first such commit is held (a sequence's count
+# survives the abort of the commit it held).
+ONLY_THE_FIRST = """
 CREATE SEQUENCE held_commits;
-CREATE FUNCTION hold_first_rescue_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION hold_rescue_commits() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF nextval('held_commits') = 1 THEN
-        PERFORM pg_advisory_xact_lock_shared(4343);
-    END IF;
+    IF nextval('held_commits') = 1 THEN PERFORM pg_advisory_xact_lock_shared(4343); END IF;
     RETURN NULL;
 END $$;
-CREATE CONSTRAINT TRIGGER hold_first_rescue_commit AFTER UPDATE ON pgq_jobs
-    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW
-    WHEN (OLD.state = 'running' AND NEW.state <> 'running')
-    EXECUTE FUNCTION hold_first_rescue_commit();
 """
 
 
@@ -1016,7 +1011,7 @@ async def test_a_stray_hand_back_the_stop_cuts_short_is_settled_and_the_stray_ha
     # The sweep's bound shorter than the check's (stale_after): were the check not ended
     # first, the sweep would wait for its row lock past its bound and hand nothing back.
     monkeypatch.setattr(worker_module, "SWEEP_S", 2.0)
-    await db.execute(HOLD_FIRST_RESCUE_COMMIT)
+    await db.execute(HOLD_RESCUE_COMMITS + ONLY_THE_FIRST)
     await db.execute("SELECT pg_advisory_lock(4343)")
     settings: dict[str, Any] = dict(SHORT)
     worker = pgq.Worker(app, dsn, **settings)

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import asyncpg
 import pytest
@@ -965,18 +966,7 @@ async def test_a_stray_hand_back_whose_commit_reply_was_lost_is_reported_as_its_
         port = await tg.start(proxy.run)
         settings: dict[str, Any] = dict(SHORT)
         worker = pgq.Worker(app, via_proxy(dsn, port), **settings)
-        stopped = anyio.Event()
-
-        async def run() -> None:
-            await worker.run()
-            stopped.set()
-
-        tg.start_soon(run)
-        await worker.started.wait()
-        assert worker._parts is not None
-        strays = worker._parts.strays
-        producer = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
-        ((job_id, _),) = await claimed_jobs(db, producer, 1)
+        stopped, strays, job_id = await _a_running_workers_stray(tg, worker, db)
         worker.stop()  # its sweep hands the stray back
         await _lose_the_held_commits_reply(db, proxy, strays._unsure)
         assert rescued == [] and strays.unsure == 1
@@ -1015,19 +1005,8 @@ async def test_a_stray_hand_back_the_stop_cuts_short_is_settled_and_the_stray_ha
     await db.execute("SELECT pg_advisory_lock(4343)")
     settings: dict[str, Any] = dict(SHORT)
     worker = pgq.Worker(app, dsn, **settings)
-    stopped = anyio.Event()
-
-    async def run() -> None:
-        await worker.run()
-        stopped.set()
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        await worker.started.wait()
-        assert worker._parts is not None
-        strays = worker._parts.strays
-        producer = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
-        ((job_id, _),) = await claimed_jobs(db, producer, 1)
+        stopped, strays, job_id = await _a_running_workers_stray(tg, worker, db)
         await until(lambda: _rescue_commit_waits(db), limit_s=30)  # a check's hand-back
         (check,) = await _held_commits(db)
         worker.stop()
@@ -1044,6 +1023,26 @@ async def test_a_stray_hand_back_the_stop_cuts_short_is_settled_and_the_stray_ha
     assert strays.handed_back == 1 and strays.unsure == 0
     assert not [r for r in caplog.records if "could not be settled" in r.getMessage()]
     assert await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id) == "available"
+
+
+async def _a_running_workers_stray(
+    tg: anyio.abc.TaskGroup, worker: pgq.Worker, db: asyncpg.Connection[asyncpg.Record]
+) -> tuple[anyio.Event, Strays, int]:
+    """Run ``worker`` in ``tg`` and, once it runs, leave a stray under its producer's id (a
+    job claimed as a claim whose reply was lost leaves it). Returns an event set when the
+    run has ended, the worker's check for strays, and the stray's job id."""
+    stopped = anyio.Event()
+
+    async def run() -> None:
+        await worker.run()
+        stopped.set()
+
+    tg.start_soon(run)
+    await worker.started.wait()
+    assert worker._parts is not None
+    producer = uuid.UUID(worker.stats()["producers"][0]["producer_id"])
+    ((job_id, _),) = await claimed_jobs(db, producer, 1)
+    return stopped, worker._parts.strays, job_id
 
 
 async def _held_commits(db: asyncpg.Connection[asyncpg.Record]) -> list[int]:

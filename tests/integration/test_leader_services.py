@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import asyncpg
@@ -17,6 +18,7 @@ from pgq._worker.leader import elector as elector_module
 from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderServices
+from pgq._worker.leader.statistics import Statistics
 from pgq._worker.unsure import Unsure
 from tests.integration.test_liveness import FAST, fake_producer, running_job
 from tests.tests_support import until
@@ -219,3 +221,94 @@ async def test_the_status_of_a_rescue_transaction_is_read_back_or_reported_unkno
     assert await xact_status(conn, committed) == "committed"
     assert await xact_status(conn, aborted) == "aborted"
     assert await xact_status(conn, str(int(committed) + 10**9)) is None
+
+
+async def _has_statistics(conn: Conn) -> bool:
+    """Whether the planner has column statistics for the jobs table."""
+    return bool(
+        await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM pg_stats WHERE tablename = 'pgq_jobs'"
+            " AND schemaname = current_schema() AND attname = 'state')"
+        )
+    )
+
+
+async def _vacuumed_never_analyzed(conn: Conn, jobs: int) -> None:
+    """``jobs`` available jobs in a table the planner knows the size of, with no column
+    statistics (autovacuum kept off it, so that nothing analyzes it behind the test)."""
+    await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")
+    await conn.execute(
+        "INSERT INTO pgq_jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, $1::int)",
+        jobs,
+    )
+    await conn.execute("VACUUM pgq_jobs")
+    assert not await _has_statistics(conn)
+
+
+async def test_the_leader_analyzes_a_jobs_table_that_has_no_column_statistics(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Planned without statistics, a claim read and sorted every available job of its queue
+    (benchmarks/bench_no_stats.py): the leader analyzes such a table, once, and leaves an
+    empty table, or one with statistics, alone."""
+    caplog.set_level(logging.INFO, "pgq.statistics")
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    assert pool is not None
+    try:
+        service = Statistics(pool)
+        assert await service.run_once() is False  # no page yet: nothing to plan from
+        await _vacuumed_never_analyzed(conn, 2000)
+        assert await service.run_once() is True
+        assert await _has_statistics(conn)
+        assert await service.run_once() is False  # analyzed once, not every round
+    finally:
+        await pool.close()
+    assert service.analyzed == 1
+    said = [r.getMessage() for r in caplog.records if r.name == "pgq.statistics"]
+    assert len(said) == 1 and "had no column statistics" in said[0], said
+
+
+async def test_a_leading_worker_analyzes_a_jobs_table_without_statistics_as_it_starts(
+    dsn: str, conn: Conn
+) -> None:
+    app = pgq.App()
+
+    @app.task
+    async def elsewhere(ctx: pgq.JobContext) -> None: ...  # the 500 jobs are another task's
+
+    await _vacuumed_never_analyzed(conn, 500)
+    async with pgq.Worker(app, dsn, **FAST) as worker:
+        await until(lambda: _has_statistics(conn))
+        assert worker.stats()["leader_services"]["statistics"]["failures"] == 0
+
+
+async def test_a_role_that_may_not_analyze_the_jobs_table_says_so_once_and_leaves_it(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the table's owner, the database's owner or a superuser may analyze it: a worker
+    under another role says once what to do, and sends no ANALYZE the server would skip."""
+    role = f"pgq_not_owner_{uuid.uuid4().hex[:8]}"
+    await _vacuumed_never_analyzed(conn, 500)
+    await conn.execute(f"CREATE ROLE {role} LOGIN")  # a generated name, not input
+    try:
+        await conn.execute(
+            f"GRANT USAGE ON SCHEMA {await conn.fetchval('SELECT current_schema()')} TO {role}"
+        )
+        await conn.execute(f"GRANT SELECT ON pgq_jobs TO {role}")
+        caplog.set_level(logging.INFO, "pgq.statistics")
+        parts = urlsplit(dsn)
+        other = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
+        pool = await asyncpg.create_pool(other, min_size=1, max_size=1)
+        assert pool is not None
+        try:
+            service = Statistics(pool)
+            assert await service.run_once() is False
+            assert await service.run_once() is False
+        finally:
+            await pool.close()
+    finally:
+        await conn.execute(f"DROP OWNED BY {role}")
+        await conn.execute(f"DROP ROLE {role}")
+    assert not await _has_statistics(conn)
+    said = [r.getMessage() for r in caplog.records if r.name == "pgq.statistics"]
+    assert len(said) == 1 and "run ANALYZE pgq_jobs as its owner" in said[0], said

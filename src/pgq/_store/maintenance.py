@@ -1,4 +1,5 @@
-"""What the leader's services run: promotion, rescue, reaping, retention, periodic slots."""
+"""What the leader's services run: promotion, rescue, reaping, retention, periodic slots, and
+the jobs table's statistics."""
 
 from __future__ import annotations
 
@@ -158,6 +159,28 @@ async def delete_finished(db: Db, state: JobState, older_than_s: float, limit: i
     """Delete up to ``limit`` jobs in final ``state`` finalized over ``older_than_s`` ago."""
     status = await db.execute(sql.DELETE_FINISHED, state.value, older_than_s, limit)
     return int(status.split()[-1])
+
+
+@dataclass(frozen=True, slots=True)
+class JobsStatistics:
+    """What the planner knows of the jobs table (``sql.JOBS_STATISTICS``)."""
+
+    has_pages: bool
+    analyzed: bool
+    may_analyze: bool
+
+
+async def jobs_statistics(db: Db) -> JobsStatistics:
+    """Whether the jobs table holds any page, has column statistics, and may be analyzed
+    by this role."""
+    row = await db.fetchrow(sql.JOBS_STATISTICS)
+    assert row is not None  # the table exists: the schema was checked at start
+    return JobsStatistics(row["has_pages"], row["analyzed"], row["may_analyze"])
+
+
+async def analyze_jobs(db: Db) -> None:
+    """ANALYZE the jobs table."""
+    await db.execute(sql.ANALYZE_JOBS)
 
 
 async def lock_periodic(conn: Connection, name: str) -> datetime | None:

@@ -1161,6 +1161,23 @@ WITH old AS (
 DELETE FROM pgq_jobs j USING old WHERE j.id = old.id
 """
 
+# The jobs table as the planner sees it: whether it holds any page, whether its columns
+# have statistics (pg_stats shows only what this role may read; `state` stands for all), and
+# whether this role may ANALYZE it (the table's or the database's owner, or a superuser).
+JOBS_STATISTICS: Final = """
+SELECT pg_relation_size(c.oid) > 0 AS has_pages,
+       EXISTS (SELECT 1 FROM pg_stats s
+               WHERE s.schemaname = n.nspname AND s.tablename = c.relname
+                 AND s.attname = 'state') AS analyzed,
+       pg_has_role(c.relowner, 'MEMBER')
+           OR pg_has_role((SELECT datdba FROM pg_database
+                           WHERE datname = current_database()), 'MEMBER') AS may_analyze
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = 'pgq_jobs'::regclass
+"""
+
+ANALYZE_JOBS: Final = "ANALYZE pgq_jobs"
+
 PERIODIC_LOCK: Final = "SELECT last_slot FROM pgq_periodic WHERE name = $1 FOR UPDATE"
 
 PERIODIC_UPSERT: Final = """

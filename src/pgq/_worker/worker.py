@@ -41,6 +41,7 @@ from pgq._worker.leader.reaper import Reaper
 from pgq._worker.leader.rescuer import Rescuer
 from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderService, LeaderServices
+from pgq._worker.leader.statistics import Statistics
 from pgq._worker.leader.throughput import Throughput
 from pgq._worker.liveness import Heartbeater, health_verdict
 from pgq._worker.observe import observers
@@ -337,7 +338,7 @@ class Worker:
             )
         services: list[LeaderService] = [Promoter(pool, s.schedule_interval)]
         services += [periodic] if periodic else []
-        services += [rescuer, reaper, retention, Throughput(pool)]
+        services += [rescuer, reaper, retention, Throughput(pool), Statistics(pool)]
         leader = LeaderServices(elector, services)
         control = Control(
             pool,

@@ -1,0 +1,80 @@
+"""The claim on a jobs table without column statistics (docs/performance.md, "Keep the jobs
+table analyzed"; the leader analyzes such a table, src/pgq/_worker/leader/statistics.py).
+
+`python benchmarks/bench_no_stats.py [AVAILABLE]` (default 100,000) fills a fresh database's
+jobs table with AVAILABLE jobs of one queue, with autovacuum off for the table, and times
+the claim statement (10 jobs, as a worker at its defaults claims) 50 times in each of two
+states of the table's statistics:
+
+- `vacuumed, never analyzed`: after `VACUUM` without `ANALYZE`, the table's size is known
+  to the planner but no column has statistics (as where autovacuum vacuums the table while
+  its analyze thresholds hold autoanalyze off);
+- `analyzed`: after `ANALYZE`.
+
+Prints the p50 and p99 of each, and how many jobs a second one claimer could take at that
+p50.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+
+import asyncpg
+from common import drop_database, emit, fresh_database, pgq_migrate, run, summary_ms
+
+from pgq._store import sql
+
+CLAIMS = 50
+LIMIT = 10
+
+
+async def claim_times(conn: asyncpg.Connection[asyncpg.Record]) -> list[float]:
+    producer = uuid.uuid4()
+    times = []
+    for _ in range(CLAIMS):
+        t = time.perf_counter()
+        rows = await conn.fetch(
+            sql.CLAIM_JOBS, "default", ["noop"], LIMIT, producer, [None], [20], "bench"
+        )
+        times.append(time.perf_counter() - t)
+        assert len(rows) == LIMIT, f"claimed {len(rows)} of {LIMIT}"
+    return times
+
+
+async def main(available: int = 100_000) -> None:
+    dsn = await fresh_database("bench_pgq_no_stats")
+    await pgq_migrate(dsn)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = false)")
+        await conn.execute(
+            "INSERT INTO pgq_jobs (task, args) SELECT 'noop', jsonb_build_object('i', g)"
+            " FROM generate_series(1, $1::int) g",
+            available,
+        )
+        result: dict[str, object] = {
+            "system": "pgq",
+            "workload": "no_stats",
+            "available": available,
+        }
+        for state, command in (("vacuumed, never analyzed", "VACUUM"), ("analyzed", "ANALYZE")):
+            await conn.execute(f"{command} pgq_jobs")  # a fixed command, not input
+            times = summary_ms(await claim_times(conn))
+            result[state] = times
+            rate = LIMIT / (times["p50_ms"] / 1000)
+            print(
+                f"{state:>26}: claim of {LIMIT} p50 {times['p50_ms']:8.2f} ms,"
+                f" p99 {times['p99_ms']:8.2f} ms (about {rate:,.0f} jobs/s for one claimer)",
+                flush=True,
+            )
+        emit(result)
+    finally:
+        await conn.close()
+        await drop_database("bench_pgq_no_stats")
+
+
+if __name__ == "__main__":
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    run(lambda: main(count))

@@ -165,17 +165,16 @@ async def delete_finished(db: Db, state: JobState, older_than_s: float, limit: i
 class JobsStatistics:
     """What the planner knows of the jobs table (``sql.JOBS_STATISTICS``)."""
 
-    has_pages: bool
+    has_rows: bool
     analyzed: bool
-    may_analyze: bool
 
 
 async def jobs_statistics(db: Db) -> JobsStatistics:
-    """Whether the jobs table holds any page, has column statistics, and may be analyzed
-    by this role."""
+    """Whether the jobs table's last VACUUM or ANALYZE found live rows, and whether its
+    columns have statistics."""
     row = await db.fetchrow(sql.JOBS_STATISTICS)
     assert row is not None  # the table exists: the schema was checked at start
-    return JobsStatistics(row["has_pages"], row["analyzed"], row["may_analyze"])
+    return JobsStatistics(row["has_rows"], row["analyzed"])
 
 
 async def analyze_jobs(db: Db) -> None:

@@ -1161,17 +1161,14 @@ WITH old AS (
 DELETE FROM pgq_jobs j USING old WHERE j.id = old.id
 """
 
-# The jobs table as the planner sees it: whether it holds any page, whether its columns
-# have statistics (pg_stats shows only what this role may read; `state` stands for all), and
-# whether this role may ANALYZE it (the table's or the database's owner, or a superuser).
+# The jobs table as the planner sees it: whether its last VACUUM or ANALYZE counted live
+# rows (-1 until one ran, 0 when none were alive), and whether its columns have statistics
+# (pg_stats shows what this role may read, which a worker may; `state` stands for all).
 JOBS_STATISTICS: Final = """
-SELECT pg_relation_size(c.oid) > 0 AS has_pages,
+SELECT c.reltuples > 0 AS has_rows,
        EXISTS (SELECT 1 FROM pg_stats s
                WHERE s.schemaname = n.nspname AND s.tablename = c.relname
-                 AND s.attname = 'state') AS analyzed,
-       pg_has_role(c.relowner, 'MEMBER')
-           OR pg_has_role((SELECT datdba FROM pg_database
-                           WHERE datname = current_database()), 'MEMBER') AS may_analyze
+                 AND s.attname = 'state') AS analyzed
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = 'pgq_jobs'::regclass
 """

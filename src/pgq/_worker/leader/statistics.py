@@ -1,11 +1,11 @@
-"""Statistics: the leader analyzes the jobs table when it holds jobs but the planner has no
-column statistics for it.
+"""Statistics: the leader analyzes the jobs table when the planner knows it holds rows but
+has no column statistics for it.
 
 Without them the planner guesses that a queue has almost no available job. With 100,000
 waiting, a claim then read and sorted all of them, 52 ms per claim of 10 against 1.2 ms
 once analyzed (``benchmarks/bench_no_stats.py``). Autovacuum analyzes the table on its own
-once enough rows changed, but nothing makes it do so before it vacuums it. Autovacuum
-thresholds set high, or autovacuum turned off, leave a table vacuumed and never analyzed.
+once enough rows changed, but nothing makes it do so before it vacuums it: analyze
+thresholds set high, or a VACUUM without ANALYZE, leave a table vacuumed and never analyzed.
 """
 
 from __future__ import annotations
@@ -37,24 +37,27 @@ class Statistics:
     async def run_once(self) -> bool:
         """Returns whether this round analyzed the table."""
         seen = await maintenance.jobs_statistics(self._pool)
-        if seen.analyzed or not seen.has_pages:
-            return False
-        if not seen.may_analyze:
-            if not self._refused:
-                self._refused = True
-                log.warning(
-                    "the jobs table has no column statistics, and this worker's role may not "
-                    "analyze it (only its owner, the database's owner or a superuser may): "
-                    "claims can read every available job of a queue until it is analyzed; "
-                    "run ANALYZE pgq_jobs as its owner, and check that autovacuum analyzes it"
-                )
+        if seen.analyzed or not seen.has_rows:
+            # Analyzed, or nothing alive when it was last counted (a table never vacuumed
+            # is planned from its size, which misleads no claim).
             return False
         await maintenance.analyze_jobs(self._pool)
-        if not (await maintenance.jobs_statistics(self._pool)).analyzed:
-            return False  # no row alive to sample: nothing to plan from yet
-        self.analyzed += 1
-        log.info(
-            "analyzed the jobs table, which had no column statistics (claims planned without "
-            "them can read every available job of a queue)"
-        )
-        return True
+        after = await maintenance.jobs_statistics(self._pool)
+        if after.analyzed:
+            self.analyzed += 1
+            log.info(
+                "analyzed the jobs table, which had no column statistics (claims planned "
+                "without them can read every available job of a queue)"
+            )
+            return True
+        if after.has_rows and not self._refused:
+            # ANALYZE counts the rows as it samples them: rows still counted and no
+            # statistics mean the server skipped the table for this role.
+            self._refused = True
+            log.warning(
+                "the jobs table has no column statistics, and ANALYZE as this worker's role "
+                "left it so: claims can read every available job of a queue until it is "
+                "analyzed; run ANALYZE pgq_jobs as its owner, and check that autovacuum "
+                "analyzes it"
+            )
+        return False

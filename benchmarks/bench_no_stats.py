@@ -3,9 +3,11 @@ table analyzed"; the leader analyzes such a table, src/pgq/_worker/leader/statis
 
 `python benchmarks/bench_no_stats.py [AVAILABLE]` (default 100,000) fills a fresh database's
 jobs table with AVAILABLE jobs of one queue, with autovacuum off for the table, and times
-the claim statement (10 jobs, as a worker at its defaults claims) 50 times in each of three
+the claim statement (10 jobs, as a worker at its defaults claims) 50 times in each of four
 states of the table's statistics:
 
+- `never vacuumed or analyzed`: the planner knows only the table's size (its row count was
+  never taken), as in a new deployment before autovacuum's first visit;
 - `vacuumed, never analyzed`: after `VACUUM` without `ANALYZE`, the table's size is known
   to the planner but no column has statistics (as where autovacuum vacuums the table while
   its analyze thresholds hold autoanalyze off);
@@ -76,6 +78,7 @@ async def main(available: int = 100_000) -> None:
     try:
         await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = false)")
         await conn.execute(FILL, available)
+        await measure("never vacuumed or analyzed")
         await conn.execute("VACUUM pgq_jobs")
         await measure("vacuumed, never analyzed")
         await conn.execute("ANALYZE pgq_jobs")

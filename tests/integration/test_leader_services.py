@@ -17,6 +17,7 @@ import pgq
 from pgq._store.maintenance import Rescued, rescue_predecessor
 from pgq._worker import liveness
 from pgq._worker.leader import elector as elector_module
+from pgq._worker.leader import statistics as statistics_module
 from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderServices
@@ -271,15 +272,16 @@ async def test_the_leader_analyzes_a_jobs_table_that_has_no_column_statistics(
     dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Planned without statistics, a claim read and sorted every available job of its queue
-    (benchmarks/bench_no_stats.py): the leader analyzes such a table, once. A table never
-    vacuumed (planned from its size) and one whose rows all died are left alone."""
+    (benchmarks/bench_no_stats.py): the leader analyzes such a table, once. A small table
+    never counted (planned from its size) and one whose rows all died are left alone."""
     caplog.set_level(logging.INFO, "pgq.statistics")
+    await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")
     async with _analyzes_sent(dsn) as (pool, sent):
         service = Statistics(pool)
         await conn.execute(
             "INSERT INTO pgq_jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, 500)"
         )
-        assert await service.run_once() is False  # never vacuumed: no row counted yet
+        assert await service.run_once() is False  # never counted, and small
         await conn.execute("DELETE FROM pgq_jobs")
         await conn.execute("VACUUM pgq_jobs")  # counted: none alive
         assert await service.run_once() is False
@@ -295,10 +297,12 @@ async def test_the_leader_analyzes_a_jobs_table_that_has_no_column_statistics(
 
 
 async def test_a_table_whose_rows_died_since_they_were_counted_is_analyzed_once(
-    dsn: str, conn: Conn
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Rows counted by a VACUUM and deleted since: ANALYZE finds none alive, stores no
-    statistics and counts none, so the next rounds leave the table alone."""
+    statistics and counts none, so the next rounds leave the table alone, and nothing is
+    said (the server did not refuse)."""
+    caplog.set_level(logging.INFO, "pgq.statistics")
     async with _analyzes_sent(dsn) as (pool, sent):
         service = Statistics(pool)
         await _vacuumed_never_analyzed(conn, 2000)
@@ -307,6 +311,29 @@ async def test_a_table_whose_rows_died_since_they_were_counted_is_analyzed_once(
         assert await service.run_once() is False
         assert len(sent) == 1
     assert not await _has_statistics(conn)
+    assert not [r for r in caplog.records if r.name == "pgq.statistics"]
+
+
+async def test_a_large_table_whose_rows_were_never_counted_is_analyzed(
+    dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planned from its size alone, the claim read every available job from about 400,000
+    rows: a table never vacuumed or analyzed is analyzed once past UNCOUNTED_PAGES (here
+    lowered to one page, for a table of a few)."""
+    monkeypatch.setattr(statistics_module, "UNCOUNTED_PAGES", 1)
+    await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")
+    await conn.execute(
+        "INSERT INTO pgq_jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, 2000)"
+    )
+    assert (
+        await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'pgq_jobs'::regclass") < 0
+    )
+    async with _analyzes_sent(dsn) as (pool, sent):
+        service = Statistics(pool)
+        assert await service.run_once() is True
+        assert await service.run_once() is False
+        assert len(sent) == 1
+    assert await _has_statistics(conn)
 
 
 async def test_a_leading_worker_analyzes_a_jobs_table_without_statistics_as_it_starts(

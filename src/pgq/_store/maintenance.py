@@ -165,16 +165,17 @@ async def delete_finished(db: Db, state: JobState, older_than_s: float, limit: i
 class JobsStatistics:
     """What the planner knows of the jobs table (``sql.JOBS_STATISTICS``)."""
 
-    has_rows: bool
+    worth_analyzing: bool
     analyzed: bool
 
 
-async def jobs_statistics(db: Db) -> JobsStatistics:
-    """Whether the jobs table's last VACUUM or ANALYZE found live rows, and whether its
-    columns have statistics."""
-    row = await db.fetchrow(sql.JOBS_STATISTICS)
+async def jobs_statistics(db: Db, uncounted_pages: int) -> JobsStatistics:
+    """Whether the jobs table is worth analyzing (its rows were counted and some were
+    alive, or it was never counted and holds over ``uncounted_pages`` pages), and whether
+    its columns have statistics."""
+    row = await db.fetchrow(sql.JOBS_STATISTICS, uncounted_pages)
     assert row is not None  # the table exists: the schema was checked at start
-    return JobsStatistics(row["has_rows"], row["analyzed"])
+    return JobsStatistics(row["worth_analyzing"], row["analyzed"])
 
 
 async def analyze_jobs(db: Db) -> None:

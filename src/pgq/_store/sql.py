@@ -1161,14 +1161,17 @@ WITH old AS (
 DELETE FROM pgq_jobs j USING old WHERE j.id = old.id
 """
 
-# The jobs table as the planner sees it: whether its last VACUUM or ANALYZE counted live
-# rows (-1 until one ran, 0 when none were alive), and whether its columns have statistics
-# (pg_stats shows what this role may read, which a worker may; `state` stands for all).
+# The jobs table as the planner sees it: whether its rows were counted and some were alive
+# (reltuples: -1 until a VACUUM, ANALYZE or CREATE INDEX counted them), whether it was never
+# counted and has grown past $1 pages (planned from its size alone, which misled the claim
+# from about 400,000 rows), and whether its columns have statistics (pg_stats shows what
+# this role may read, which a worker may).
 JOBS_STATISTICS: Final = """
-SELECT c.reltuples > 0 AS has_rows,
+SELECT c.reltuples > 0
+           OR (c.reltuples < 0 AND pg_relation_size(c.oid) > $1::bigint * current_setting('block_size')::bigint)
+           AS worth_analyzing,
        EXISTS (SELECT 1 FROM pg_stats s
-               WHERE s.schemaname = n.nspname AND s.tablename = c.relname
-                 AND s.attname = 'state') AS analyzed
+               WHERE s.schemaname = n.nspname AND s.tablename = c.relname) AS analyzed
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = 'pgq_jobs'::regclass
 """

@@ -7,7 +7,6 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import asyncpg
@@ -249,8 +248,11 @@ async def _vacuumed_never_analyzed(conn: Conn, jobs: int) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _analyzes_sent(dsn: str) -> AsyncIterator[tuple[asyncpg.Pool, list[str]]]:
-    """A pool of one connection, and the ANALYZE statements sent through it."""
+async def _analyzes_sent(
+    dsn: str, user: str | None = None
+) -> AsyncIterator[tuple[asyncpg.Pool, list[str]]]:
+    """A pool of one connection (as ``user``, when given), and the ANALYZE statements sent
+    through it."""
     sent: list[str] = []
 
     def record(query: asyncpg.connection.LoggedQuery) -> None:
@@ -260,7 +262,7 @@ async def _analyzes_sent(dsn: str) -> AsyncIterator[tuple[asyncpg.Pool, list[str
     async def init(c: Conn) -> None:
         c.add_query_logger(record)
 
-    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1, init=init)
+    pool = await asyncpg.create_pool(dsn, user=user, min_size=1, max_size=1, init=init)
     assert pool is not None
     try:
         yield pool, sent
@@ -368,9 +370,7 @@ async def test_a_role_the_server_will_not_let_analyze_the_jobs_table_says_so_onc
         await conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
         await conn.execute(f'GRANT SELECT ON pgq_jobs TO "{role}"')
         caplog.set_level(logging.INFO, "pgq.statistics")
-        parts = urlsplit(dsn)
-        other = urlunsplit(parts._replace(netloc=f"{role}@{parts.hostname}:{parts.port}"))
-        async with _analyzes_sent(other) as (pool, sent):
+        async with _analyzes_sent(dsn, user=role) as (pool, sent):
             service = Statistics(pool)
             assert await service.run_once() is False
             assert await service.run_once() is False

@@ -19,11 +19,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP) ## run a worker on a few hundred demo jobs (embedded Postgres unless PGQ_DSN is set)
 	$(BIN)/python docs/examples/demo.py
 
+# Test processes for `make test` and `make test-embedded` (pytest-xdist); 0 runs one.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) lint chromium pgbouncer ## lint, type-check and run the whole suite against real Postgres
-	PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest
+	PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test-embedded: $(STAMP) chromium pgbouncer ## the suite against the embedded server, as on a machine without PostgreSQL
-	PGQ_TEST_EMBEDDED=1 PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest
+	PGQ_TEST_EMBEDDED=1 PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 PYTHONS ?= 3.11 3.12 3.13
 

@@ -1,6 +1,8 @@
-"""A primary and a synchronous streaming standby of this machine's PostgreSQL binaries, on
-loopback ports of their own, for failover tests: built with initdb and pg_basebackup (as the
-``postgres`` user when run as root: initdb refuses root), removed at the end.
+"""Servers of this machine's PostgreSQL binaries on loopback ports of their own, for tests
+that stop, restart or fail over a server: a lone server to restart, and a primary with a
+synchronous streaming standby. Built with initdb (and pg_basebackup; as the ``postgres`` user
+when run as root: initdb refuses root), removed at the end, so such a test never touches the
+server the rest of the suite shares.
 
 `python -m tests.faults.cluster` builds one, fails it over under two `pgq worker`
 processes draining jobs, and prints how long work took to resume (see docs/scaling.md).
@@ -72,6 +74,59 @@ class Cluster:
 
     def _pg(self, program: str, *args: str) -> None:
         run_as_postgres([f"{self.bin}/{program}", *args])
+
+
+@dataclass
+class Server:
+    """A lone server of its own."""
+
+    root: Path
+    bin: str
+    port: int
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def restart(self) -> None:
+        """A fast shutdown (clients cut off, a checkpoint written), then a start."""
+        data = self.root / "data"
+        run_as_postgres([f"{self.bin}/pg_ctl", "-D", str(data), "-m", "fast", "-w", "stop"])
+        _start(self.bin, data)
+
+
+@contextlib.contextmanager
+def lone_server() -> Iterator[Server]:
+    """A running server of its own on a free loopback port."""
+    bin = bindir()
+    root = Path(tempfile.mkdtemp(prefix="pgq-server-"))
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    server = Server(root, bin, free_port())
+    data = root / "data"
+    try:
+        run_as_postgres([f"{bin}/initdb", "-D", str(data), "-U", "postgres", "-A", "trust", "-N"])
+        _append(
+            data / "postgresql.auto.conf",
+            {
+                "listen_addresses": "'127.0.0.1'",
+                "unix_socket_directories": f"'{root}'",
+                "port": str(server.port),
+                "fsync": "off",  # a test server: durability against power loss is not tested
+                "shared_buffers": "32MB",
+            },
+        )
+        _start(bin, data)
+        yield server
+    finally:
+        _stop_immediately(bin, data)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _stop_immediately(bin: str, data: Path) -> None:
+    if (data / "postmaster.pid").exists():
+        with contextlib.suppress(RuntimeError):
+            run_as_postgres([f"{bin}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"])
 
 
 def run_as_postgres(command: list[str]) -> None:
@@ -146,9 +201,7 @@ def primary_and_standby() -> Iterator[Cluster]:
         yield cluster
     finally:
         for data in (primary, standby):
-            if (data / "postmaster.pid").exists():
-                with contextlib.suppress(RuntimeError):
-                    run_as_postgres([f"{bin}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"])
+            _stop_immediately(bin, data)
         shutil.rmtree(root, ignore_errors=True)
 
 

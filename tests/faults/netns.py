@@ -64,7 +64,9 @@ def namespace(index: int) -> Iterator[Namespace]:
         pytest.skip(reason)
     tag = f"{os.getpid() % 10000}x{index}"
     name, host_link, ns_link = f"pgq{tag}", f"pgh{tag}", f"pgn{tag}"
-    subnet = (os.getpid() % 250) + 1
+    # Each pytest-xdist process of one run (gw0, gw1, ...) takes a subnet of its own.
+    process = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    subnet = (process % 8 + 8 * (os.getpid() % 31)) % 250 + 1
     host_ip, ns_ip = f"10.213.{subnet}.{4 * index + 1}", f"10.213.{subnet}.{4 * index + 2}"
     _ip("netns", "add", name)
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import signal
 import urllib.request
 import uuid
@@ -16,7 +15,6 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -25,6 +23,7 @@ import asyncpg
 import pytest
 
 import pgq
+from pgq import migrate
 from pgq._store.connections import Pool, create_pool
 from pgq._worker import successor as successor_module
 from pgq._worker import worker as worker_module
@@ -32,6 +31,7 @@ from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq._worker.successor import Successor
 from pgq._worker.unsure import Unsure
+from tests.faults.cluster import Server, lone_server
 from tests.faults.proxy import Proxy
 from tests.faults.workers import (
     SHORT,
@@ -332,20 +332,19 @@ async def test_a_killed_leader_is_replaced_within_its_ttl(
     await assert_exactly_once(db, ids)
 
 
-def _local_cluster() -> tuple[str, str] | None:
-    if shutil.which("pg_ctlcluster") is None or not Path("/etc/postgresql").is_dir():
-        return None
-    versions = sorted(p.name for p in Path("/etc/postgresql").iterdir())
-    return (versions[-1], "main") if versions else None
+@pytest.fixture
+async def restartable() -> AsyncIterator[Server]:
+    """A migrated server of this test's own, which it may restart without cutting off the
+    tests running beside it."""
+    with lone_server() as server:
+        await migrate.upgrade_async(server.dsn)
+        yield server
 
 
 async def test_workers_survive_a_postgres_restart(
-    dsn: str, server_dsn: str, workers: list[WorkerProcess], tmp_path: Path
+    restartable: Server, workers: list[WorkerProcess], tmp_path: Path
 ) -> None:
-    cluster = _local_cluster()
-    target = urlsplit(server_dsn)
-    if cluster is None or (target.hostname, target.port) != ("127.0.0.1", 5432):
-        pytest.skip("needs the machine's own PostgreSQL cluster (pg_ctlcluster) at 127.0.0.1:5432")
+    dsn = restartable.dsn
     conn = await asyncpg.connect(dsn)
     await conn.execute("""
         CREATE TABLE starts (job_id bigint, attempt int, worker text, at timestamptz DEFAULT now());
@@ -372,9 +371,7 @@ async def test_workers_survive_a_postgres_restart(
         await until(mid_run, limit_s=30)
     finally:
         await conn.close()
-    await anyio.run_process(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", *cluster, "restart", "-m", "fast"]
-    )
+    await anyio.to_thread.run_sync(restartable.restart)
     conn = await asyncpg.connect(dsn)
     try:
         await until(lambda: all_completed(conn, before), limit_s=90)

@@ -14,7 +14,12 @@ import pytest
 from pgq._dsn import sqlalchemy_url
 from pgq._store.revision import SCHEMA_REVISION, check_schema
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
+# One process builds the wheel and its venv for the whole module (pytest-xdist's loadgroup).
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.timeout(600),
+    pytest.mark.xdist_group("installed-wheel"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 

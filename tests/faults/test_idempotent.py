@@ -19,7 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "examples"
 
 import idempotent
 
-pytestmark = [pytest.mark.anyio, pytest.mark.faults, pytest.mark.timeout(240)]
+# With the chaos test of test_faults.py: not beside it (see there).
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.faults,
+    pytest.mark.timeout(240),
+    pytest.mark.xdist_group("many-connections"),
+]
 
 
 async def test_an_idempotency_key_makes_an_effect_happen_once_under_random_kills(

@@ -235,14 +235,20 @@ async def _has_statistics(conn: Conn) -> bool:
     )
 
 
-async def _vacuumed_never_analyzed(conn: Conn, jobs: int) -> None:
-    """``jobs`` available jobs in a table the planner knows the size of, with no column
-    statistics (autovacuum kept off it, so that nothing analyzes it behind the test)."""
+async def _uncounted_jobs(conn: Conn, jobs: int) -> None:
+    """``jobs`` more available jobs, autovacuum kept off the table (so that nothing counts
+    or analyzes its rows behind the test)."""
     await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")
     await conn.execute(
         "INSERT INTO pgq_jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, $1::int)",
         jobs,
     )
+
+
+async def _vacuumed_never_analyzed(conn: Conn, jobs: int) -> None:
+    """``jobs`` available jobs in a table the planner knows the size of, with no column
+    statistics."""
+    await _uncounted_jobs(conn, jobs)
     await conn.execute("VACUUM pgq_jobs")
     assert not await _has_statistics(conn)
 
@@ -277,12 +283,9 @@ async def test_the_leader_analyzes_a_jobs_table_that_has_no_column_statistics(
     (benchmarks/bench_no_stats.py): the leader analyzes such a table, once. A small table
     never counted (planned from its size) and one whose rows all died are left alone."""
     caplog.set_level(logging.INFO, "pgq.statistics")
-    await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")
     async with _analyzes_sent(dsn) as (pool, sent):
         service = Statistics(pool)
-        await conn.execute(
-            "INSERT INTO pgq_jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, 500)"
-        )
+        await _uncounted_jobs(conn, 500)
         assert await service.run_once() is False  # never counted, and small
         await conn.execute("DELETE FROM pgq_jobs")
         await conn.execute("VACUUM pgq_jobs")  # counted: none alive
@@ -323,10 +326,7 @@ async def test_a_large_table_whose_rows_were_never_counted_is_analyzed(
     rows: a table never vacuumed or analyzed is analyzed once past UNCOUNTED_PAGES (here
     lowered to one page, for a table of a few)."""
     monkeypatch.setattr(statistics_module, "UNCOUNTED_PAGES", 1)
-    await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")
-    await conn.execute(
-        "INSERT INTO pgq_jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, 2000)"
-    )
+    await _uncounted_jobs(conn, 2000)
     assert (
         await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'pgq_jobs'::regclass") < 0
     )

@@ -94,6 +94,13 @@ class WorkerSettings:
         False, "also export the queue gauges from this worker (one worker, or the dashboard)",
         minimum=None,
     )  # fmt: skip
+    async_commit: bool = _setting(
+        False,
+        "commit claims and outcomes without waiting for the disk (synchronous_commit off for "
+        "those transactions): a database crash may lose the last moments of them, and their "
+        "jobs run again; enqueues and heartbeats still wait (docs/liveness.md)",
+        minimum=None,
+    )
     tracing: bool = _setting(
         False, "OpenTelemetry spans per attempt, continuing the enqueue's trace (otel extra)",
         minimum=None,

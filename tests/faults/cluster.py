@@ -96,8 +96,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def lone_server() -> Iterator[Server]:
-    """A running server of its own on a free loopback port."""
+def lone_server(settings: dict[str, str] | None = None) -> Iterator[Server]:
+    """A running server of its own on a free loopback port, with ``settings`` (name: value
+    as postgresql.conf spells it) on top of the ones below."""
     bin = bindir()
     root = Path(tempfile.mkdtemp(prefix="pgq-server-"))
     if os.geteuid() == 0:
@@ -114,6 +115,7 @@ def lone_server() -> Iterator[Server]:
                 "port": str(server.port),
                 "fsync": "off",  # a test server: durability against power loss is not tested
                 "shared_buffers": "32MB",
+                **(settings or {}),
             },
         )
         _start(bin, data)

@@ -27,12 +27,18 @@ class ClaimPlan:
 
 
 async def claim(
-    db: Db, plan: ClaimPlan, producer_id: uuid.UUID, worker_name: str, limit: int
+    db: Db,
+    plan: ClaimPlan,
+    producer_id: uuid.UUID,
+    worker_name: str,
+    limit: int,
+    *,
+    async_commit: bool = False,
 ) -> list[Job]:
     """Claim up to ``limit`` available jobs of ``plan.queue`` for ``producer_id`` of worker
-    ``worker_name``."""
+    ``worker_name``; with ``async_commit``, committed without waiting for the WAL's flush."""
     rows = await db.fetch(
-        sql.CLAIM_JOBS,
+        sql.CLAIM_JOBS_ASYNC if async_commit else sql.CLAIM_JOBS,
         plan.queue,
         plan.tasks,
         limit,
@@ -102,7 +108,13 @@ async def queue_limits(db: Db, queue: str) -> QueueLimits:
 
 
 async def claim_limited(
-    pool: Pool, plan: ClaimPlan, producer_id: uuid.UUID, worker_name: str, limit: int
+    pool: Pool,
+    plan: ClaimPlan,
+    producer_id: uuid.UUID,
+    worker_name: str,
+    limit: int,
+    *,
+    async_commit: bool = False,
 ) -> tuple[list[Job], bool, QueueLimits]:
     """Claim from a queue with limits: under its row's lock, at most ``limit`` jobs and no
     more than its limits leave (running jobs of every worker, starts within the window;
@@ -128,7 +140,7 @@ async def claim_limited(
             rooms = await _key_rooms(conn, plan.queue, limits, budget)
             keys_held = rooms.held
             rows = await conn.fetch(
-                sql.CLAIM_KEYED,
+                sql.CLAIM_KEYED_ASYNC if async_commit else sql.CLAIM_KEYED,
                 plan.queue,
                 *args,
                 rooms.keys,
@@ -137,7 +149,8 @@ async def claim_limited(
                 KEYLESS_SEARCH,
             )
         else:
-            rows = await conn.fetch(sql.CLAIM_LIMITED, plan.queue, *args)
+            claim = sql.CLAIM_LIMITED_ASYNC if async_commit else sql.CLAIM_LIMITED
+            rows = await conn.fetch(claim, plan.queue, *args)
         if rows and (limits.rate_count is not None or limits.key_rate_count is not None):
             window = max(period, limits.key_rate_period_s or 0.0)
             await conn.execute(sql.LOG_STARTS, plan.queue, [r["limit_key"] for r in rows], window)
@@ -202,24 +215,39 @@ class OutcomeRow(Protocol):
 
 
 async def complete_successes(
-    db: Db, ids: Sequence[int], tokens: Sequence[uuid.UUID | None], results: Sequence[str | None]
+    db: Db,
+    ids: Sequence[int],
+    tokens: Sequence[uuid.UUID | None],
+    results: Sequence[str | None],
+    *,
+    async_commit: bool = False,
 ) -> set[int]:
-    """Mark jobs completed (with their results); returns the ids the fence let through."""
+    """Mark jobs completed (with their results); returns the ids the fence let through.
+    With ``async_commit``, committed without waiting for the WAL's flush (so are the other
+    outcome writes below)."""
     payload = _done_payload([str(i) for i in ids])
     # One row, its ids in one array (none when the fence let none through): a row per job
     # would cost a record each to build and read. Without results, no array of NULLs.
     if results.count(None) == len(results):
-        row = await db.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, payload)
+        lean = (
+            sql.COMPLETE_SUCCESSES_NO_RESULT_ASYNC
+            if async_commit
+            else sql.COMPLETE_SUCCESSES_NO_RESULT
+        )
+        row = await db.fetchrow(lean, ids, tokens, payload)
     else:
-        row = await db.fetchrow(sql.COMPLETE_SUCCESSES, ids, tokens, results, payload)
+        full = sql.COMPLETE_SUCCESSES_ASYNC if async_commit else sql.COMPLETE_SUCCESSES
+        row = await db.fetchrow(full, ids, tokens, results, payload)
     return set() if row is None else set(row[0])
 
 
-async def write_outcomes(db: Db, outcomes: Sequence[OutcomeRow]) -> dict[int, str]:
+async def write_outcomes(
+    db: Db, outcomes: Sequence[OutcomeRow], *, async_commit: bool = False
+) -> dict[int, str]:
     """Write outcomes of any kind; returns the ids the fence let through, each with the
     state written (``cancelled`` where a cancel request turned a retry or hand-back)."""
     rows = await db.fetch(
-        sql.COMPLETE_JOBS,
+        sql.COMPLETE_JOBS_ASYNC if async_commit else sql.COMPLETE_JOBS,
         [o.job_id for o in outcomes],
         [o.token for o in outcomes],
         [o.state for o in outcomes],
@@ -231,10 +259,13 @@ async def write_outcomes(db: Db, outcomes: Sequence[OutcomeRow]) -> dict[int, st
     return {r["id"]: r["state"] for r in rows}
 
 
-async def fail_attempt(db: Db, job_id: int, token: uuid.UUID | None, error: str) -> bool:
+async def fail_attempt(
+    db: Db, job_id: int, token: uuid.UUID | None, error: str, *, async_commit: bool = False
+) -> bool:
     """Record the attempt as failed with ``error`` (an error entry); returns whether the
     fence let it through."""
-    return await db.fetchrow(sql.FAIL_ATTEMPT, job_id, token, error) is not None
+    statement = sql.FAIL_ATTEMPT_ASYNC if async_commit else sql.FAIL_ATTEMPT
+    return await db.fetchrow(statement, job_id, token, error) is not None
 
 
 async def cancel_requested(db: Db, running: list[int]) -> set[int]:

@@ -310,6 +310,14 @@ WHERE unique_key = ANY($1::text[]) AND pgq_unique_active(state, unique_states)
 
 # --------------------------------------------------------------------------- worker hot path
 
+# The worker's claims and outcomes with its ``async_commit`` setting (docs/liveness.md):
+# the statement's transaction commits without waiting for its WAL to reach the disk; only
+# that transaction (heartbeats, rescues and the callers' enqueues still wait). A test of
+# the UPDATE that reads no column of the row: the planner makes it a one-time filter, so
+# set_config runs once, before the first row is written, and its setting lasts until the
+# statement's transaction ends. A statement that writes no row commits nothing to wait for.
+_ASYNC_COMMIT = "\n      AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
+
 # Claims up to $3 available jobs of queue $1 whose task the producer registered ($2), in
 # priority then schedule order, unless the queue (or '*') is paused. SKIP LOCKED lets many
 # producers claim side by side. Each claim draws the attempt's fencing token. The deadline
@@ -323,49 +331,55 @@ WITH locked AS (
       AND NOT EXISTS (SELECT 1 FROM pgq_queues
                       WHERE name IN ($1, '*')
                         AND """
+
+
 # The locked rows are updated through the primary key (= ANY of an array: a join would let
 # the planner hash the whole table, finished jobs included, once the table holds some tens of
 # thousands of rows: 6 of a 500-job claim's 11 ms at 30,000), and returned in claim order.
-_CLAIM_SET = (
-    """, claimed AS (
+def _claim_set(commit: str) -> str:
+    return (
+        """, claimed AS (
     UPDATE pgq_jobs j
     SET state = 'running', attempt = j.attempt + 1, attempted_at = statement_timestamp(),
         producer_id = $4, attempt_token = gen_random_uuid(), attempted_by = $7,
         deadline_at = statement_timestamp() + make_interval(
             secs => ($5::float8[])[array_position($2::text[], j.task)]),
         max_attempts = COALESCE(j.max_attempts, ($6::int[])[array_position($2::text[], j.task)])
-    WHERE j.id = ANY(ARRAY(SELECT locked_id FROM locked))
+    WHERE j.id = ANY(ARRAY(SELECT locked_id FROM locked))"""
+        + commit
+        + """
     RETURNING j.*
 )
 SELECT"""
-    + CLAIM_COLUMNS
-    + """FROM claimed
+        + CLAIM_COLUMNS
+        + """FROM claimed
 WINDOW claim_order AS (ORDER BY claimed.priority DESC, claimed.scheduled_at, claimed.id)
 ORDER BY claimed.priority DESC, claimed.scheduled_at, claimed.id
 """
-)
-_CLAIM_UPDATE = (
-    """)
+    )
+
+
+_CLAIM_LOCK = """)
     ORDER BY priority DESC, scheduled_at, id
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 """
-    + _CLAIM_SET
-)
 
 # The claim of a queue without limits. A queue that is paused, or that has limits (which only
 # CLAIM_LIMITED, under the queue's lock, may claim from), yields nothing here: a producer
 # that has not yet heard of new limits does not claim past them.
-CLAIM_JOBS: Final = (
-    _CLAIM_WITH
-    + "(paused_at IS NOT NULL OR concurrency IS NOT NULL OR rate_count IS NOT NULL"
-    + " OR key_concurrency IS NOT NULL OR key_rate_count IS NOT NULL)"
-    + _CLAIM_UPDATE
+_UNLIMITED = (
+    "(paused_at IS NOT NULL OR concurrency IS NOT NULL OR rate_count IS NOT NULL"
+    " OR key_concurrency IS NOT NULL OR key_rate_count IS NOT NULL)"
 )
+CLAIM_JOBS: Final = _CLAIM_WITH + _UNLIMITED + _CLAIM_LOCK + _claim_set("")
+CLAIM_JOBS_ASYNC: Final = _CLAIM_WITH + _UNLIMITED + _CLAIM_LOCK + _claim_set(_ASYNC_COMMIT)
 
 # The claim of a limited queue, under the queue's row lock (see below): paused stops it.
-CLAIM_LIMITED: Final = _CLAIM_WITH + "paused_at IS NOT NULL" + _CLAIM_UPDATE
+_PAUSED = "paused_at IS NOT NULL"
+CLAIM_LIMITED: Final = _CLAIM_WITH + _PAUSED + _CLAIM_LOCK + _claim_set("")
+CLAIM_LIMITED_ASYNC: Final = _CLAIM_WITH + _PAUSED + _CLAIM_LOCK + _claim_set(_ASYNC_COMMIT)
 
 # Flow control (docs/flow-control.md). A limited queue is claimed in one transaction that
 # first locks the queue's row (the serialisation point: one claimer of that queue at a
@@ -472,8 +486,7 @@ SELECT NULL,
 # candidates, the first $3 by priority then schedule are locked and claimed. Only those
 # are locked (a row lock writes WAL), and a row locked by someone else (a dependent's
 # enqueue still open, an operator) is skipped, as in every claim.
-CLAIM_KEYED: Final = (
-    """
+_CLAIM_KEYED_LOCK = """
 WITH candidates AS (
     SELECT c.id FROM (
         SELECT j.id, j.priority, j.scheduled_at
@@ -507,8 +520,8 @@ WITH candidates AS (
     FOR UPDATE SKIP LOCKED
 )
 """
-    + _CLAIM_SET
-)
+CLAIM_KEYED: Final = _CLAIM_KEYED_LOCK + _claim_set("")
+CLAIM_KEYED_ASYNC: Final = _CLAIM_KEYED_LOCK + _claim_set(_ASYNC_COMMIT)
 
 # The claimed starts (with their keys), and the log's entries older than the longest
 # window ($3 seconds) dropped.
@@ -547,13 +560,15 @@ SELECT pg_notify("""
 # running, 84 ms against 0.3 ms for one.
 _IS_RUNNING = "state = (SELECT 'running'::pgq_job_state)"
 
+
 # Writes a batch of outcomes. Each row is fenced by (id, attempt_token, 'running'): an
 # attempt whose job was rescued or re-claimed since changes nothing. A job whose cancellation
 # was requested while it ran never runs again: an outcome that would make it retryable or
 # available (a failure, a snooze, a shutdown hand-back) ends it cancelled instead. Jobs made
 # available again wake their queue; finished ones are announced for client.wait().
-COMPLETE_JOBS: Final = (
-    """
+def _complete_jobs(running: str) -> str:
+    return (
+        """
 WITH u AS (
     SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
                          $6::text[], $7::int[])
@@ -564,8 +579,8 @@ WITH u AS (
                            AND u.state IN ('retryable', 'available')
                       THEN 'cancelled' ELSE u.state END)::pgq_job_state,
         finalized_at = CASE WHEN u.state IN """
-    + _FINAL
-    + """ OR j.cancel_requested_at IS NOT NULL
+        + _FINAL
+        + """ OR j.cancel_requested_at IS NOT NULL
                             THEN now() END,
         scheduled_at = CASE WHEN u.delay_s IS NULL THEN j.scheduled_at
                             ELSE now() + make_interval(secs => u.delay_s) END,
@@ -587,29 +602,33 @@ WITH u AS (
         deadline_at = NULL
     FROM u
     WHERE j.id = u.id AND j.attempt_token = u.token AND j."""
-    + _IS_RUNNING
-    + """
+        + running
+        + """
     RETURNING j.id, j.queue, j.state
 )
 SELECT id,
        (SELECT count(pg_notify("""
-    + _JOBS
-    + """, q.queue))
+        + _JOBS
+        + """, q.queue))
         FROM (SELECT DISTINCT queue FROM upd WHERE state = 'available') q) AS notified,
        -- Finished jobs, announced for client.wait(), at most 500 ids per notification.
        (SELECT count(pg_notify("""
-    + _DONE
-    + """, c.ids))
+        + _DONE
+        + """, c.ids))
         FROM (SELECT string_agg(id::text, ',') AS ids
               FROM (SELECT id, (row_number() OVER ()) / 500 AS chunk FROM upd
                     WHERE state IN """
-    + _FINAL
-    + """) f
+        + _FINAL
+        + """) f
               GROUP BY chunk) c) AS done,
        state::text AS state
 FROM upd
 """
-)
+    )
+
+
+COMPLETE_JOBS: Final = _complete_jobs(_IS_RUNNING)
+COMPLETE_JOBS_ASYNC: Final = _complete_jobs(_IS_RUNNING + _ASYNC_COMMIT)
 
 # The common outcome, lean: completed, with an optional result, fenced like the others. The
 # ids of finished jobs are announced for client.wait() (the last parameter: comma-joined
@@ -620,44 +639,67 @@ _SUCCESSES_SET = """
 WITH upd AS (
     UPDATE pgq_jobs j
     SET state = 'completed', finalized_at = now(), deadline_at = NULL, result = """
-_SUCCESSES_FENCE = (
-    """
+
+
+def _successes_fence(running: str) -> str:
+    return (
+        """
     WHERE j.id = u.id AND j.attempt_token = u.token AND j."""
-    + _IS_RUNNING
-    + """
+        + running
+        + """
     RETURNING j.id
 )
 SELECT w.ids, (SELECT count(pg_notify("""
-    + _DONE
-    + """, c)) FROM unnest("""
-)
+        + _DONE
+        + """, c)) FROM unnest("""
+    )
+
+
 _SUCCESSES_END = """::text[]) c) AS done
 FROM (SELECT ARRAY(SELECT id FROM upd) AS ids) w
 WHERE cardinality(w.ids) > 0
 """
-COMPLETE_SUCCESSES: Final = (
-    _SUCCESSES_SET
-    + """u.result::jsonb
+
+
+def _complete_successes(running: str) -> str:
+    return (
+        _SUCCESSES_SET
+        + """u.result::jsonb
     FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS u(id, token, result)"""
-    + _SUCCESSES_FENCE
-    + "$4"
-    + _SUCCESSES_END
-)
+        + _successes_fence(running)
+        + "$4"
+        + _SUCCESSES_END
+    )
+
+
+COMPLETE_SUCCESSES: Final = _complete_successes(_IS_RUNNING)
+COMPLETE_SUCCESSES_ASYNC: Final = _complete_successes(_IS_RUNNING + _ASYNC_COMMIT)
+
+
 # The same when no job of the batch returned a result (most): no array of NULLs to send.
-COMPLETE_SUCCESSES_NO_RESULT: Final = (
-    _SUCCESSES_SET
-    + """NULL
+def _complete_successes_no_result(running: str) -> str:
+    return (
+        _SUCCESSES_SET
+        + """NULL
     FROM unnest($1::bigint[], $2::uuid[]) AS u(id, token)"""
-    + _SUCCESSES_FENCE
-    + "$3"
-    + _SUCCESSES_END
+        + _successes_fence(running)
+        + "$3"
+        + _SUCCESSES_END
+    )
+
+
+COMPLETE_SUCCESSES_NO_RESULT: Final = _complete_successes_no_result(_IS_RUNNING)
+COMPLETE_SUCCESSES_NO_RESULT_ASYNC: Final = _complete_successes_no_result(
+    _IS_RUNNING + _ASYNC_COMMIT
 )
+
 
 # The last resort for an outcome the database refused in every other form: the attempt
 # failed, with $3 (an error entry) saying why; retried with backoff, or discarded when it was
 # the last attempt, or cancelled when that was requested. Fenced like the others.
-FAIL_ATTEMPT: Final = (
-    """
+def _fail_attempt(running: str) -> str:
+    return (
+        """
 WITH upd AS (
     UPDATE pgq_jobs j
     SET state = (CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
@@ -672,16 +714,20 @@ WITH upd AS (
         result = NULL,
         deadline_at = NULL
     WHERE j.id = $1 AND j.attempt_token = $2 AND j."""
-    + _IS_RUNNING
-    + """
+        + running
+        + """
     RETURNING j.id, j.state
 )
 SELECT id, CASE WHEN state <> 'retryable' THEN pg_notify("""
-    + _DONE
-    + """, id::text)::text END AS done
+        + _DONE
+        + """, id::text)::text END AS done
 FROM upd
 """
-)
+    )
+
+
+FAIL_ATTEMPT: Final = _fail_attempt(_IS_RUNNING)
+FAIL_ATTEMPT_ASYNC: Final = _fail_attempt(_IS_RUNNING + _ASYNC_COMMIT)
 
 # An outcome the task writes in its own transaction (ctx.complete(connection=...) and its
 # siblings): fenced like the worker's, and replacing the attempt's token with one only the

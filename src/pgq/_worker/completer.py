@@ -45,7 +45,8 @@ class Completer:
     """Collects outcomes from every producer of a worker and writes them in batches.
 
     A batch goes out when ``batch_size`` outcomes wait or ``interval_s`` after the first one,
-    whichever is sooner.
+    whichever is sooner. With ``async_commit``, each batch commits without waiting for the
+    WAL's flush (the worker's ``async_commit`` setting).
     """
 
     def __init__(
@@ -56,8 +57,10 @@ class Completer:
         batch_size: int = 1000,
         interval_s: float = 0.002,
         retry_max_s: float = 5.0,
+        async_commit: bool = False,
     ) -> None:
         self._pool = pool
+        self._async_commit = async_commit
         self._report = report
         self._batch_size = batch_size
         self._interval_s = interval_s
@@ -224,7 +227,9 @@ class Completer:
         message = f"the outcome ({outcome.state}) could not be written: {brief(exc, 2000)}"
         entry = error_entry(outcome.attempt, "outcome", message)
         with anyio.fail_after(30):
-            accepted = await claims.fail_attempt(self._pool, outcome.job_id, outcome.token, entry)
+            accepted = await claims.fail_attempt(
+                self._pool, outcome.job_id, outcome.token, entry, async_commit=self._async_commit
+            )
         self._reported([outcome] if accepted else [], [] if accepted else [outcome])
 
     async def _write(self, batch: list[Outcome]) -> None:
@@ -238,9 +243,12 @@ class Completer:
                     [o.job_id for o in batch],
                     [o.token for o in batch],
                     [o.result for o in batch],
+                    async_commit=self._async_commit,
                 )
             else:
-                written = await claims.write_outcomes(self._pool, batch)
+                written = await claims.write_outcomes(
+                    self._pool, batch, async_commit=self._async_commit
+                )
         if len(written) == len(batch):
             self._reported(batch, [])
             return

@@ -100,12 +100,13 @@ class Producer:
         hooks: Hooks | None = None,
         worker_name: str = "",
         claim_ahead: int = -1,
+        async_commit: bool = False,
     ) -> None:
         #: The producer's row id. Liveness alone changes it (re-registration).
         self.id = uuid.uuid4()
         self.queue = queue
         self.concurrency = concurrency
-        self._worker_name = worker_name
+        self._worker_name, self._async_commit = worker_name, async_commit
         self.health = ProducerHealth(queue, fence_after_s)
         self.health.on_healthy, self.health.on_fenced = self.wake, self._hand_back_waiting
         # At most `concurrency` jobs execute at once; claimed jobs beyond them wait here.
@@ -368,13 +369,25 @@ class Producer:
                 self._limits, self._limits_read_at = limits, now
         if limits.limited:
             jobs, self._held_back, under_lock = await claims.claim_limited(
-                self._pool, self.plan, producer_id, self._worker_name, limit
+                self._pool,
+                self.plan,
+                producer_id,
+                self._worker_name,
+                limit,
+                async_commit=self._async_commit,
             )
             if not under_lock.limited:  # cleared meanwhile: back to the single statement
                 self._limits = under_lock
             return jobs
         self._held_back = False
-        jobs = await claims.claim(self._pool, self.plan, producer_id, self._worker_name, limit)
+        jobs = await claims.claim(
+            self._pool,
+            self.plan,
+            producer_id,
+            self._worker_name,
+            limit,
+            async_commit=self._async_commit,
+        )
         if not jobs and now - self._limits_read_at > LIMITS_REFRESH_S:
             # Limits set while no notification could reach us (poll_only, a lost LISTEN):
             # the unlimited claim yields nothing on a limited queue, so look again.

@@ -4,7 +4,10 @@ knows of.
 A claim commits in the database before its reply reaches the worker. When the connection
 breaks in between (a network cut, a proxy restart, a timeout that gives up on the reply),
 the claimed jobs stay ``running`` under a producer that is alive and beating: no peer may
-rescue them, and the producer never starts them. Only the worker can tell. Every
+rescue them, and the producer never starts them. (With the worker's ``async_commit``, a
+crash of the database server leaves the same behind: an outcome committed without waiting
+for the disk is lost, and its job is running again under the producer that ran it; the
+hand-back's error entry then names both causes.) Only the worker can tell. Every
 ``interval_s`` it reads the jobs running under its producers' ids, and hands back each
 attempt (job and token) it has seen at two checks in a row, neither run by its producer nor
 waiting in the completer, while no one claim of that producer was in flight across both
@@ -53,6 +56,15 @@ LOST_REPLY = (
     "its worker (the connection broke after the claim committed)"
 )
 
+#: The error entry of a stray handed back by a worker with ``async_commit``: there, an
+#: outcome committed without waiting for the disk and lost in a crash of the database
+#: server leaves its job running under the producer too (the claim had reached the disk).
+LOST_REPLY_OR_OUTCOME = (
+    "handed back: its producer, alive, was not running it: either the reply to the claim "
+    "that took it never reached its worker, or (async_commit) the outcome its worker wrote "
+    "was lost when the database server crashed, and it may have run"
+)
+
 #: The reason a hand-back gives its ``job_rescued`` event.
 RESCUE_REASON = "claim reply lost"
 
@@ -94,8 +106,11 @@ class Strays:
         pending: Callable[[], Container[Attempt]],
         interval_s: float,
         reports: RescueReports | None = None,
+        *,
+        async_commit: bool = False,
     ) -> None:
         self._pool = pool
+        self._message = LOST_REPLY_OR_OUTCOME if async_commit else LOST_REPLY
         self._reports = reports
         self._producers = producers
         self._pending = pending
@@ -192,7 +207,7 @@ class Strays:
         before = await store.lost_replies(self._pool, [r.id for r in strays])
 
         async def write(conn: Connection, token: str) -> list[HandedBack]:
-            outcomes = [_hand_back(r, before.get(r.id, 0), token) for r in strays]
+            outcomes = [_hand_back(r, before.get(r.id, 0), token, self._message) for r in strays]
             states = await claims.write_outcomes(conn, outcomes)
             if not states:
                 return []
@@ -266,23 +281,23 @@ def _some(ids: list[int]) -> str:
     return ", ".join(map(str, ids[:20])) + (" ..." if len(ids) > 20 else "")
 
 
-def _hand_back(row: RunningJob, before: int, token: str) -> Outcome:
+def _hand_back(row: RunningJob, before: int, token: str, message: str = LOST_REPLY) -> Outcome:
     """The outcome that hands ``row``'s attempt back: not counted while the job was handed
     back fewer than ``FREE_LOST_REPLIES`` times ``before`` (in its whole history, retries by
     an operator included); counted from then on, retried after 1, 2, 4 ... seconds (at most
     ``MAX_LOST_REPLY_DELAY_S``), discarded once it was the last attempt. Its error entry
-    carries ``token``, the hand-back's."""
+    carries ``token``, the hand-back's, and ``message``."""
     if before < FREE_LOST_REPLIES:
-        error = error_entry(row.attempt, "lost_reply", LOST_REPLY, rescue=token)
+        error = error_entry(row.attempt, "lost_reply", message, rescue=token)
         return Outcome(
             row.id, row.token, row.attempt, row.queue, "available", error=error, attempt_delta=-1
         )
     times = before + 1
     last = row.attempt >= row.max_attempts
-    message = f"{LOST_REPLY}; handed back so {times} times, so this attempt counts" + (
+    counted = f"{message}; handed back so {times} times, so this attempt counts" + (
         ", and it was the last" if last else ""
     )
-    error = error_entry(row.attempt, "lost_reply", message, rescue=token)
+    error = error_entry(row.attempt, "lost_reply", counted, rescue=token)
     if last:
         return Outcome(row.id, row.token, row.attempt, row.queue, "discarded", error=error)
     # The exponent capped first: a job handed back a thousand times would overflow.

@@ -299,6 +299,7 @@ class Worker:
             poll_interval=s.poll_interval,
             fence_after_s=s.fencing_bound,
             claim_ahead=s.claim_ahead,
+            async_commit=s.async_commit,
             hooks=self._observers.hooks,
             worker_name=self.name,
         )
@@ -306,7 +307,7 @@ class Worker:
     def _build(self, pool: Pool) -> _Parts:
         s = self.settings
         limiter = anyio.CapacityLimiter(s.max_threads)
-        completer = Completer(pool, self._counted)
+        completer = Completer(pool, self._counted, async_commit=s.async_commit)
         reports = RescueReports(self._observers.app_hooks, self._observers.own_rescued)
         producers = [
             self._producer(pool, queue, n, completer, limiter) for queue, n in self._queues.items()
@@ -357,11 +358,24 @@ class Worker:
                 after_rescue=lambda: leader.wake(Promoter.name),
                 reports=reports,
             )
-        strays = Strays(pool, producers, completer.pending_attempts, s.stale_after, reports)
+        strays = self._strays(pool, producers, completer, reports)
         return _Parts(
             producers, completer, heartbeater, elector, leader, rescuer, reaper, retention,
             periodic, control, successor, strays, reports,
         )  # fmt: skip
+
+    def _strays(
+        self, pool: Pool, producers: list[Producer], completer: Completer, reports: RescueReports
+    ) -> Strays:
+        s = self.settings
+        return Strays(
+            pool,
+            producers,
+            completer.pending_attempts,
+            s.stale_after,
+            reports,
+            async_commit=s.async_commit,
+        )
 
     async def _serve(
         self, pool: Pool, parts: _Parts, burst: bool, task_status: anyio.abc.TaskStatus[None]

@@ -77,7 +77,8 @@ class Completer:
 
     @property
     def pending(self) -> int:
-        """Outcomes not yet durable."""
+        """Outcomes not yet written (with ``async_commit``, a written one may still be lost
+        in a crash of the database server)."""
         return len(self._buffer) + len(self._held)
 
     def pending_attempts(self) -> set[tuple[int, uuid.UUID | None]]:

@@ -238,9 +238,12 @@ class Strays:
                 FREE_LOST_REPLIES + 1,
             )
         log.warning(
-            "handed back %d jobs claimed by this worker whose claim's reply never arrived "
-            "(the connection broke after the claim committed): %s",
+            "handed back %d jobs running under this worker's producers that it was not "
+            "running (%s): %s",
             len(written),
+            "a claim's reply never arrived, or async_commit outcomes a database crash lost"
+            if self._message is LOST_REPLY_OR_OUTCOME
+            else "the connection broke after the claim committed, before its reply arrived",
             _some(written),
         )
         if self._reports is not None:

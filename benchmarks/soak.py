@@ -41,10 +41,17 @@ GC_PAUSE_MIN_S in the worker and in this process, moments when the worker's even
 a timer LOOP_LATE_MIN_S or more late (it was busy, or the process was not given a core),
 enqueue calls of this process that took SLOW_ENQUEUE_S or more (a job's clock starts at its
 transaction's start, so a slow commit shows as pickup latency), and each HOST_SAMPLE_S in which the machine's cores were
-HOST_BUSY_SHARE or more stolen by the hypervisor or waiting for I/O (Linux's /proc/stat).
-Per minute it also counts checkpoints, autovacuums and autoanalyzes of pgq_jobs, rows
-deleted (retention), WAL written, and the share of the cores' time stolen and waiting for
-I/O.
+HOST_BUSY_SHARE or more stolen by the hypervisor or waiting for I/O (Linux's /proc/stat),
+every statement the server ran for SLOW_STATEMENT_MS or more (its log, without parameters:
+the leader's retention batches and throughput rollup, autovacuum's work, this process's own
+reads), and the worker's log lines (INFO and above: leadership, retention rounds). Each
+minute is also read second by second (the jobs that became available in each second, their
+p99 and slowest pickup), and every second whose p99 missed the target is printed with the
+events that overlapped it: a slow minute shows whether its slow jobs came in one burst and
+what ran beside it. Per minute it also counts checkpoints, autovacuums and autoanalyzes of
+pgq_jobs, rows deleted (retention), WAL written, and the share of the cores' time stolen and
+waiting for I/O. The reads that measure each minute run at the lowest CPU priority
+(lower_priority()), so that they do not take the cores from what they measure.
 """
 
 from __future__ import annotations
@@ -99,12 +106,19 @@ HOST_SAMPLE_S = 0.5
 HOST_BUSY_SHARE = 0.25
 #: A minute with less than this share of the cores' time stolen counts as quiet.
 QUIET_STEAL = 0.01
+#: The CPU priority (nice) of the server process that reads each minute's figures.
+MEASURE_NICE = 19
 #: Enqueue calls of this process at least this long are recorded.
 SLOW_ENQUEUE_S = 0.02
+#: Statements the server runs for at least this long are logged (without their
+#: parameters) and compared with each minute's worst job like the other events.
+SLOW_STATEMENT_MS = 10
 #: What the private server logs, with times, for the events a minute is compared with.
 SERVER_LOGGING = {
     "log_checkpoints": "on",
     "log_autovacuum_min_duration": "0",
+    "log_min_duration_statement": str(SLOW_STATEMENT_MS),
+    "log_parameter_max_length": "0",
     "log_timezone": "UTC",
 }
 #: The worker appends its garbage-collector pauses and late event-loop timers to the file
@@ -195,18 +209,27 @@ FROM (SELECT greatest(0, extract(epoch FROM attempted_at)
 """
 
 
-def worker_argv(dsn: str, *extra: str) -> list[str]:
+def worker_argv(dsn: str, *extra: str, level: str = "WARNING") -> list[str]:
     return [
-        sys.executable, "-m", "pgq", "--log-level", "WARNING", "worker", "soak:app",
-        "--dsn", dsn, "--retention-completed", str(RETENTION_S), *extra,
+        sys.executable, "-m", "pgq", "--log-level", level, "--log-format", "json", "worker",
+        "soak:app", "--dsn", dsn, "--retention-completed", str(RETENTION_S), *extra,
     ]  # fmt: skip
 
 
-def start_worker(dsn: str, *extra: str, pauses: Path | None = None) -> subprocess.Popen[bytes]:
+def start_worker(
+    dsn: str, *extra: str, pauses: Path | None = None, log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """A `pgq worker` of the soak's app; with ``log``, its INFO lines (JSON) go to that
+    file, for worker_log() to read as events."""
     env = cli_environment(str(HERE))
     if pauses is not None:
         env[PAUSES_ENV] = str(pauses)
-    return subprocess.Popen(worker_argv(dsn, *extra), cwd=HERE, env=env)
+    if log is None:
+        return subprocess.Popen(worker_argv(dsn, *extra), cwd=HERE, env=env)
+    with log.open("ab") as sink:
+        return subprocess.Popen(
+            worker_argv(dsn, *extra, level="INFO"), cwd=HERE, env=env, stderr=sink
+        )
 
 
 async def drain_rate(dsn: str) -> float:
@@ -327,6 +350,23 @@ async def watch_host(stop: asyncio.Event) -> None:
         before, at = now, now_at
 
 
+async def lower_priority(conn: asyncpg.Connection[asyncpg.Record]) -> None:
+    """Give the server process behind ``conn`` the lowest CPU priority (nice MEASURE_NICE).
+
+    Each minute is read with a few scans of that minute's jobs: 2.5 s of statements at
+    5,364 jobs/s on 2026-12-04, run at normal priority beside the leader's retention round,
+    its throughput rollup and an autovacuum of the table, in a second whose jobs then waited
+    up to 0.8 s. At the lowest priority the scheduler gives them a small share of a busy
+    core, and the rest when it is idle. The server runs on this machine (private_server()),
+    so its process can be reniced: as root, or as the user that runs it.
+    """
+    pid = await conn.fetchval("SELECT pg_backend_pid()")
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, MEASURE_NICE)
+    except OSError as e:  # not permitted: the reads then compete with what they measure
+        print(f"could not lower the priority of the soak's reads (server pid {pid}): {e}")
+
+
 async def last_id(conn: asyncpg.Connection[asyncpg.Record]) -> int:
     return int(await conn.fetchval("SELECT coalesce(max(id), 0) FROM pgq_jobs"))
 
@@ -353,11 +393,13 @@ def parse_settings(text: str, option: str, pattern: re.Pattern[str], values: str
 async def soak(
     minutes: int, rate: float | None, table: dict[str, str], server: dict[str, str]
 ) -> dict[str, Any]:
-    pauses = Path(tempfile.mkdtemp(prefix="pgq-soak-")) / "worker-pauses.txt"
+    scratch = Path(tempfile.mkdtemp(prefix="pgq-soak-"))
+    pauses, worker_log_path = scratch / "worker-pauses.txt", scratch / "worker-log.jsonl"
     server = {**RECOMMENDED_SERVER, **server}
     async with private_server({**server, **SERVER_LOGGING}) as dsn:
         await pgq_migrate(dsn)
         conn = await asyncpg.connect(dsn)
+        await lower_priority(conn)
         await conn.execute(RECOMMENDED)
         for name, value in table.items():
             # Storage parameters cannot be bound as parameters; both were checked by
@@ -369,7 +411,7 @@ async def soak(
         offered = rate if rate is not None else most / 2
         print(f"with this process enqueuing beside it: {most:,.0f}/s; offering {offered:,.0f}/s")
         record_gc_pauses(lambda at, took, gen: EVENTS.append((at, took, f"GC gen {gen} here")))
-        worker = start_worker(dsn, pauses=pauses)
+        worker = start_worker(dsn, pauses=pauses, log=worker_log_path)
         try:
             await wait_for_producer(conn, worker)
             rows = await run_minutes(conn, dsn, minutes, offered)
@@ -378,7 +420,9 @@ async def soak(
             await asyncio.to_thread(worker.wait, 60)
             log = await conn.fetchval("SELECT pg_read_file('server.log')")
             await conn.close()
-    events = sorted([*server_events(log), *worker_pauses(pauses), *EVENTS])
+    events = sorted(
+        [*server_events(log), *worker_pauses(pauses), *worker_log(worker_log_path), *EVENTS]
+    )
     for row in rows:
         explain(row, events)
     return {
@@ -428,6 +472,18 @@ SELECT (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter) AS che
 FROM pg_stat_user_tables s WHERE s.relname = 'pgq_jobs'
 """
 
+# The same minute second by second, by when its jobs became available: how many, and their
+# pickup at p99 and the most; a slow minute's profile shows whether its slow jobs came in
+# one burst or spread over it.
+SECONDS = """
+SELECT floor(extract(epoch FROM scheduled_at)) AS second, count(*) AS jobs,
+       percentile_cont(0.99) WITHIN GROUP (
+           ORDER BY extract(epoch FROM attempted_at - scheduled_at)) AS p99,
+       max(extract(epoch FROM attempted_at - scheduled_at)) AS max
+FROM pgq_jobs WHERE id > $1 AND id <= $2 AND attempted_at IS NOT NULL
+GROUP BY 1 ORDER BY 1
+"""
+
 WORST = """
 SELECT extract(epoch FROM scheduled_at) AS due, extract(epoch FROM attempted_at) AS claimed,
        jsonb_array_length(errors) AS entries, errors -> -1 ->> 'message' AS last_error
@@ -447,6 +503,9 @@ async def server_counters(conn: asyncpg.Connection[asyncpg.Record]) -> dict[str,
 
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) UTC \[\d+\] (\w+):  (.*)$")
 _ELAPSED = re.compile(r"elapsed: ([\d.]+) s")
+#: A statement logged by log_min_duration_statement: its duration, then what ran (asyncpg's
+#: extended protocol logs its parse, bind and execute steps apart).
+_DURATION = re.compile(r"duration: ([\d.]+) ms  (?:statement|(parse|bind|execute) [^:]*): (.*)")
 _TRUNCATED = re.compile(r"pages: (\d+) removed")
 
 
@@ -479,6 +538,26 @@ def server_events(log: str) -> list[tuple[float, float, str]]:
             if truncated and int(truncated[1]):
                 what += f", {truncated[1]} pages truncated"
             events.append((at - took, took, what))
+        elif (d := _DURATION.match(text)) is not None:
+            took = float(d[1]) / 1000
+            sql = " ".join(d[3].split())
+            sql = sql if len(sql) <= 70 else sql[:67] + "..."
+            events.append((at - took, took, f"statement{f' ({d[2]})' if d[2] else ''}: {sql}"))
+    return events
+
+
+def worker_log(path: Path) -> list[tuple[float, float, str]]:
+    """The soak's worker's log lines (INFO and above, JSON), as instants."""
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+            at = datetime.fromisoformat(entry["time"]).timestamp()
+        except (ValueError, KeyError, TypeError):
+            continue  # not one of pgq's lines (a traceback printed by Python itself)
+        events.append((at, 0.0, f"worker {entry['level']} {entry['logger']}: {entry['message']}"))
     return events
 
 
@@ -493,16 +572,27 @@ def worker_pauses(path: Path) -> list[tuple[float, float, str]]:
 
 
 def explain(row: dict[str, Any], events: list[tuple[float, float, str]]) -> None:
-    """Name, in ``row``, the events that overlapped its worst job's wait."""
+    """Name, in ``row``, the events that overlapped its worst job's wait, and those that
+    overlapped each second whose p99 missed the target (from the second's start, less half
+    a second, to its end plus its slowest wait)."""
+
+    def overlapping(start: float, end: float) -> list[str]:
+        return [
+            f"{datetime.fromtimestamp(at, UTC):%H:%M:%S.%f}"[:-3] + f" +{took * 1000:.0f} ms {what}"
+            for at, took, what in events
+            if at <= end and at + took >= start
+        ]
+
+    row["slow_seconds"] = [
+        {"second": second, "jobs": jobs, "p99_ms": p99, "max_ms": top,
+         "events": overlapping(second - 0.5, second + 1 + top / 1000)}
+        for second, jobs, p99, top in row.get("seconds", [])
+        if p99 > P99_TARGET_MS
+    ]  # fmt: skip
     if row["worst_due"] is None:
         row["worst_events"] = []
         return
-    due, claimed = row["worst_due"], row["worst_claimed"]
-    row["worst_events"] = [
-        f"{datetime.fromtimestamp(at, UTC):%H:%M:%S.%f}"[:-3] + f" +{took * 1000:.0f} ms {what}"
-        for at, took, what in events
-        if at <= claimed and at + took >= due - 0.5
-    ]
+    row["worst_events"] = overlapping(row["worst_due"] - 0.5, row["worst_claimed"])
 
 
 async def read_minute(
@@ -517,6 +607,10 @@ async def read_minute(
     r = await conn.fetchrow(MINUTE, first, last)
     assert r is not None
     worst = await conn.fetchrow(WORST, first, last)
+    seconds = [
+        [int(s["second"]), s["jobs"], float(s["p99"]) * 1000, float(s["max"]) * 1000]
+        for s in await conn.fetch(SECONDS, first, last)
+    ]
     p50, p99 = r["pickup"] or (None, None)
     start = max(bisect.bisect_right(ACKS, (first + 1, math.inf)) - 1, 0)
     calls = [a for a in ACKS[start:] if a[0] <= last]
@@ -541,6 +635,8 @@ async def read_minute(
         "worst_claimed": None if worst is None else float(worst["claimed"]),
         "worst_errors": None if worst is None else worst["entries"],
         "worst_last_error": None if worst is None else worst["last_error"],
+        # [epoch second, jobs, p99 ms, max ms] for each second of the minute
+        "seconds": seconds,
         **sizes,
         **during,  # per minute (sizes' own "autovacuums" is the running total)
     }
@@ -692,6 +788,17 @@ async def main() -> None:
             print(f"    jobs of the minute with an error entry: {row['with_errors']:,}")
         for event in row["worst_events"]:
             print(f"    {event}")
+        if row.get("slow_seconds"):
+            print(f"    seconds with p99 over {P99_TARGET_MS:g} ms, their jobs, p99 and max:")
+        for slow in row.get("slow_seconds", []):
+            at = datetime.fromtimestamp(slow["second"], UTC)
+            print(
+                f"      {at:%H:%M:%S}  {slow['jobs']:>6,} jobs  p99 {slow['p99_ms']:7.1f} ms"
+                f"  max {slow['max_ms']:7.1f} ms"
+            )
+            for event in slow["events"]:
+                if event not in row["worst_events"]:
+                    print(f"        {event}")
     print(f"wrote {RESULTS / 'soak.json'} and {RESULTS / 'soak.png'}")
 
 

@@ -16,6 +16,7 @@ import pgq
 from pgq._store.maintenance import Rescued, rescue_predecessor
 from pgq._worker import liveness
 from pgq._worker.leader import elector as elector_module
+from pgq._worker.leader import retention as retention_module
 from pgq._worker.leader import statistics as statistics_module
 from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.retention import Retention
@@ -381,3 +382,39 @@ async def test_a_role_the_server_will_not_let_analyze_the_jobs_table_says_so_onc
     assert not await _has_statistics(conn)
     said = [r.getMessage() for r in caplog.records if r.name == "pgq.statistics"]
     assert len(said) == 1 and "run ANALYZE pgq_jobs as its owner" in said[0], said
+
+
+@pytest.mark.parametrize(("interval_s", "paused"), [(60.0, 2), (0.001, 0)])
+async def test_retention_pauses_after_each_full_batch_and_still_deletes_every_due_job(
+    dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch, interval_s: float, paused: int
+) -> None:
+    """A round of many batches is paced (a pause after each full batch, as long as the
+    batch took), so that it does not hold a connection back to back; the pauses still end
+    with every due job deleted in that round. Past half its interval a round stops pausing
+    (a 1 ms interval: from its first batch), so a paced round never falls behind."""
+    await conn.execute(
+        "INSERT INTO pgq_jobs (task, state, finalized_at)"
+        " SELECT 't', 'completed', now() - interval '2 hours' FROM generate_series(1, $1)",
+        2 * retention_module.BATCH + 500,
+    )
+    pauses: list[float] = []
+    real_sleep = anyio.sleep
+
+    async def recorded(delay: float) -> None:
+        pauses.append(delay)
+        await real_sleep(delay)
+
+    monkeypatch.setattr(anyio, "sleep", recorded)  # only the round sleeps in this test
+    settings = pgq.WorkerSettings.resolve(
+        {"retention_completed": 3600, "retention_interval": interval_s}
+    )
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+    assert pool is not None
+    try:
+        assert await Retention(pool, settings).run_once() == 2 * retention_module.BATCH + 500
+    finally:
+        await pool.close()
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 0
+    assert len(pauses) == paused, pauses  # after the full batches, never after the last
+    assert all(p > 0 for p in pauses), pauses
+

@@ -22,6 +22,7 @@ from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderServices
 from pgq._worker.leader.statistics import Statistics
+from pgq._worker.leader.throughput import Throughput
 from pgq._worker.unsure import Unsure
 from tests.integration.test_liveness import FAST, fake_producer, running_job
 from tests.tests_support import until
@@ -418,3 +419,41 @@ async def test_retention_pauses_after_each_full_batch_and_still_deletes_every_du
     assert len(pauses) == paused, pauses  # after the full batches, never after the last
     assert all(p > 0 for p in pauses), pauses
 
+
+async def test_the_rollup_recounts_the_recent_minutes_and_leaves_older_ones_as_counted(
+    dsn: str, conn: Conn
+) -> None:
+    """The first round counts the last hour; the rounds after recount from the start of
+    the minute LATE_S before the previous round: an outcome committed 20 s late is counted,
+    a minute ten minutes old is not read again."""
+    queue = f"rollup-{uuid.uuid4().hex[:8]}"
+    finish = (
+        "INSERT INTO pgq_jobs (queue, task, state, finalized_at)"
+        " SELECT $1, 't', 'completed', now() - make_interval(secs => $2)"
+        " FROM generate_series(1, $3)"
+    )
+    old_minute = "date_trunc('minute', now() - interval '10 minutes')"
+    counted_then = (
+        f"SELECT completed FROM pgq_throughput WHERE queue = $1 AND minute = {old_minute}"
+    )
+    counted_since = (
+        "SELECT coalesce(sum(completed), 0) FROM pgq_throughput"
+        " WHERE queue = $1 AND minute > now() - interval '5 minutes'"
+    )
+    await conn.execute(finish, queue, 600.0, 3)
+    await conn.execute(finish, queue, 0.0, 2)
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+    assert pool is not None
+    try:
+        rollup = Throughput(pool)
+        await rollup.run_once()
+        assert await conn.fetchval(counted_then, queue) == 3
+        assert await conn.fetchval(counted_since, queue) == 2
+        # Committed now: one finalized 20 s ago, one ten minutes ago (in the old minute).
+        await conn.execute(finish, queue, 20.0, 1)
+        await conn.execute(finish, queue, 600.0, 1)
+        await rollup.run_once()
+        assert await conn.fetchval(counted_since, queue) == 3
+        assert await conn.fetchval(counted_then, queue) == 3, "an old minute is not recounted"
+    finally:
+        await pool.close()

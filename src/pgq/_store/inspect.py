@@ -208,9 +208,9 @@ async def throughput_by_queue(db: Db, *, minutes: int) -> dict[str, Minute]:
     return {q: Minute(now, *v) for q, v in sums.items()}
 
 
-async def rollup_throughput(db: Db, *, minutes_back: int) -> None:
-    """Count the jobs finished in the current minute and the ``minutes_back`` before it."""
-    await db.execute(sql.THROUGHPUT_ROLLUP, minutes_back)
+async def rollup_throughput(db: Db, *, back_s: float) -> None:
+    """Count the jobs finished since the start of the minute ``back_s`` seconds ago."""
+    await db.execute(sql.THROUGHPUT_ROLLUP, back_s)
 
 
 async def trim_throughput(db: Db, *, keep_s: float) -> None:

@@ -1575,7 +1575,7 @@ CURRENT_MINUTE: Final = "SELECT date_trunc('minute', now()) AS minute"
 
 # --------------------------------------------------------------------------- throughput rollup
 
-# Count the jobs finished in the current minute and the $1 before it into the rollup, by
+# Count the jobs finished since the start of the minute $1 seconds ago into the rollup, by
 # range scans of the finalized index. A minute is counted again on the next rounds (it is
 # still filling, or an outcome committed late: a job is finalized in the minute its
 # transaction began); counts only grow, so retention deleting the jobs never lowers them.
@@ -1590,7 +1590,7 @@ FROM pgq_jobs
 WHERE state IN """
     + _FINAL
     + """
-  AND finalized_at >= date_trunc('minute', now()) - make_interval(mins => $1)
+  AND finalized_at >= date_trunc('minute', now() - make_interval(secs => $1))
 GROUP BY 1, 2
 ON CONFLICT (minute, queue) DO UPDATE
 SET completed = greatest(t.completed, EXCLUDED.completed),

@@ -3,17 +3,21 @@ the dashboard's chart reads one row per minute and queue rather than an hour of 
 
 from __future__ import annotations
 
-import math
 import time
 
 from pgq._store import inspect
 from pgq._store.connections import Pool
 
-#: Minutes counted before the current one on a leader's first round (the chart's hour),
-#: and on the rounds after: those since the last round, and one more for outcomes that
-#: committed late.
-BACKFILL_MINUTES = 60
-RECOUNT_MINUTES = 1
+#: A leader's first round counts the chart's hour: from the start of the minute this long
+#: ago.
+BACKFILL_S = 3600.0
+#: The rounds after count from the start of the minute this long before the previous
+#: round began: an outcome whose transaction commits up to LATE_S after its minute ended
+#: is still counted (a job counts in the minute its transaction began). A round then reads
+#: about a minute of finished jobs on average, where recounting two whole minutes before
+#: the current one read two and a half: at thousands of jobs a second, each round is an
+#: index scan of hundreds of thousands of them.
+LATE_S = 30.0
 #: How long the rollup keeps its minutes.
 KEEP_S = 7 * 86400.0
 
@@ -30,13 +34,13 @@ class Throughput:
         self._last_round: float | None = None
 
     async def run_once(self) -> None:
-        """Count the minutes since this worker's last round (the last hour on its first,
-        or after a gap in its leadership), and forget those past :data:`KEEP_S`."""
+        """Count the minutes since :data:`LATE_S` before this worker's last round (the
+        last hour on its first, or after a gap in its leadership), and forget those past
+        :data:`KEEP_S`."""
         started = time.monotonic()
-        back = BACKFILL_MINUTES
+        back = BACKFILL_S
         if self._last_round is not None:
-            since = math.ceil((started - self._last_round) / 60)
-            back = min(BACKFILL_MINUTES, since + RECOUNT_MINUTES)
-        await inspect.rollup_throughput(self._pool, minutes_back=back)
+            back = min(BACKFILL_S, started - self._last_round + LATE_S)
+        await inspect.rollup_throughput(self._pool, back_s=back)
         await inspect.trim_throughput(self._pool, keep_s=KEEP_S)
         self._last_round = started

@@ -424,36 +424,45 @@ async def test_the_rollup_recounts_the_recent_minutes_and_leaves_older_ones_as_c
     dsn: str, conn: Conn
 ) -> None:
     """The first round counts the last hour; the rounds after recount from the start of
-    the minute LATE_S before the previous round: an outcome committed 20 s late is counted,
-    a minute ten minutes old is not read again."""
+    the minute LATE_S before the previous round: an outcome committed 20 s late is counted;
+    one committed 150 s late (over 90 s past its minute) is left out, and a minute ten
+    minutes old is not read again. A round reads about a minute, not an hour or three."""
     queue = f"rollup-{uuid.uuid4().hex[:8]}"
     finish = (
         "INSERT INTO pgq_jobs (queue, task, state, finalized_at)"
-        " SELECT $1, 't', 'completed', now() - make_interval(secs => $2)"
-        " FROM generate_series(1, $3)"
+        " SELECT $1, 't', 'completed', $2 FROM generate_series(1, $3)"
     )
-    old_minute = "date_trunc('minute', now() - interval '10 minutes')"
+    # One fixed moment ten minutes back (now() moves on, and may cross a minute).
+    old = await conn.fetchval("SELECT now() - interval '10 minutes'")
     counted_then = (
-        f"SELECT completed FROM pgq_throughput WHERE queue = $1 AND minute = {old_minute}"
+        "SELECT completed FROM pgq_throughput"
+        " WHERE queue = $1 AND minute = date_trunc('minute', $2::timestamptz)"
     )
     counted_since = (
         "SELECT coalesce(sum(completed), 0) FROM pgq_throughput"
-        " WHERE queue = $1 AND minute > now() - interval '5 minutes'"
+        " WHERE queue = $1 AND minute > date_trunc('minute', $2::timestamptz)"
     )
-    await conn.execute(finish, queue, 600.0, 3)
-    await conn.execute(finish, queue, 0.0, 2)
+    await conn.execute(finish, queue, old, 3)
+    now = await conn.fetchval("SELECT now()")
+    await conn.execute(finish, queue, now, 2)
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
     assert pool is not None
     try:
         rollup = Throughput(pool)
         await rollup.run_once()
-        assert await conn.fetchval(counted_then, queue) == 3
-        assert await conn.fetchval(counted_since, queue) == 2
-        # Committed now: one finalized 20 s ago, one ten minutes ago (in the old minute).
-        await conn.execute(finish, queue, 20.0, 1)
-        await conn.execute(finish, queue, 600.0, 1)
+        assert await conn.fetchval(counted_then, queue, old) == 3
+        assert await conn.fetchval(counted_since, queue, old) == 2
+        # Committed now: finalized 20 s ago, 150 s ago, and in the old minute.
+        moments = await conn.fetchrow(
+            "SELECT now() - interval '20 seconds', now() - interval '150 seconds'"
+        )
+        assert moments is not None
+        recent, late = moments
+        for finalized in (recent, late, old):
+            await conn.execute(finish, queue, finalized, 1)
         await rollup.run_once()
-        assert await conn.fetchval(counted_since, queue) == 3
-        assert await conn.fetchval(counted_then, queue) == 3, "an old minute is not recounted"
+        assert await conn.fetchval(counted_since, queue, old) == 3, "20 s late: counted"
+        assert await conn.fetchval(counted_then, queue, late) is None, "150 s late: not"
+        assert await conn.fetchval(counted_then, queue, old) == 3, "an old minute is not recounted"
     finally:
         await pool.close()

@@ -19,13 +19,13 @@ log = logging.getLogger("pgq.retention")
 BATCH = 1000
 #: After each full batch the round pauses this many times as long as the batch took: a
 #: queue finishing thousands of jobs a second has a round of hundreds of batches a minute,
-#: which back to back took a core from the claims for seconds at a time (the soak's
-#: stalls, docs/performance.md). Paced, a round deletes at half the speed of one
-#: connection.
+#: which back to back held a connection and a core for seconds (in the soak they overlapped
+#: its worst stalls: benchmarks/results/soak-a9cf705-diagnosis-*). Paced, a round deletes
+#: at half the speed of one connection.
 PACE = 1.0
 #: A round paces itself only for this share of ``retention_interval``; past it, it deletes
-#: back to back, so that a queue finishing faster than a paced round deletes never falls
-#: further behind than an unpaced round would let it.
+#: back to back. A queue finishing faster than a paced round deletes then keeps at most
+#: the jobs of that half interval at half speed more than an unpaced round would leave.
 PACED_SHARE = 0.5
 
 
@@ -59,8 +59,9 @@ class Retention:
                 if n < BATCH:
                     break
                 now = time.monotonic()
-                if now - began_round < self.interval_s * PACED_SHARE:
-                    await anyio.sleep((now - began) * PACE)
+                paced_until = began_round + self.interval_s * PACED_SHARE
+                if now < paced_until:
+                    await anyio.sleep(min((now - began) * PACE, paced_until - now))
         if deleted:
             log.info("retention deleted %d finished jobs", deleted)
         self.deleted += deleted

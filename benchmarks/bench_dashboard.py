@@ -104,12 +104,13 @@ async def main(rows: int) -> None:
           f"{'met' if worst_all < 100 else 'NOT met'}")  # fmt: skip
     # The leader's rollup round on this table, 15 s after the previous one: from the start
     # of the minute 15 + LATE_S seconds ago (at most two minutes, ~2,400 jobs here).
+    previous = await conn.fetchval("SELECT now() - interval '15 seconds'")
     started = time.perf_counter()
-    await inspect.rollup_throughput(conn, back_s=15 + LATE_S)
+    await inspect.rollup_throughput(conn, since=previous, late_s=LATE_S, backfill_s=BACKFILL_S)
     print(f"throughput rollup round (from the minute {15 + LATE_S:g} s ago): "
           f"{(time.perf_counter() - started) * 1000:.1f} ms")  # fmt: skip
     started = time.perf_counter()
-    await inspect.rollup_throughput(conn, back_s=BACKFILL_S)
+    await inspect.rollup_throughput(conn, since=None, late_s=LATE_S, backfill_s=BACKFILL_S)
     print(f"throughput rollup backfill (an hour, {72_000:,} jobs): "
           f"{(time.perf_counter() - started) * 1000:.1f} ms")  # fmt: skip
     await conn.close()

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import anyio
@@ -22,7 +23,7 @@ from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderServices
 from pgq._worker.leader.statistics import Statistics
-from pgq._worker.leader.throughput import Throughput
+from pgq._worker.leader.throughput import LATE_S, Throughput
 from pgq._worker.unsure import Unsure
 from tests.integration.test_liveness import FAST, fake_producer, running_job
 from tests.tests_support import until
@@ -424,45 +425,40 @@ async def test_the_rollup_recounts_the_recent_minutes_and_leaves_older_ones_as_c
     dsn: str, conn: Conn
 ) -> None:
     """The first round counts the last hour; the rounds after recount from the start of
-    the minute LATE_S before the previous round: an outcome committed 20 s late is counted;
-    one committed 150 s late (over 90 s past its minute) is left out, and a minute ten
-    minutes old is not read again. A round reads about a minute, not an hour or three."""
+    the minute LATE_S before the previous round began (on the database's clock): an outcome
+    finalized at that minute's first instant and committed since is counted, one finalized
+    a microsecond earlier is left out, and a minute ten minutes old is not read again."""
     queue = f"rollup-{uuid.uuid4().hex[:8]}"
     finish = (
-        "INSERT INTO pgq_jobs (queue, task, state, finalized_at)"
-        " SELECT $1, 't', 'completed', $2 FROM generate_series(1, $3)"
+        "INSERT INTO pgq_jobs (queue, task, state, finalized_at) VALUES ($1, 't', 'completed', $2)"
     )
-    # One fixed moment ten minutes back (now() moves on, and may cross a minute).
-    old = await conn.fetchval("SELECT now() - interval '10 minutes'")
-    counted_then = (
+    counted_in = (
         "SELECT completed FROM pgq_throughput"
         " WHERE queue = $1 AND minute = date_trunc('minute', $2::timestamptz)"
     )
-    counted_since = (
-        "SELECT coalesce(sum(completed), 0) FROM pgq_throughput"
-        " WHERE queue = $1 AND minute > date_trunc('minute', $2::timestamptz)"
-    )
-    await conn.execute(finish, queue, old, 3)
-    now = await conn.fetchval("SELECT now()")
-    await conn.execute(finish, queue, now, 2)
+    old = await conn.fetchval("SELECT now() - interval '10 minutes'")  # one fixed moment
+    for _ in range(3):
+        await conn.execute(finish, queue, old)
     pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
     assert pool is not None
     try:
         rollup = Throughput(pool)
         await rollup.run_once()
-        assert await conn.fetchval(counted_then, queue, old) == 3
-        assert await conn.fetchval(counted_since, queue, old) == 2
-        # Committed now: finalized 20 s ago, 150 s ago, and in the old minute.
-        moments = await conn.fetchrow(
-            "SELECT now() - interval '20 seconds', now() - interval '150 seconds'"
+        assert await conn.fetchval(counted_in, queue, old) == 3, "the first round: the hour"
+        assert rollup._last_round is not None
+        edge = await conn.fetchval(
+            "SELECT date_trunc('minute', $1::timestamptz - make_interval(secs => $2))",
+            rollup._last_round,
+            LATE_S,
         )
-        assert moments is not None
-        recent, late = moments
-        for finalized in (recent, late, old):
-            await conn.execute(finish, queue, finalized, 1)
+        # Committed after the first round: one at the edge, one just before, one in the
+        # old minute.
+        just_before = edge - timedelta(microseconds=1)
+        for finalized in (edge, just_before, old):
+            await conn.execute(finish, queue, finalized)
         await rollup.run_once()
-        assert await conn.fetchval(counted_since, queue, old) == 3, "20 s late: counted"
-        assert await conn.fetchval(counted_then, queue, late) is None, "150 s late: not"
-        assert await conn.fetchval(counted_then, queue, old) == 3, "an old minute is not recounted"
+        assert await conn.fetchval(counted_in, queue, edge) == 1
+        assert await conn.fetchval(counted_in, queue, just_before) is None
+        assert await conn.fetchval(counted_in, queue, old) == 3, "an old minute is not recounted"
     finally:
         await pool.close()

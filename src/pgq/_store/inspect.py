@@ -208,9 +208,14 @@ async def throughput_by_queue(db: Db, *, minutes: int) -> dict[str, Minute]:
     return {q: Minute(now, *v) for q, v in sums.items()}
 
 
-async def rollup_throughput(db: Db, *, back_s: float) -> None:
-    """Count the jobs finished since the start of the minute ``back_s`` seconds ago."""
-    await db.execute(sql.THROUGHPUT_ROLLUP, back_s)
+async def rollup_throughput(
+    db: Db, *, since: datetime | None, late_s: float, backfill_s: float
+) -> datetime:
+    """Count the jobs finished since the start of the minute ``late_s`` before ``since``
+    (the previous round's clock), but at most ``backfill_s`` back (all of it when ``since``
+    is None); returns this round's clock, on the database."""
+    began: datetime = await db.fetchval(sql.THROUGHPUT_ROLLUP, since, late_s, backfill_s)
+    return began
 
 
 async def trim_throughput(db: Db, *, keep_s: float) -> None:

@@ -1575,27 +1575,33 @@ CURRENT_MINUTE: Final = "SELECT date_trunc('minute', now()) AS minute"
 
 # --------------------------------------------------------------------------- throughput rollup
 
-# Count the jobs finished since the start of the minute $1 seconds ago into the rollup, by
-# range scans of the finalized index. A minute is counted again on the next rounds (it is
-# still filling, or an outcome committed late: a job is finalized in the minute its
-# transaction began); counts only grow, so retention deleting the jobs never lowers them.
+# Count the jobs finished since the start of the minute $2 seconds before $1 (the previous
+# round's clock; NULL on a leader's first round) but at most $3 seconds back, into the
+# rollup, by range scans of the finalized index; returns this round's clock. A minute is
+# counted again on the next rounds (it is still filling, or an outcome committed late: a
+# job is finalized in the minute its transaction began); counts only grow, so retention
+# deleting the jobs never lowers them.
 THROUGHPUT_ROLLUP: Final = (
     """
-INSERT INTO pgq_throughput AS t (minute, queue, completed, discarded, cancelled)
-SELECT date_trunc('minute', finalized_at), queue,
-       count(*) FILTER (WHERE state = 'completed'),
-       count(*) FILTER (WHERE state = 'discarded'),
-       count(*) FILTER (WHERE state = 'cancelled')
-FROM pgq_jobs
-WHERE state IN """
+WITH counted AS (
+    INSERT INTO pgq_throughput AS t (minute, queue, completed, discarded, cancelled)
+    SELECT date_trunc('minute', finalized_at), queue,
+           count(*) FILTER (WHERE state = 'completed'),
+           count(*) FILTER (WHERE state = 'discarded'),
+           count(*) FILTER (WHERE state = 'cancelled')
+    FROM pgq_jobs
+    WHERE state IN """
     + _FINAL
     + """
-  AND finalized_at >= date_trunc('minute', now() - make_interval(secs => $1))
-GROUP BY 1, 2
-ON CONFLICT (minute, queue) DO UPDATE
-SET completed = greatest(t.completed, EXCLUDED.completed),
-    discarded = greatest(t.discarded, EXCLUDED.discarded),
-    cancelled = greatest(t.cancelled, EXCLUDED.cancelled)
+      AND finalized_at >= date_trunc('minute', GREATEST($1::timestamptz - make_interval(secs => $2),
+                                                        now() - make_interval(secs => $3)))
+    GROUP BY 1, 2
+    ON CONFLICT (minute, queue) DO UPDATE
+    SET completed = greatest(t.completed, EXCLUDED.completed),
+        discarded = greatest(t.discarded, EXCLUDED.discarded),
+        cancelled = greatest(t.cancelled, EXCLUDED.cancelled)
+)
+SELECT now()
 """
 )
 

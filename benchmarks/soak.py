@@ -19,14 +19,18 @@ job became available, its enqueue transaction's start) at p50, p99 and max; the 
 measured from the enqueue call's acknowledged commit (the wall-clock time enqueue_many
 returned, as benchmarks/latency.py measures latency: a commit that waited on the disk is
 then not counted, since no queue could see the jobs before it); how many were still not
-picked up; and the jobs table's heap and index sizes, live rows and dead tuples. At the
+picked up; and the jobs table's heap and index sizes, live rows (the server's estimate) and
+dead tuples. The jobs are read as the run goes, those of each SLICE_S seconds SETTLE_S after
+it ends (a few thousand rows at a time, on a connection of their own), and each minute's
+figures are computed here: reading a minute's jobs all at once, with a few scans of
+hundreds of thousands of rows, took cores from what it measured. At the
 end it prints the table, checks the targets (p99 pickup ≤ 25 ms in every minute, both
 ways; the last five minutes' throughput within 10 % of the first five; heap and indexes,
 after the first minutes, not growing by more than 10 %), and writes
 benchmarks/results/soak.json and soak.png.
 
 At a fixed offered rate, a minute's throughput is the rate offered unless the worker falls
-behind; its jobs still unclaimed when the minute is read (SETTLE_S after it ends) are
+behind; its jobs still unclaimed when their slice is read (SETTLE_S after it ends) are
 counted apart and fail the latency target. Pickup latency ends at the claim: a job claimed
 ahead of a free slot starts a little later (docs/configuration.md, `claim_ahead`). A job
 handed back unstarted (its slot did not free in time) and claimed again counts to its last
@@ -43,15 +47,14 @@ enqueue calls of this process that took SLOW_ENQUEUE_S or more (a job's clock st
 transaction's start, so a slow commit shows as pickup latency), and each HOST_SAMPLE_S in which the machine's cores were
 HOST_BUSY_SHARE or more stolen by the hypervisor or waiting for I/O (Linux's /proc/stat),
 every statement the server ran for SLOW_STATEMENT_MS or more (its log, without parameters:
-the leader's retention batches and throughput rollup, autovacuum's work, this process's own
-reads), and the worker's log lines (INFO and above: leadership, retention rounds). Each
-minute is also read second by second (the jobs that became available in each second, their
-p99 and slowest pickup), and every second whose p99 missed the target is printed with the
-events that overlapped it: a slow minute shows whether its slow jobs came in one burst and
-what ran beside it. Per minute it also counts checkpoints, autovacuums and autoanalyzes of
+the leader's retention batches and throughput rollup, autovacuum's analyze sampling), and the worker's log lines (INFO and above: leadership, the end of each retention
+round; its warnings are also printed at the end). A minute whose p99 missed the target is
+also read second by second (the jobs that became available in each second, their p99 and
+slowest pickup; the seconds at a minute's ends are split between two minutes, by job id),
+and each second whose p99 missed is printed with the events that overlapped it: the slow
+minute shows whether its slow jobs came in one burst and what ran beside it. Per minute it also counts checkpoints, autovacuums and autoanalyzes of
 pgq_jobs, rows deleted (retention), WAL written, and the share of the cores' time stolen and
-waiting for I/O. The reads that measure each minute run at the lowest CPU priority
-(lower_priority()), so that they do not take the cores from what they measure.
+waiting for I/O.
 """
 
 from __future__ import annotations
@@ -75,7 +78,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import asyncpg
-from bench_pgq_table import RECOMMENDED, RECOMMENDED_SERVER, table_size
+from bench_pgq_table import RECOMMENDED, RECOMMENDED_SERVER
 from common import cli_environment, pgq_migrate, private_server, run
 
 import pgq
@@ -83,12 +86,14 @@ import pgq
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
-#: Completed jobs are kept this long: long enough that a minute's jobs are still there
-#: when the minute is read, short enough that retention deletes throughout the run.
+#: Completed jobs are kept this long: long enough that a slice's jobs are still there
+#: when it is read, short enough that retention deletes throughout the run.
 RETENTION_S = 120
 #: Enqueue in a batch this often (the offered rate is kept on average, not per tick).
 TICK_S = 0.02
-#: A minute is read this long after it ends, when its jobs have had time to finish.
+#: The jobs enqueued in each slice of this many seconds are read together...
+SLICE_S = 5.0
+#: ...this long after the slice ends, when they have had time to finish.
 SETTLE_S = 5.0
 CALIBRATION_JOBS = 100_000
 SUSTAINED_WARMUP_S = 5.0
@@ -106,8 +111,6 @@ HOST_SAMPLE_S = 0.5
 HOST_BUSY_SHARE = 0.25
 #: A minute with less than this share of the cores' time stolen counts as quiet.
 QUIET_STEAL = 0.01
-#: The CPU priority (nice) of the server process that reads each minute's figures.
-MEASURE_NICE = 19
 #: Enqueue calls of this process at least this long are recorded.
 SLOW_ENQUEUE_S = 0.02
 #: Statements the server runs for at least this long are logged (without their
@@ -183,29 +186,27 @@ EVENTS: list[tuple[float, float, str]] = []
 ACKS: list[tuple[int, float]] = []
 
 
-MINUTE = """
-SELECT count(*) AS jobs,
-       count(*) FILTER (WHERE state = 'completed') AS completed,
-       count(*) FILTER (WHERE attempted_at IS NULL) AS not_picked_up,
-       count(*) FILTER (WHERE errors <> '[]'::jsonb) AS with_errors,
-       percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (
-           ORDER BY extract(epoch FROM attempted_at - scheduled_at)) AS pickup,
-       max(extract(epoch FROM attempted_at - scheduled_at)) AS pickup_max
-FROM pgq_jobs WHERE id > $1 AND id <= $2
+# The jobs enqueued between two marks, as the soak reads them SETTLE_S after the later mark:
+# when each became available, when it was claimed (NULL: not yet), whether it completed and
+# whether it has an error entry. Read every SLICE_S, a few thousand rows at a time, instead
+# of scanning each minute's jobs at once.
+SLICE = """
+SELECT id, extract(epoch FROM scheduled_at)::float8 AS due,
+       extract(epoch FROM attempted_at)::float8 AS claimed,
+       state = 'completed' AS completed, errors <> '[]'::jsonb AS with_errors
+FROM pgq_jobs WHERE id > $1 AND id <= $2 ORDER BY id
 """
 
-# The same minute's pickup from each job's enqueue call's acknowledged commit ($3: the calls'
-# first ids, in order, $4: their acknowledgements, epoch seconds; this process alone
-# enqueues, so a call's jobs are the ids from its first to the next call's). A job claimed
-# before its enqueuer saw the acknowledgement waited 0.
-MINUTE_FROM_ACK = """
-SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY wait) AS pickup,
-       max(wait) AS pickup_max
-FROM (SELECT greatest(0, extract(epoch FROM attempted_at)
-                         - ($4::float8[])[width_bucket(id, $3::bigint[])]) AS wait
-      FROM pgq_jobs
-      WHERE id > $1 AND id <= $2 AND attempted_at IS NOT NULL
-        AND id >= ($3::bigint[])[1]) AS j
+WORST_ERRORS = """
+SELECT jsonb_array_length(errors) AS entries, errors -> -1 ->> 'message' AS last_error
+FROM pgq_jobs WHERE id = $1
+"""
+
+# The table's sizes, from the server's statistics (no count of its rows: n_live_tup).
+SIZES = """
+SELECT pg_relation_size('pgq_jobs') AS heap, pg_indexes_size('pgq_jobs') AS indexes,
+       n_dead_tup AS dead, autovacuum_count AS vacuums, n_live_tup AS live
+FROM pg_stat_user_tables WHERE relname = 'pgq_jobs'
 """
 
 
@@ -350,21 +351,23 @@ async def watch_host(stop: asyncio.Event) -> None:
         before, at = now, now_at
 
 
-async def lower_priority(conn: asyncpg.Connection[asyncpg.Record]) -> None:
-    """Give the server process behind ``conn`` the lowest CPU priority (nice MEASURE_NICE).
+#: The server's log is read in pieces of this many bytes (a value read whole is limited
+#: to 1 GB, and held in the server's memory).
+LOG_CHUNK = 64 * 2**20
 
-    Each minute is read with a few scans of that minute's jobs: 2.5 s of statements at
-    5,364 jobs/s on 2026-12-04, run at normal priority beside the leader's retention round,
-    its throughput rollup and an autovacuum of the table, in a second whose jobs then waited
-    up to 0.8 s. At the lowest priority the scheduler gives them a small share of a busy
-    core, and the rest when it is idle. The server runs on this machine (private_server()),
-    so its process can be reniced: as root, or as the user that runs it.
-    """
-    pid = await conn.fetchval("SELECT pg_backend_pid()")
-    try:
-        os.setpriority(os.PRIO_PROCESS, pid, MEASURE_NICE)
-    except OSError as e:  # not permitted: the reads then compete with what they measure
-        print(f"could not lower the priority of the soak's reads (server pid {pid}): {e}")
+
+async def server_log(conn: asyncpg.Connection[asyncpg.Record]) -> str:
+    """The private server's log, as text (a multibyte character cut between two pieces
+    is replaced: the log's events are ASCII)."""
+    size = int(await conn.fetchval("SELECT size FROM pg_stat_file('server.log')"))
+    pieces = []
+    for offset in range(0, size, LOG_CHUNK):
+        pieces.append(
+            await conn.fetchval(
+                "SELECT pg_read_binary_file('server.log', $1, $2)", offset, LOG_CHUNK
+            )
+        )
+    return b"".join(pieces).decode("utf-8", errors="replace")
 
 
 async def last_id(conn: asyncpg.Connection[asyncpg.Record]) -> int:
@@ -399,7 +402,6 @@ async def soak(
     async with private_server({**server, **SERVER_LOGGING}) as dsn:
         await pgq_migrate(dsn)
         conn = await asyncpg.connect(dsn)
-        await lower_priority(conn)
         await conn.execute(RECOMMENDED)
         for name, value in table.items():
             # Storage parameters cannot be bound as parameters; both were checked by
@@ -411,6 +413,7 @@ async def soak(
         offered = rate if rate is not None else most / 2
         print(f"with this process enqueuing beside it: {most:,.0f}/s; offering {offered:,.0f}/s")
         record_gc_pauses(lambda at, took, gen: EVENTS.append((at, took, f"GC gen {gen} here")))
+        print(f"the worker's log: {worker_log_path}")
         worker = start_worker(dsn, pauses=pauses, log=worker_log_path)
         try:
             await wait_for_producer(conn, worker)
@@ -418,7 +421,7 @@ async def soak(
         finally:
             worker.send_signal(signal.SIGTERM)
             await asyncio.to_thread(worker.wait, 60)
-            log = await conn.fetchval("SELECT pg_read_file('server.log')")
+            log = await server_log(conn)
             await conn.close()
     events = sorted(
         [*server_events(log), *worker_pauses(pauses), *worker_log(worker_log_path), *EVENTS]
@@ -439,30 +442,172 @@ async def soak(
 async def run_minutes(
     conn: asyncpg.Connection[asyncpg.Record], dsn: str, minutes: int, rate: float
 ) -> list[dict[str, Any]]:
+    """Offer ``rate`` jobs a second for ``minutes``; every SLICE_S, mark the last job id, and
+    read the jobs up to it SETTLE_S later (on a connection of its own, in order), so that no
+    read scans more than a slice; each minute's row is computed when its last slice is in."""
     stop = asyncio.Event()
     rows: list[dict[str, Any]] = []
+    reads: asyncio.Queue[tuple[float, int, int, tuple[int, dict[str, float]] | None] | None]
+    reads = asyncio.Queue()
+    reader = await asyncpg.connect(dsn)
+
+    async def read_slices() -> None:
+        minute = Minute()
+        while (item := await reads.get()) is not None:
+            at, first, last, ends = item
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
+            minute.add(await reader.fetch(SLICE, first, last))
+            if ends is not None:
+                rows.append(await minute.row(reader, *ends))
+                minute = Minute()
+
+    slices = int(60 / SLICE_S)
     async with pgq.Client(dsn, app=app) as client:
         sending = asyncio.create_task(enqueuer(client, rate, stop))
         watching = asyncio.create_task(watch_host(stop))
+        reading = asyncio.create_task(read_slices())
         start = time.perf_counter()
-        bounds = [await last_id(conn)]
+        mark = await last_id(conn)
         counters = [await server_counters(conn)]
-        pending: list[asyncio.Task[dict[str, Any]]] = []
         for m in range(1, minutes + 1):
-            await asyncio.sleep(max(0.0, start + 60 * m - time.perf_counter()))
-            bounds.append(await last_id(conn))
-            counters.append(await server_counters(conn))
-            if m == minutes:
-                stop.set()
-            during = {k: counters[-1][k] - counters[-2][k] for k in counters[-1]}
-            pending.append(
-                asyncio.create_task(read_minute(conn, m, bounds[-2], bounds[-1], during))
-            )
+            for k in range(1, slices + 1):
+                await asyncio.sleep(
+                    max(0.0, start + 60 * (m - 1) + SLICE_S * k - time.perf_counter())
+                )
+                new, ends = await last_id(conn), None
+                if k == slices:
+                    counters.append(await server_counters(conn))
+                    if m == minutes:
+                        stop.set()
+                    ends = (m, {key: counters[-1][key] - counters[-2][key] for key in counters[-1]})
+                reads.put_nowait((time.perf_counter() + SETTLE_S, mark, new, ends))
+                mark = new
         await sending
         await watching
-        for task in pending:
-            rows.append(await task)
+        reads.put_nowait(None)
+        await reading
+    await reader.close()
     return rows
+
+
+def percentile(ordered: list[float], q: float) -> float | None:
+    """The ``q`` quantile of ``ordered`` (ascending), interpolated between its neighbours
+    as PostgreSQL's percentile_cont does."""
+    if not ordered:
+        return None
+    at = q * (len(ordered) - 1)
+    low = math.floor(at)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
+
+
+class Minute:
+    """One minute's jobs, as its slices are read: counts, each picked-up job's pickup
+    latency from its transaction's start and from its enqueue call's acknowledged commit
+    (ACKS), by second, and the slowest job."""
+
+    def __init__(self) -> None:
+        self.jobs = self.completed = self.not_picked_up = self.with_errors = 0
+        self.waits: list[float] = []
+        self.ack_waits: list[float] = []
+        self.by_second: dict[int, list[float]] = {}
+        self.worst: tuple[float, int, float, float] | None = None  # (wait, id, due, claimed)
+
+    def add(self, jobs: list[asyncpg.Record]) -> None:
+        if not jobs:
+            return
+        # The enqueue call of each job: this process alone enqueues, so a call's jobs are
+        # the ids from its first to the next call's (jobs before the first call: none).
+        call = max(bisect.bisect_right(ACKS, (jobs[0]["id"], math.inf)) - 1, 0)
+        for job in jobs:
+            self.jobs += 1
+            self.completed += job["completed"]
+            self.with_errors += job["with_errors"]
+            due, claimed = job["due"], job["claimed"]
+            if claimed is None:
+                self.not_picked_up += 1
+                continue
+            wait = claimed - due
+            self.waits.append(wait)
+            self.by_second.setdefault(math.floor(due), []).append(wait)
+            if self.worst is None or wait > self.worst[0]:
+                self.worst = (wait, job["id"], due, claimed)
+            while call + 1 < len(ACKS) and ACKS[call + 1][0] <= job["id"]:
+                call += 1
+            if ACKS and ACKS[call][0] <= job["id"]:
+                # Claimed before the enqueuer saw the acknowledgement: waited 0.
+                self.ack_waits.append(max(0.0, claimed - ACKS[call][1]))
+
+    async def row(
+        self, conn: asyncpg.Connection[asyncpg.Record], minute: int, during: dict[str, float]
+    ) -> dict[str, Any]:
+        sizes = await table_sizes(conn)
+        waits, ack_waits = sorted(self.waits), sorted(self.ack_waits)
+        p99 = percentile(waits, 0.99)
+        seconds = []
+        if p99 is not None and p99 * 1000 > P99_TARGET_MS:
+            for second, those in sorted(self.by_second.items()):
+                those.sort()
+                top = percentile(those, 0.99)
+                assert top is not None
+                seconds.append([second, len(those), top * 1000, those[-1] * 1000])
+        entries, last_error = None, None
+        if self.worst is not None:
+            errors = await conn.fetchrow(WORST_ERRORS, self.worst[1])
+            if errors is not None:
+                entries, last_error = errors["entries"], errors["last_error"]
+
+        def ms(value: float | None) -> float | None:
+            return None if value is None else value * 1000
+
+        row = {
+            "minute": minute,
+            "jobs": self.jobs,
+            "completed": self.completed,
+            "not_picked_up": self.not_picked_up,
+            "with_errors": self.with_errors,
+            "p50_ms": ms(percentile(waits, 0.5)),
+            "p99_ms": ms(p99),
+            "max_ms": ms(waits[-1] if waits else None),
+            "ack_p50_ms": ms(percentile(ack_waits, 0.5)),
+            "ack_p99_ms": ms(percentile(ack_waits, 0.99)),
+            "ack_max_ms": ms(ack_waits[-1] if ack_waits else None),
+            "worst_due": None if self.worst is None else self.worst[2],
+            "worst_claimed": None if self.worst is None else self.worst[3],
+            "worst_errors": entries,
+            "worst_last_error": last_error,
+            # [epoch second, jobs, p99 ms, max ms] for each second of a minute that missed
+            "seconds": seconds,
+            **sizes,
+            **during,  # per minute (sizes' own "autovacuums" is the running total)
+        }
+        print(
+            f"minute {minute:>3}: {row['completed'] / 60:>8,.0f} jobs/s"
+            f"  pickup p50 {row['p50_ms'] or 0:6.1f} ms  p99 {row['p99_ms'] or 0:6.1f} ms"
+            f"  max {row['max_ms'] or 0:7.1f} ms  from the commit's ack: p99"
+            f" {row['ack_p99_ms'] or 0:6.1f} ms  max {row['ack_max_ms'] or 0:7.1f} ms"
+            f"  heap {sizes['heap_mb']:7.1f} MB"
+            f"  indexes {sizes['indexes_mb']:6.1f} MB  dead {sizes['dead_tuples']:>9,.0f}"
+            f"  checkpoints {during['checkpoints']:.0f}  autovacuums {during['autovacuums']:.0f}"
+            f"  autoanalyzes {during['autoanalyzes']:.0f}  deleted {during['deleted']:,.0f}"
+            f"  WAL {during['wal_bytes'] / 2**20:,.0f} MB"
+            f"  stolen {share(during['steal_s'], during['cpu_s'])}"
+            f"  iowait {share(during['iowait_s'], during['cpu_s'])}",
+            flush=True,
+        )
+        return row
+
+
+async def table_sizes(conn: asyncpg.Connection[asyncpg.Record]) -> dict[str, float]:
+    row = await conn.fetchrow(SIZES)
+    assert row is not None
+    return {
+        "heap_mb": row["heap"] / 2**20,
+        "indexes_mb": row["indexes"] / 2**20,
+        "dead_tuples": float(row["dead"] or 0),
+        "autovacuums": float(row["vacuums"] or 0),
+        "rows": float(row["live"] or 0),
+    }
 
 
 COUNTERS = """
@@ -470,25 +615,6 @@ SELECT (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter) AS che
        s.autovacuum_count AS autovacuums, s.autoanalyze_count AS autoanalyzes,
        s.n_tup_del AS deleted, pg_current_wal_lsn() - '0/0'::pg_lsn AS wal_bytes
 FROM pg_stat_user_tables s WHERE s.relname = 'pgq_jobs'
-"""
-
-# The same minute second by second, by when its jobs became available: how many, and their
-# pickup at p99 and the most; a slow minute's profile shows whether its slow jobs came in
-# one burst or spread over it.
-SECONDS = """
-SELECT floor(extract(epoch FROM scheduled_at)) AS second, count(*) AS jobs,
-       percentile_cont(0.99) WITHIN GROUP (
-           ORDER BY extract(epoch FROM attempted_at - scheduled_at)) AS p99,
-       max(extract(epoch FROM attempted_at - scheduled_at)) AS max
-FROM pgq_jobs WHERE id > $1 AND id <= $2 AND attempted_at IS NOT NULL
-GROUP BY 1 ORDER BY 1
-"""
-
-WORST = """
-SELECT extract(epoch FROM scheduled_at) AS due, extract(epoch FROM attempted_at) AS claimed,
-       jsonb_array_length(errors) AS entries, errors -> -1 ->> 'message' AS last_error
-FROM pgq_jobs WHERE id > $1 AND id <= $2 AND attempted_at IS NOT NULL
-ORDER BY attempted_at - scheduled_at DESC LIMIT 1
 """
 
 
@@ -547,17 +673,22 @@ def server_events(log: str) -> list[tuple[float, float, str]]:
 
 
 def worker_log(path: Path) -> list[tuple[float, float, str]]:
-    """The soak's worker's log lines (INFO and above, JSON), as instants."""
+    """The soak's worker's log lines (INFO and above, JSON), as instants; its warnings and
+    errors, and any line that is not pgq's (a traceback), are also printed."""
     if not path.exists():
         return []
     events = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             entry = json.loads(line)
             at = datetime.fromisoformat(entry["time"]).timestamp()
+            what = f"worker {entry['level']} {entry['logger']}: {entry['message']}"
         except (ValueError, KeyError, TypeError):
-            continue  # not one of pgq's lines (a traceback printed by Python itself)
-        events.append((at, 0.0, f"worker {entry['level']} {entry['logger']}: {entry['message']}"))
+            print(f"worker: {line}")  # not one of pgq's lines: Python's own output
+            continue
+        if entry["level"] not in ("DEBUG", "INFO"):
+            print(what)
+        events.append((at, 0.0, what))
     return events
 
 
@@ -593,68 +724,6 @@ def explain(row: dict[str, Any], events: list[tuple[float, float, str]]) -> None
         row["worst_events"] = []
         return
     row["worst_events"] = overlapping(row["worst_due"] - 0.5, row["worst_claimed"])
-
-
-async def read_minute(
-    conn: asyncpg.Connection[asyncpg.Record],
-    minute: int,
-    first: int,
-    last: int,
-    during: dict[str, float],
-) -> dict[str, Any]:
-    await asyncio.sleep(SETTLE_S)
-    sizes = await table_size(conn)
-    r = await conn.fetchrow(MINUTE, first, last)
-    assert r is not None
-    worst = await conn.fetchrow(WORST, first, last)
-    seconds = [
-        [int(s["second"]), s["jobs"], float(s["p99"]) * 1000, float(s["max"]) * 1000]
-        for s in await conn.fetch(SECONDS, first, last)
-    ]
-    p50, p99 = r["pickup"] or (None, None)
-    start = max(bisect.bisect_right(ACKS, (first + 1, math.inf)) - 1, 0)
-    calls = [a for a in ACKS[start:] if a[0] <= last]
-    firsts, acks = [a[0] for a in calls], [a[1] for a in calls]
-    a = await conn.fetchrow(MINUTE_FROM_ACK, first, last, firsts, acks) if calls else None
-    ack50, ack99 = (a["pickup"] if a is not None else None) or (None, None)
-    row = {
-        "minute": minute,
-        "jobs": r["jobs"],
-        "completed": r["completed"],
-        "not_picked_up": r["not_picked_up"],
-        "with_errors": r["with_errors"],
-        "p50_ms": None if p50 is None else p50 * 1000,
-        "p99_ms": None if p99 is None else p99 * 1000,
-        "max_ms": None if r["pickup_max"] is None else float(r["pickup_max"]) * 1000,
-        "ack_p50_ms": None if ack50 is None else ack50 * 1000,
-        "ack_p99_ms": None if ack99 is None else ack99 * 1000,
-        "ack_max_ms": None
-        if a is None or a["pickup_max"] is None
-        else float(a["pickup_max"]) * 1000,
-        "worst_due": None if worst is None else float(worst["due"]),
-        "worst_claimed": None if worst is None else float(worst["claimed"]),
-        "worst_errors": None if worst is None else worst["entries"],
-        "worst_last_error": None if worst is None else worst["last_error"],
-        # [epoch second, jobs, p99 ms, max ms] for each second of the minute
-        "seconds": seconds,
-        **sizes,
-        **during,  # per minute (sizes' own "autovacuums" is the running total)
-    }
-    print(
-        f"minute {minute:>3}: {row['completed'] / 60:>8,.0f} jobs/s"
-        f"  pickup p50 {row['p50_ms'] or 0:6.1f} ms  p99 {row['p99_ms'] or 0:6.1f} ms"
-        f"  max {row['max_ms'] or 0:7.1f} ms  from the commit's ack: p99"
-        f" {row['ack_p99_ms'] or 0:6.1f} ms  max {row['ack_max_ms'] or 0:7.1f} ms"
-        f"  heap {sizes['heap_mb']:7.1f} MB"
-        f"  indexes {sizes['indexes_mb']:6.1f} MB  dead {sizes['dead_tuples']:>9,.0f}"
-        f"  checkpoints {during['checkpoints']:.0f}  autovacuums {during['autovacuums']:.0f}"
-        f"  autoanalyzes {during['autoanalyzes']:.0f}  deleted {during['deleted']:,.0f}"
-        f"  WAL {during['wal_bytes'] / 2**20:,.0f} MB"
-        f"  stolen {share(during['steal_s'], during['cpu_s'])}"
-        f"  iowait {share(during['iowait_s'], during['cpu_s'])}",
-        flush=True,
-    )
-    return row
 
 
 def share(part: float, total: float) -> str:

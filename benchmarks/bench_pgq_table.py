@@ -111,12 +111,18 @@ async def table_size(conn: asyncpg.Connection[asyncpg.Record]) -> dict[str, floa
         " FROM pg_stat_user_tables s WHERE s.relname = 'pgq_jobs'"
     )
     assert row is not None
+    return sizes(row)
+
+
+def sizes(row: asyncpg.Record) -> dict[str, float]:
+    """A row of ``heap``, ``indexes`` (bytes), ``dead``, ``vacuums`` and ``live`` as the
+    benchmarks print and record it."""
     return {
         "heap_mb": row["heap"] / 2**20,
         "indexes_mb": row["indexes"] / 2**20,
         "dead_tuples": float(row["dead"] or 0),
         "autovacuums": float(row["vacuums"] or 0),
-        "rows": float(row["live"]),
+        "rows": float(row["live"] or 0),
     }
 
 

@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import asyncpg
-from bench_pgq_table import RECOMMENDED, RECOMMENDED_SERVER
+from bench_pgq_table import RECOMMENDED, RECOMMENDED_SERVER, sizes
 from common import cli_environment, pgq_migrate, private_server, run
 
 import pgq
@@ -601,13 +601,7 @@ class Minute:
 async def table_sizes(conn: asyncpg.Connection[asyncpg.Record]) -> dict[str, float]:
     row = await conn.fetchrow(SIZES)
     assert row is not None
-    return {
-        "heap_mb": row["heap"] / 2**20,
-        "indexes_mb": row["indexes"] / 2**20,
-        "dead_tuples": float(row["dead"] or 0),
-        "autovacuums": float(row["vacuums"] or 0),
-        "rows": float(row["live"] or 0),
-    }
+    return sizes(row)
 
 
 COUNTERS = """

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import re
 from collections.abc import Awaitable
@@ -209,15 +210,19 @@ async def test_a_bulk_enqueue_cancelled_in_its_commit_writes_nothing_and_its_poo
 
 
 async def test_a_stop_before_the_commit_is_awaited_still_reaches_it(
-    client: pgq.Client, conn: Conn, monkeypatch: pytest.MonkeyPatch
+    client: pgq.Client, conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A one-shot cancel (a deadline, a sibling task's failure) can land at the step between
     # sending the COMMIT and awaiting it, where the jobs are built: raised there, it must
     # still stop the commit, promptly, not wait out a slow one and then report it.
+    # It is raised once the server runs the COMMIT: a cancel request that reaches a backend
+    # which has not yet read its command is dropped by PostgreSQL (the docstring's "may have
+    # written it"), and on a busy machine the backend can be that late.
     await conn.execute(SLOW_COMMIT)
     from pgq._store import jobs as store_jobs
 
     def stopped_while_building(*args: object) -> list[pgq.Job[object]]:
+        _block_until_sleeping(dsn)  # also shows the COMMIT was sent before the jobs are built
         raise asyncio.CancelledError
 
     monkeypatch.setattr(store_jobs, "copied_jobs", stopped_while_building)
@@ -234,6 +239,21 @@ async def test_a_stop_before_the_commit_is_awaited_still_reaches_it(
 
 async def _equals(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
+
+
+def _block_until_sleeping(dsn: str) -> None:
+    """Block the calling thread (and its event loop) until one backend sleeps in the slow
+    commit, polling from a thread of its own with a connection of its own."""
+
+    async def poll() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await until(lambda: _equals(_sleeping_backends(conn), 1))
+        finally:
+            await conn.close()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, poll()).result()
 
 
 def _two_queues_app() -> tuple[pgq.App, pgq.Task[..., None], pgq.Task[..., None]]:

@@ -459,7 +459,8 @@ async def soak(
         "enqueuer_gc": {
             "tuned": tuned,
             "threshold": gc.get_threshold()[0],
-            "tracked_at_end": len(gc.get_objects()),
+            "tracked_at_end": len(gc.get_objects()),  # frozen ones not counted
+            "frozen": gc.get_freeze_count(),
             "collections": [g["collections"] for g in gc.get_stats()],
         },
         "rows": rows,
@@ -523,20 +524,10 @@ async def run_minutes(
     return rows
 
 
-def percentile(ordered: list[float], q: float) -> float | None:
-    """The ``q`` quantile of ``ordered`` (ascending), interpolated between its neighbours
-    as PostgreSQL's percentile_cont does."""
-    if not ordered:
-        return None
-    at = q * (len(ordered) - 1)
-    low = math.floor(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
-
-
 def quantiles(values: array[float]) -> tuple[float | None, float | None, float | None]:
-    """The median, the 99th percentile (interpolated as :func:`percentile`) and the
-    largest of ``values``, in any order; Nones for none."""
+    """The median, the 99th percentile and the largest of ``values``, in any order (the
+    quantiles interpolated between neighbours as PostgreSQL's percentile_cont does); Nones
+    for none."""
     if not values:
         return None, None, None
     data = numpy.frombuffer(values, dtype=numpy.float64)
@@ -592,10 +583,9 @@ class Minute:
         seconds = []
         if p99 is not None and p99 * 1000 > P99_TARGET_MS:
             for second, those in sorted(self.by_second.items()):
-                those.sort()
-                top = percentile(those, 0.99)
-                assert top is not None
-                seconds.append([second, len(those), top * 1000, those[-1] * 1000])
+                _, top, most = quantiles(array("d", those))
+                assert top is not None and most is not None
+                seconds.append([second, len(those), top * 1000, most * 1000])
         entries, last_error = None, None
         if self.worst is not None:
             errors = await conn.fetchrow(WORST_ERRORS, self.worst[1])
@@ -879,7 +869,7 @@ async def main() -> None:
     print(
         f"this process's collector ({'tuned' if g['tuned'] else 'untuned'}, first threshold "
         f"{g['threshold']:,}): collections by generation {g['collections']}, "
-        f"{g['tracked_at_end']:,} objects tracked at the end"
+        f"{g['tracked_at_end']:,} objects tracked at the end and {g['frozen']:,} frozen"
     )
     if v["quiet_minutes"] and len(v["quiet_minutes"]) < len(result["rows"]):
         print(

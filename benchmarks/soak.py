@@ -583,9 +583,9 @@ class Minute:
         seconds = []
         if p99 is not None and p99 * 1000 > P99_TARGET_MS:
             for second, those in sorted(self.by_second.items()):
-                _, top, most = quantiles(array("d", those))
-                assert top is not None and most is not None
-                seconds.append([second, len(those), top * 1000, most * 1000])
+                _, top, slowest = quantiles(array("d", those))
+                assert top is not None and slowest is not None
+                seconds.append([second, len(those), top * 1000, slowest * 1000])
         entries, last_error = None, None
         if self.worst is not None:
             errors = await conn.fetchrow(WORST_ERRORS, self.worst[1])

@@ -48,7 +48,8 @@ class Retention:
 
     async def run_once(self) -> int:
         """Returns how many jobs were deleted."""
-        deleted, began_round = 0, time.monotonic()
+        deleted = 0
+        paced_until = time.monotonic() + self.interval_s * PACED_SHARE
         for state, keep_s in self._keep:
             if keep_s is None:
                 continue
@@ -59,7 +60,6 @@ class Retention:
                 if n < BATCH:
                     break
                 now = time.monotonic()
-                paced_until = began_round + self.interval_s * PACED_SHARE
                 if now < paced_until:
                     await anyio.sleep(min((now - began) * PACE, paced_until - now))
         if deleted:

@@ -3,12 +3,16 @@
 `python benchmarks/bench_gc_census.py [CONCURRENCY]` (default 1,000), two counts:
 
 - **in flight**: the objects the collector tracks, counted by type (``gc.get_objects()``)
-  before the worker starts and again while CONCURRENCY claimed jobs wait on an event, per
-  job in flight. These are what its collections traverse while the jobs run; the job's own
-  coroutine and what it awaits are among them (two coroutines, a future and its iterator).
+  while one claimed job waits on an event, and again, with a worker of its own, while
+  CONCURRENCY do; the change, per job beyond the first. The worker's own objects (its pool,
+  connections, loops) are in both counts and cancel out; types whose count fell are counted
+  too, negatively. These are what the collections traverse while the jobs run; the job's
+  own coroutine and what it awaits are among them (two coroutines, a future and its
+  iterator).
 - **cycles**: 5 × CONCURRENCY jobs that each await 10 ms, drained with the collector off and
   ``gc.DEBUG_SAVEALL`` on; one collection afterwards finds what only the collector could
-  free (reference cycles), per job.
+  free (reference cycles), per job. The worker's start and stop are in it too, so the figure
+  is an upper bound for the jobs.
 
 A tool for finding where the collector's share of an untuned worker's CPU
 (`bench_gc_share.py`) comes from, not a timing.
@@ -26,20 +30,28 @@ from common import fresh_database, pgq_backlog, pgq_migrate, run
 import pgq
 
 app = pgq.App()
-_waiting = 0
-_all_waiting = asyncio.Event()
-_release = asyncio.Event()
-_expected = 0
+
+
+class Waiting:
+    """The jobs of one census: how many are waiting, and the events around them."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.count = 0
+        self.all_in = asyncio.Event()
+        self.release = asyncio.Event()
+
+
+_now = Waiting(0)
 
 
 @app.task
 async def waits(ctx: pgq.JobContext, i: int) -> None:
     """Counts itself in, then waits until the census is taken."""
-    global _waiting
-    _waiting += 1
-    if _waiting == _expected:
-        _all_waiting.set()
-    await _release.wait()
+    _now.count += 1
+    if _now.count == _now.expected:
+        _now.all_in.set()
+    await _now.release.wait()
 
 
 @app.task
@@ -55,28 +67,36 @@ def census() -> collections.Counter[str]:
     )
 
 
-def show(title: str, counts: collections.Counter[str], per: int) -> None:
+def show(title: str, counts: dict[str, int], per: int) -> None:
     print(f"{title}: {sum(counts.values()) / per:.1f} per job")
-    for name, n in counts.most_common(15):
+    for name, n in sorted(counts.items(), key=lambda kv: -abs(kv[1]))[:15]:
         print(f"  {n / per:6.2f}  {name}")
 
 
-async def in_flight(dsn: str, concurrency: int) -> None:
-    global _expected
-    _expected = concurrency
-    await pgq_backlog(dsn, app, waits, concurrency)
-    gc.collect()
-    before = census()
+async def census_with(dsn: str, jobs: int, concurrency: int) -> collections.Counter[str]:
+    """The census while ``jobs`` claimed jobs wait in a worker of ``concurrency``."""
+    global _now
+    _now = Waiting(jobs)
+    await pgq_backlog(dsn, app, waits, jobs)
+    taken: collections.Counter[str] = collections.Counter()
 
     async def count_then_release() -> None:
-        await _all_waiting.wait()
+        await _now.all_in.wait()
         gc.collect()
-        show(f"tracked objects with {concurrency} jobs in flight", census() - before, concurrency)
-        _release.set()
+        taken.update(census())
+        _now.release.set()
 
     counting = asyncio.ensure_future(count_then_release())
     await pgq.Worker(app, dsn, concurrency=concurrency, metrics=False).run(burst=True)
     await counting
+    return taken
+
+
+async def in_flight(dsn: str, concurrency: int) -> None:
+    one = await census_with(dsn, 1, concurrency)
+    many = await census_with(dsn, concurrency, concurrency)
+    change = {k: many[k] - one[k] for k in many.keys() | one.keys() if many[k] != one[k]}
+    show(f"tracked objects with {concurrency} jobs in flight, against 1", change, concurrency - 1)
 
 
 async def cycles(dsn: str, concurrency: int) -> None:
@@ -95,7 +115,7 @@ async def cycles(dsn: str, concurrency: int) -> None:
         gc.set_debug(0)
         gc.garbage.clear()
         gc.enable()
-    show(f"objects only the collector frees, {n} jobs of 10 ms at {concurrency}", found, n)
+    show(f"objects only the collector frees, {n} jobs of 10 ms at {concurrency}", dict(found), n)
 
 
 async def main() -> None:

@@ -78,8 +78,16 @@ def collect() -> dict[str, dict[str, Any]]:
         for extra in variants:
             result = run_one(SCRIPTS[name], workload, extra)
             key = f"{result['system']}/{result['workload']}"
-            shown = result.get("rate") or result.get("p50_ms") or result.get("rss_mb") or 0
-            print(f"  {key:<28} {' '.join(extra):<16} {shown:>12,.1f}", flush=True)
+            shown = (
+                result.get("rate")
+                or result.get("p50_ms")
+                or result.get("p99_ratio")
+                or result.get("rss_mb")
+                or 0
+            )
+            # Rates to a tenth; latencies (ms), ratios and sizes to a hundredth.
+            digits = 1 if "rate" in result else 2
+            print(f"  {key:<28} {' '.join(extra):<16} {shown:>12,.{digits}f}", flush=True)
             if "rate" not in result or key not in best or result["rate"] > best[key]["rate"]:
                 best[key] = result
     return best

@@ -32,6 +32,10 @@ class Proxy:
         self._flowing.set()
         self._scopes: set[anyio.CancelScope] = set()
         self.connections = 0
+        #: When set, the first connection whose client sends these bytes is cut before
+        #: they are forwarded (then it is None again, and :attr:`cut_done` is set).
+        self.cut_at: bytes | None = None
+        self.cut_done = anyio.Event()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
@@ -68,7 +72,7 @@ class Proxy:
                         await self._connect() as upstream,
                         anyio.create_task_group() as tg,
                     ):
-                        tg.start_soon(self._pipe, client, upstream, tg.cancel_scope)
+                        tg.start_soon(self._pipe, client, upstream, tg.cancel_scope, True)
                         tg.start_soon(self._pipe, upstream, client, tg.cancel_scope)
                 except OSError:
                     pass
@@ -89,12 +93,20 @@ class Proxy:
             await self._flowing.wait()
 
     async def _pipe(
-        self, src: anyio.abc.ByteStream, dst: anyio.abc.ByteStream, scope: anyio.CancelScope
+        self,
+        src: anyio.abc.ByteStream,
+        dst: anyio.abc.ByteStream,
+        scope: anyio.CancelScope,
+        from_client: bool = False,
     ) -> None:
         try:
             while True:
                 data = await src.receive(65536)
                 await self._flow()
+                if from_client and self.cut_at is not None and self.cut_at in data:
+                    self.cut_at = None
+                    self.cut_done.set()
+                    return  # the finally closes this connection; the bytes never arrive
                 await dst.send(data)
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass

@@ -1265,3 +1265,46 @@ async def test_a_job_waiting_for_a_thread_when_its_worker_stops_is_not_started_a
 
     await until(lambda: outcomes_refused(victim, 2), limit_s=60)
     await assert_each_once_and_no_rescued_attempt_started(db, ids, stopped_at)
+
+
+async def test_a_wait_whose_connection_is_cut_as_it_begins_to_listen_listens_on_another(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    """The connection a waiter takes from its client's pool is cut by the network just as
+    its LISTEN leaves (the bytes never reach the server): the wait gives that connection
+    back, listens on a new one, and ends when the job does, rather than fail. (CI once
+    found the race by ending the LISTEN's server process mid-statement.)"""
+    proxy = Proxy(*upstream(dsn))
+    result: list[pgq.Job] = []
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        pool = await asyncpg.create_pool(via_proxy(dsn, port), min_size=1, max_size=2)
+        assert pool is not None
+        try:
+            async with pgq.Client(pool=pool) as client:
+                job = await client.enqueue("email", {"to": "a@example.com"})
+                proxy.cut_at = b"LISTEN"
+
+                async def waiting() -> None:
+                    result.append(await client.wait(job.id, timeout=60))
+
+                async def listening() -> bool:
+                    return bool(
+                        await db.fetchval(
+                            "SELECT count(*) FROM pg_stat_activity"
+                            " WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+                            " AND state = 'idle'"
+                        )
+                    )
+
+                async with anyio.create_task_group() as waits:
+                    waits.start_soon(waiting)
+                    with anyio.fail_after(30):
+                        await proxy.cut_done.wait()
+                    await until(listening, limit_s=30)
+                    await client.cancel(job.id)
+        finally:
+            await pool.close()
+        tg.cancel_scope.cancel()
+    assert result[0].state == pgq.JobState.CANCELLED
+    assert proxy.cut_at is None  # the cut happened, once

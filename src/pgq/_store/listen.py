@@ -202,24 +202,42 @@ class DoneWaiters:
 
     async def _listening(self) -> None:
         async with self._lock:
-            if self._conn is None or _gone(self._conn):
-                if self._conn is not None:
-                    conn, self._conn = self._conn, None
-                    await self._give_back(conn)
-                if self._listen is None:
-                    self._conn = await self._pool.acquire()
-                else:
-                    self._conn = await connect(
-                        self._listen.dsn, **self._listen.options("pgq client wait")
-                    )
-                await self._conn.add_listener(sql.CHANNEL_DONE, self._on_done)
-                # Lost (a server restart, a failover): wake every waiter, which reads its
-                # job again and, waiting on, reconnects through event_for().
-                self._conn.add_termination_listener(self._on_lost)
-                # A reconnect may have missed notifications: let every waiter re-read.
-                for events in self._events.values():
-                    for e in events:
-                        e.set()
+            if self._conn is not None and not _gone(self._conn):
+                return
+            if self._conn is not None:
+                conn, self._conn = self._conn, None
+                await self._give_back(conn)
+            self._conn = await self._listening_connection()
+            # Lost (a server restart, a failover): wake every waiter, which reads its job
+            # again and, waiting on, reconnects through event_for().
+            self._conn.add_termination_listener(self._on_lost)
+            # A reconnect may have missed notifications: let every waiter re-read.
+            for events in self._events.values():
+                for e in events:
+                    e.set()
+
+    async def _listening_connection(self) -> Any:
+        """A connection that has run its LISTEN. One lost before its LISTEN ended (a pool's
+        connection whose server process ended while it sat idle, or one cut as it began to
+        listen) is given back and replaced once; a second loss, or any other error, is
+        raised (the database is down, or refuses)."""
+        replaced = False
+        while True:
+            conn: Any
+            if self._listen is None:
+                conn = await self._pool.acquire()
+            else:
+                conn = await connect(self._listen.dsn, **self._listen.options("pgq client wait"))
+            try:
+                await conn.add_listener(sql.CHANNEL_DONE, self._on_done)
+            except Exception as exc:
+                lost = _gone(conn) or isinstance(exc, CONNECTION_ERRORS)
+                await self._give_back(conn)
+                if lost and not replaced:
+                    replaced = True
+                    continue
+                raise
+            return conn
 
     def _on_lost(self, _conn: object) -> None:
         # A pool's connection that dies is detached and given back by the pool itself: only
@@ -245,6 +263,13 @@ class DoneWaiters:
     async def _give_back(self, conn: Any) -> None:
         if self._listen is not None:
             await _close_quietly(conn)
+            return
+        if _gone(conn):
+            # Ending a dead connection hands its place back to the pool, now or when the
+            # pool's own clean-up of it runs; release() would race that clean-up (it can
+            # find the connection already taken from its holder).
+            with contextlib.suppress(asyncpg.InterfaceError):  # already detached
+                conn.terminate()
             return
         with contextlib.suppress(asyncpg.InterfaceError):  # already detached and given back
             await self._pool.release(conn)

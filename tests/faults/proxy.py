@@ -36,6 +36,10 @@ class Proxy:
         #: they are forwarded (then it is None again, and :attr:`cut_done` is set).
         self.cut_at: bytes | None = None
         self.cut_done = anyio.Event()
+        #: The same, but the connection stalls (as :meth:`stall`) with the bytes held,
+        #: and :attr:`stall_done` is set. A pattern split across two reads is missed.
+        self.stall_at: bytes | None = None
+        self.stall_done = anyio.Event()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED
@@ -102,6 +106,10 @@ class Proxy:
         try:
             while True:
                 data = await src.receive(65536)
+                if from_client and self.stall_at is not None and self.stall_at in data:
+                    self.stall_at = None
+                    self.stall()
+                    self.stall_done.set()
                 await self._flow()
                 if from_client and self.cut_at is not None and self.cut_at in data:
                     self.cut_at = None

@@ -1302,9 +1302,47 @@ async def test_a_wait_whose_connection_is_cut_as_it_begins_to_listen_listens_on_
                     with anyio.fail_after(30):
                         await proxy.cut_done.wait()
                     await until(listening, limit_s=30)
-                    await client.cancel(job.id)
+                    with anyio.fail_after(30):
+                        await client.cancel(job.id)
+                # The lost connection's place is back in the pool: the listening one and
+                # a new one fit in its two.
+                with anyio.fail_after(10):
+                    async with pool.acquire() as spare:
+                        assert await spare.fetchval("SELECT 1") == 1
         finally:
-            await pool.close()
+            with anyio.fail_after(30):
+                await pool.close()
         tg.cancel_scope.cancel()
     assert result[0].state == pgq.JobState.CANCELLED
     assert proxy.cut_at is None  # the cut happened, once
+
+
+async def test_a_wait_cancelled_while_it_begins_to_listen_gives_its_connection_back(
+    dsn: str,
+) -> None:
+    """The network stalls the LISTEN of a waiter's connection, and the wait is cancelled
+    meanwhile: the connection is ended and its place handed back, so the pool can still
+    give both its connections and close (a leaked place would make close() wait forever)."""
+    proxy = Proxy(*upstream(dsn))
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        pool = await asyncpg.create_pool(via_proxy(dsn, port), min_size=1, max_size=2)
+        assert pool is not None
+        try:
+            async with pgq.Client(pool=pool) as client:
+                job = await client.enqueue("email", {"to": "a@example.com"})
+                proxy.stall_at = b"LISTEN"
+                async with anyio.create_task_group() as waits:
+                    waits.start_soon(client.wait, job.id)
+                    with anyio.fail_after(30):
+                        await proxy.stall_done.wait()
+                    waits.cancel_scope.cancel()
+                proxy.heal()
+                with anyio.fail_after(10):
+                    async with pool.acquire() as a, pool.acquire() as b:
+                        assert await a.fetchval("SELECT 1") == await b.fetchval("SELECT 1") == 1
+        finally:
+            proxy.heal()
+            with anyio.fail_after(30):
+                await pool.close()
+        tg.cancel_scope.cancel()

@@ -237,6 +237,12 @@ class DoneWaiters:
                     replaced = True
                     continue
                 raise
+            except BaseException:
+                # Cancelled mid-LISTEN: the connection's state is unknown (it may listen
+                # yet). Ended, it hands its place back to the pool at once.
+                with contextlib.suppress(asyncpg.InterfaceError):
+                    conn.terminate()
+                raise
             return conn
 
     def _on_lost(self, _conn: object) -> None:
@@ -265,9 +271,9 @@ class DoneWaiters:
             await _close_quietly(conn)
             return
         if _gone(conn):
-            # Ending a dead connection hands its place back to the pool, now or when the
-            # pool's own clean-up of it runs; release() would race that clean-up (it can
-            # find the connection already taken from its holder).
+            # Ending a dead connection hands its place back to the pool now, or it already
+            # was; release() could race the pool's own clean-up of it, and would first
+            # warn of the listener still registered on it.
             with contextlib.suppress(asyncpg.InterfaceError):  # already detached
                 conn.terminate()
             return

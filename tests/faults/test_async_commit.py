@@ -76,14 +76,18 @@ async def wal_writer_stopped(dsn: str) -> AsyncIterator[Crash]:
         crashed = True
 
         async def recovered() -> bool:
+            # A connection may be let in just before the server ends every backend to
+            # recover, and lost in its first query: not recovered yet either.
             try:
                 conn = await asyncpg.connect(dsn, timeout=5)
-            except (OSError, asyncpg.PostgresError, TimeoutError):
+                try:
+                    new_pid = await conn.fetchval(
+                        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
+                    )
+                finally:
+                    conn.terminate()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
                 return False
-            new_pid = await conn.fetchval(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walwriter'"
-            )
-            await conn.close()
             return bool(new_pid is not None and new_pid != pid)
 
         await until(recovered, limit_s=60, every_s=0.2)

@@ -16,7 +16,7 @@ import asyncpg
 
 from pgq._store import sql
 from pgq._store.connections import CONNECTION_ERRORS, Pool, Target, connect
-from pgq.errors import DatabaseUnavailable
+from pgq.errors import ConfigError, DatabaseUnavailable
 
 log = logging.getLogger("pgq.notifier")
 
@@ -178,6 +178,7 @@ class DoneWaiters:
         self._conn: Any = None
         self._events: dict[int, list[anyio.Event]] = {}
         self._lock = anyio.Lock()
+        self._closed = False
 
     async def event_for(self, job_id: int) -> anyio.Event:
         """A new event, set when ``job_id`` is next announced as finished (or when the
@@ -202,25 +203,25 @@ class DoneWaiters:
 
     async def _listening(self) -> None:
         async with self._lock:
+            if self._closed:
+                raise ConfigError(
+                    "the client was closed while a wait() was under way: close it only "
+                    "after its waits have ended"
+                )
             if self._conn is not None and not _gone(self._conn):
                 return
             if self._conn is not None:
                 conn, self._conn = self._conn, None
                 await self._give_back(conn)
             self._conn = await self._listening_connection()
-            # Lost (a server restart, a failover): wake every waiter, which reads its job
-            # again and, waiting on, reconnects through event_for().
-            self._conn.add_termination_listener(self._on_lost)
             # A reconnect may have missed notifications: let every waiter re-read.
-            for events in self._events.values():
-                for e in events:
-                    e.set()
+            self._wake_all()
 
     async def _listening_connection(self) -> Any:
-        """A connection that has run its LISTEN. One lost before its LISTEN ended (a pool's
-        connection whose server process ended while it sat idle, or one cut as it began to
-        listen) is given back and replaced once; a second loss, or any other error, is
-        raised (the database is down, or refuses)."""
+        """A connection that has run its LISTEN and watches for its own end. One lost
+        before that (a pool's connection whose server process ended while it sat idle, or
+        one cut as it began to listen) is given back and replaced once; a second loss, or
+        any other error, is raised (the database is down, or refuses)."""
         replaced = False
         while True:
             conn: Any
@@ -230,6 +231,12 @@ class DoneWaiters:
                 conn = await connect(self._listen.dsn, **self._listen.options("pgq client wait"))
             try:
                 await conn.add_listener(sql.CHANNEL_DONE, self._on_done)
+                # Lost later (a server restart, a failover): every waiter is woken, reads
+                # its job again and, waiting on, reconnects through event_for(). Lost in
+                # the moment before this line, it would call nobody: hence the check.
+                conn.add_termination_listener(self._on_lost)
+                if _gone(conn):
+                    raise asyncpg.ConnectionDoesNotExistError("lost as its LISTEN ended")
             except Exception as exc:
                 lost = _gone(conn) or isinstance(exc, CONNECTION_ERRORS)
                 await self._give_back(conn)
@@ -245,26 +252,41 @@ class DoneWaiters:
                 raise
             return conn
 
-    def _on_lost(self, _conn: object) -> None:
-        # A pool's connection that dies is detached and given back by the pool itself: only
-        # the reference goes. The next event_for() connects again.
-        if self._listen is not None and self._conn is not None:
-            self._conn.terminate()
+    def _on_lost(self, conn: Any) -> None:
+        # Called soon after a connection ends: one already replaced or given back is no
+        # longer ours. A pool's connection that dies is detached and given back by the pool
+        # itself: only the reference goes. The next event_for() connects again.
+        if conn is not self._conn:
+            return
+        if self._listen is not None:
+            conn.terminate()
         self._conn = None
+        self._wake_all()
+
+    def _wake_all(self) -> None:
         for events in self._events.values():
             for e in events:
                 e.set()
 
     async def close(self) -> None:
-        """Give the connection back to the pool."""
-        if self._conn is not None:
+        """Give the connection back to the pool; a wait still under way then raises
+        ConfigError instead of listening again. Waits for a LISTEN being set up to end."""
+        async with self._lock:
+            self._closed = True
             conn, self._conn = self._conn, None
-            if _gone(conn):
-                return await self._give_back(conn)
-            conn.remove_termination_listener(self._on_lost)
-            await conn.remove_listener(sql.CHANNEL_DONE, self._on_done)
-            await self._give_back(conn)
-        return None
+            if conn is not None:
+                try:
+                    if not _gone(conn):
+                        conn.remove_termination_listener(self._on_lost)
+                        await conn.remove_listener(sql.CHANNEL_DONE, self._on_done)
+                except CONNECTION_ERRORS:
+                    pass  # lost meanwhile: given back below as a dead connection
+                except BaseException:
+                    with contextlib.suppress(asyncpg.InterfaceError):
+                        conn.terminate()
+                    raise
+                await self._give_back(conn)
+        self._wake_all()
 
     async def _give_back(self, conn: Any) -> None:
         if self._listen is not None:

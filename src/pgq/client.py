@@ -3,8 +3,9 @@ act on them (cancel, retry, pause and resume queues), wait for them and read the
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, overload
@@ -20,7 +21,7 @@ from pgq._store import queues as store_queues
 from pgq._store.claims import QueueLimits
 from pgq._store.connections import Connection, Db, Pool, Target, caller_connection, create_pool
 from pgq._store.jobs import NewJob
-from pgq._store.listen import DoneWaiters
+from pgq._store.listen import CLOSED_DURING_WAIT, DoneWaiters
 from pgq._store.queues import QueueInfo, QueueStats
 from pgq._store.revision import check_schema
 from pgq._tracing import require as require_tracing
@@ -390,7 +391,7 @@ class Client:
         waiters = self._waiters
         event = await waiters.event_for(job_id)
         try:
-            with anyio.fail_after(timeout):
+            with anyio.fail_after(timeout), _closed_during(waiters):
                 while True:
                     now = await self.get_job(job_id)
                     if now is None:
@@ -464,6 +465,18 @@ class Client:
 
 #: The longest rate period a queue may have (a year, in seconds).
 MAX_RATE_PERIOD_S = 365 * 24 * 3600
+
+
+@contextlib.contextmanager
+def _closed_during(waiters: DoneWaiters) -> Iterator[None]:
+    """Inside a wait: what it meets once its client was closed (a pool closing, or gone)
+    is raised as the ConfigError that says so."""
+    try:
+        yield
+    except Exception as exc:
+        if not waiters.closed or isinstance(exc, LookupError) or str(exc) == CLOSED_DURING_WAIT:
+            raise
+        raise ConfigError(CLOSED_DURING_WAIT) from exc
 
 
 def _check_rate(option: str, rate: object) -> tuple[int | None, float | None]:

@@ -765,6 +765,35 @@ async def test_wait_survives_the_loss_of_its_listen_connection(
     await client.close()  # no error from the connection that was lost
 
 
+async def test_a_wait_under_way_when_its_client_closes_raises_config_error(dsn: str) -> None:
+    """A client that opened its own pool is closed while a wait is under way: the wait
+    ends at once with a ConfigError that says why, not a pool's error nor a hang."""
+    client = pgq.Client(dsn)
+    await client.open()
+    job = await client.enqueue("email", {"to": "a@example.com"})
+    failures: list[BaseException] = []
+
+    async def waiting() -> None:
+        try:
+            await client.wait(job.id, timeout=60)
+        except ConfigError as exc:
+            failures.append(exc)
+
+    async def waiter_listens() -> bool:
+        waiters = client._waiters
+        return waiters is not None and job.id in waiters._events
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waiting)
+        await until(waiter_listens, limit_s=10)
+        with anyio.fail_after(10):
+            await client.close()
+    assert [str(e) for e in failures] == [
+        "the client was closed while a wait() was under way: close it only after its waits "
+        "have ended"
+    ]
+
+
 async def test_a_client_on_its_own_pool_reads_no_dsn(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,6 +24,11 @@ Callback = Callable[[str], None]
 
 LISTEN_ERRORS: tuple[type[Exception], ...] = (DatabaseUnavailable, *CONNECTION_ERRORS)
 
+#: What a wait() under way when its client is closed raises (as ConfigError).
+CLOSED_DURING_WAIT = (
+    "the client was closed while a wait() was under way: close it only after its waits have ended"
+)
+
 
 class Notifier:
     """Holds a dedicated connection that LISTENs on pgq's channels.
@@ -179,6 +184,8 @@ class DoneWaiters:
         self._events: dict[int, list[anyio.Event]] = {}
         self._lock = anyio.Lock()
         self._closed = False
+        #: The scope of a LISTEN being set up (under the lock), which close() cancels.
+        self._setting_up: anyio.CancelScope | None = None
 
     async def event_for(self, job_id: int) -> anyio.Event:
         """A new event, set when ``job_id`` is next announced as finished (or when the
@@ -201,19 +208,27 @@ class DoneWaiters:
             for event in self._events.pop(int(part), ()) if part.isdigit() else ():
                 event.set()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
     async def _listening(self) -> None:
         async with self._lock:
             if self._closed:
-                raise ConfigError(
-                    "the client was closed while a wait() was under way: close it only "
-                    "after its waits have ended"
-                )
+                raise ConfigError(CLOSED_DURING_WAIT)
             if self._conn is not None and not _gone(self._conn):
                 return
             if self._conn is not None:
                 conn, self._conn = self._conn, None
                 await self._give_back(conn)
-            self._conn = await self._listening_connection()
+            try:
+                with anyio.CancelScope() as self._setting_up:
+                    self._conn = await self._listening_connection()
+            finally:
+                self._setting_up = None
+            if self._closed:  # cancelled by close(), or closed as it ended: close() gives it back
+                raise ConfigError(CLOSED_DURING_WAIT)
             # A reconnect may have missed notifications: let every waiter re-read.
             self._wake_all()
 
@@ -270,9 +285,13 @@ class DoneWaiters:
 
     async def close(self) -> None:
         """Give the connection back to the pool; a wait still under way then raises
-        ConfigError instead of listening again. Waits for a LISTEN being set up to end."""
+        ConfigError instead of listening again. A LISTEN being set up (or a connection
+        being waited for) is cut short: that connection is ended, which hands its place
+        back."""
+        self._closed = True
+        if self._setting_up is not None:
+            self._setting_up.cancel()
         async with self._lock:
-            self._closed = True
             conn, self._conn = self._conn, None
             if conn is not None:
                 try:

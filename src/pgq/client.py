@@ -83,9 +83,11 @@ class Client:
         self._app = app
         self._check_schema = check_schema
         self._waiters: DoneWaiters | None = None
+        self._closed = False
 
     async def open(self) -> None:
         """Open the pool (unless one was given) and check the schema revision."""
+        self._closed = False
         if self._pool is None:
             self._pool = await create_pool(
                 self._dsn, min_size=1, max_size=10, **self._target.options("pgq client")
@@ -99,6 +101,7 @@ class Client:
 
     async def close(self) -> None:
         """Close the pool if this client opened it (and the LISTEN connection of wait())."""
+        self._closed = True
         if self._waiters is not None:
             await self._waiters.close()
             self._waiters = None
@@ -381,8 +384,12 @@ class Client:
         and return it, with its ``result`` (typed as its task's, given a typed Job) or its
         ``errors``. Driven by LISTEN (behind a transaction pooler without ``listen_dsn``:
         a read every 0.2 s). Raises TimeoutError after ``timeout`` seconds, LookupError for
-        an unknown job."""
+        an unknown job, ConfigError when the client is closed (or closes meanwhile)."""
         job_id = job if isinstance(job, int) else job.id
+        if self._closed:
+            # Else a wait on a caller's pool would take a LISTEN connection that no close()
+            # gives back.
+            raise ConfigError("the client is closed: wait() needs it open (`async with`)")
         if not self._target.can_listen:
             return await self._poll_until_final(job_id, timeout)
         if self._waiters is None:

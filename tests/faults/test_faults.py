@@ -1372,13 +1372,33 @@ async def test_a_client_closed_while_a_wait_begins_to_listen_ends_that_connectio
             except pgq.ConfigError as exc:
                 failures.append(exc)
 
-        async with anyio.create_task_group() as waits:
-            waits.start_soon(waiting)
-            with anyio.fail_after(30):
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as waits:
+                waits.start_soon(waiting)
                 await proxy.stall_done.wait()
-            with anyio.fail_after(10):  # the LISTEN is still stalled
-                await client.close()
+                with anyio.fail_after(10):  # the LISTEN is still stalled
+                    await client.close()
         proxy.heal()
         await both_connections(pool)
     assert len(failures) == 1
     assert "closed while a wait() was under way" in str(failures[0])
+
+
+async def test_a_client_whose_listen_connection_stalls_still_closes(
+    dsn: str, db: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    """The network stalls the connection a client listens on for its waits, and the
+    client is closed: its UNLISTEN gets no answer, so close() ends the connection after a
+    second instead of waiting on the network, and its place is back in the pool."""
+    async with pool_via_proxy(dsn) as (proxy, pool):
+        client = pgq.Client(pool=pool)
+        await client.open()
+        job = await client.enqueue("email", {"to": "a@example.com"})
+        await client.cancel(job.id)
+        with anyio.fail_after(30):
+            assert (await client.wait(job.id)).state is pgq.JobState.CANCELLED
+        proxy.stall()
+        with anyio.fail_after(10):
+            await client.close()
+        proxy.heal()
+        await both_connections(pool)

@@ -794,6 +794,25 @@ async def test_a_wait_under_way_when_its_client_closes_raises_config_error(dsn: 
     ]
 
 
+async def test_a_closed_client_on_a_callers_pool_refuses_to_wait(dsn: str) -> None:
+    """A wait after close() on a pool the caller gave raises ConfigError, and takes no
+    connection from the pool (one taken would never be given back)."""
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        async with pgq.Client(pool=pool) as client:
+            job = await client.enqueue("email", {"to": "a@example.com"})
+        with pytest.raises(ConfigError, match="the client is closed"):
+            await client.wait(job.id, timeout=10)
+        with anyio.fail_after(10):  # both places free
+            async with pool.acquire() as a, pool.acquire() as b:
+                assert await a.fetchval("SELECT 1") == await b.fetchval("SELECT 1") == 1
+        async with client:  # open again: it waits as before
+            await client.cancel(job.id)
+            assert (await client.wait(job.id, timeout=30)).state is pgq.JobState.CANCELLED
+    finally:
+        await pool.close()
+
+
 async def test_a_client_on_its_own_pool_reads_no_dsn(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -24,6 +24,10 @@ Callback = Callable[[str], None]
 
 LISTEN_ERRORS: tuple[type[Exception], ...] = (DatabaseUnavailable, *CONNECTION_ERRORS)
 
+#: The longest close() waits for the LISTEN connection's UNLISTEN, then for its reset as
+#: it goes back to the pool, before ending it.
+CLOSE_S = 1.0
+
 #: What a wait() under way when its client is closed raises (as ConfigError).
 CLOSED_DURING_WAIT = (
     "the client was closed while a wait() was under way: close it only after its waits have ended"
@@ -222,6 +226,8 @@ class DoneWaiters:
             if self._conn is not None:
                 conn, self._conn = self._conn, None
                 await self._give_back(conn)
+                if self._closed:
+                    raise ConfigError(CLOSED_DURING_WAIT)
             try:
                 with anyio.CancelScope() as self._setting_up:
                     self._conn = await self._listening_connection()
@@ -262,8 +268,7 @@ class DoneWaiters:
             except BaseException:
                 # Cancelled mid-LISTEN: the connection's state is unknown (it may listen
                 # yet). Ended, it hands its place back to the pool at once.
-                with contextlib.suppress(asyncpg.InterfaceError):
-                    conn.terminate()
+                _end(conn)
                 raise
             return conn
 
@@ -285,27 +290,36 @@ class DoneWaiters:
 
     async def close(self) -> None:
         """Give the connection back to the pool; a wait still under way then raises
-        ConfigError instead of listening again. A LISTEN being set up (or a connection
-        being waited for) is cut short: that connection is ended, which hands its place
-        back."""
+        ConfigError instead of listening again. Bounded: a LISTEN being set up (or a
+        connection being waited for) is cut short, and a connection that does not answer
+        its UNLISTEN and reset within ``CLOSE_S`` is ended; an ended connection hands its
+        place back."""
         self._closed = True
         if self._setting_up is not None:
             self._setting_up.cancel()
         async with self._lock:
             conn, self._conn = self._conn, None
             if conn is not None:
-                try:
-                    if not _gone(conn):
-                        conn.remove_termination_listener(self._on_lost)
-                        await conn.remove_listener(sql.CHANNEL_DONE, self._on_done)
-                except CONNECTION_ERRORS:
-                    pass  # lost meanwhile: given back below as a dead connection
-                except BaseException:
-                    with contextlib.suppress(asyncpg.InterfaceError):
-                        conn.terminate()
-                    raise
-                await self._give_back(conn)
+                await self._hand_back(conn)
         self._wake_all()
+
+    async def _hand_back(self, conn: Any) -> None:
+        unlistened = False
+        try:
+            with anyio.move_on_after(CLOSE_S):
+                if not _gone(conn):
+                    conn.remove_termination_listener(self._on_lost)
+                    await conn.remove_listener(sql.CHANNEL_DONE, self._on_done)
+                    unlistened = True
+        except CONNECTION_ERRORS:
+            pass  # lost meanwhile: ended below
+        except BaseException:
+            _end(conn)
+            raise
+        if unlistened:
+            await self._give_back(conn)
+        else:
+            _end(conn)
 
     async def _give_back(self, conn: Any) -> None:
         if self._listen is not None:
@@ -315,11 +329,18 @@ class DoneWaiters:
             # Ending a dead connection hands its place back to the pool now, or it already
             # was; release() could race the pool's own clean-up of it, and would first
             # warn of the listener still registered on it.
-            with contextlib.suppress(asyncpg.InterfaceError):  # already detached
-                conn.terminate()
+            _end(conn)
             return
-        with contextlib.suppress(asyncpg.InterfaceError):  # already detached and given back
-            await self._pool.release(conn)
+        # Already detached and given back (InterfaceError), or its reset failed or took
+        # longer than CLOSE_S: then the pool ended it, which gave its place back.
+        with contextlib.suppress(*CONNECTION_ERRORS):
+            await self._pool.release(conn, timeout=CLOSE_S)
+
+
+def _end(conn: Any) -> None:
+    """End ``conn`` at once (a pool's connection: its place goes back to the pool)."""
+    with contextlib.suppress(asyncpg.InterfaceError):  # a pool's proxy already detached
+        conn.terminate()
 
 
 def _gone(conn: Any) -> bool:

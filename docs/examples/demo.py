@@ -2,7 +2,9 @@
 
 Uses PGQ_DSN when set; otherwise starts an embedded PostgreSQL (the `pgserver` wheel) under
 .pgq-embedded/demo. Migrates, enqueues fast, slow, flaky and blocking jobs, and runs a worker
-until every one of them is final, printing progress and a summary by state.
+until every one of them is final, printing progress and a summary by state. Exits non-zero
+when they did not end as they must (all completed but the doomed ones, discarded); `.ci/run`
+runs it.
 """
 
 from __future__ import annotations
@@ -132,6 +134,20 @@ async def main(dsn: str) -> None:
             print(
                 f"\na discarded job keeps every attempt's error: {[e['message'] for e in one.errors]}"
             )
+        # Every job but the doomed ones completes (flaky fails at most twice of five): any
+        # other end is a fault of pgq's, and the demo says so with its exit status.
+        doomed = sum(1 for j in jobs if j.task == "doomed")
+        expected = {
+            pgq.JobState.COMPLETED: len(jobs) - doomed,
+            pgq.JobState.DISCARDED: doomed,
+        }
+        ended = {s: n for s, n in final.items() if n}
+        if ended != expected:
+
+            def show(by_state: dict[pgq.JobState, int]) -> str:
+                return " ".join(f"{s.value}={n}" for s, n in by_state.items())
+
+            sys.exit(f"the demo's jobs ended {show(ended)}, where {show(expected)} was expected")
 
 
 if __name__ == "__main__":

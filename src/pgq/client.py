@@ -102,12 +102,14 @@ class Client:
     async def close(self) -> None:
         """Close the pool if this client opened it (and the LISTEN connection of wait())."""
         self._closed = True
-        if self._waiters is not None:
-            await self._waiters.close()
-            self._waiters = None
-        if self._pool is not None and self._owns_pool:
-            await self._pool.close()
-            self._pool = None
+        waiters, self._waiters = self._waiters, None  # an open() meanwhile starts afresh
+        try:
+            if waiters is not None:
+                await waiters.close()
+        finally:
+            if self._pool is not None and self._owns_pool:
+                await self._pool.close()
+                self._pool = None
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -398,7 +400,7 @@ class Client:
         waiters = self._waiters
         event = await waiters.event_for(job_id)
         try:
-            with anyio.fail_after(timeout), _closed_during(waiters):
+            with anyio.fail_after(timeout), self._closed_during():
                 while True:
                     now = await self.get_job(job_id)
                     if now is None:
@@ -414,9 +416,24 @@ class Client:
         finally:
             waiters.forget(job_id, event)
 
+    @contextlib.contextmanager
+    def _closed_during(self) -> Iterator[None]:
+        """Inside a wait: what it meets once its client was closed (a pool closing, or
+        gone) is raised as the ConfigError that says so."""
+        try:
+            yield
+        except Exception as exc:
+            if not self._closed or isinstance(exc, LookupError):
+                raise
+            if isinstance(exc, ConfigError) and str(exc) == CLOSED_DURING_WAIT:
+                raise
+            raise ConfigError(CLOSED_DURING_WAIT) from exc
+
     async def _poll_until_final(self, job_id: int, timeout: float | None) -> Job[Any]:  # noqa: ASYNC109
-        with anyio.fail_after(timeout):
+        with anyio.fail_after(timeout), self._closed_during():
             while True:
+                if self._closed:
+                    raise ConfigError(CLOSED_DURING_WAIT)
                 now = await self.get_job(job_id)
                 if now is None:
                     raise LookupError(f"no job {job_id}")
@@ -472,18 +489,6 @@ class Client:
 
 #: The longest rate period a queue may have (a year, in seconds).
 MAX_RATE_PERIOD_S = 365 * 24 * 3600
-
-
-@contextlib.contextmanager
-def _closed_during(waiters: DoneWaiters) -> Iterator[None]:
-    """Inside a wait: what it meets once its client was closed (a pool closing, or gone)
-    is raised as the ConfigError that says so."""
-    try:
-        yield
-    except Exception as exc:
-        if not waiters.closed or isinstance(exc, LookupError) or str(exc) == CLOSED_DURING_WAIT:
-            raise
-        raise ConfigError(CLOSED_DURING_WAIT) from exc
 
 
 def _check_rate(option: str, rate: object) -> tuple[int | None, float | None]:

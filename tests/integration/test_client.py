@@ -813,6 +813,61 @@ async def test_a_closed_client_on_a_callers_pool_refuses_to_wait(dsn: str) -> No
         await pool.close()
 
 
+async def test_a_client_closed_in_a_cancelled_scope_gives_its_listen_connection_back(
+    dsn: str,
+) -> None:
+    """close() reached in a cancelled scope (an `async with` body left by a timeout) still
+    gives back the connection its waits listened on: the caller's pool can give both its
+    places and close."""
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+    try:
+        client = pgq.Client(pool=pool)
+        await client.open()
+        job = await client.enqueue("email", {"to": "a@example.com"})
+        await client.cancel(job.id)
+        assert (await client.wait(job.id, timeout=30)).state is pgq.JobState.CANCELLED
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await client.close()
+        with anyio.fail_after(10):
+            async with pool.acquire() as a, pool.acquire() as b:
+                assert await a.fetchval("SELECT 1") == await b.fetchval("SELECT 1") == 1
+    finally:
+        with anyio.fail_after(30):
+            await pool.close()
+
+
+async def test_a_polling_wait_under_way_when_its_client_closes_raises_config_error(
+    dsn: str,
+) -> None:
+    """Behind a transaction pooler (no listen_dsn) a wait polls; a client closed under it
+    ends it with the same ConfigError as a listening wait."""
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2, statement_cache_size=0)
+    failures: list[BaseException] = []
+    try:
+        client = pgq.Client(pool=pool, pooler="transaction")
+        await client.open()
+        job = await client.enqueue("email", {"to": "a@example.com"})
+
+        async def waiting() -> None:
+            try:
+                await client.wait(job.id, timeout=60)
+            except ConfigError as exc:
+                failures.append(exc)
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(waiting)
+                await anyio.wait_all_tasks_blocked()  # the wait is under way
+                await client.close()
+    finally:
+        await pool.close()
+    assert [str(e) for e in failures] == [
+        "the client was closed while a wait() was under way: close it only after its waits "
+        "have ended"
+    ]
+
+
 async def test_a_client_on_its_own_pool_reads_no_dsn(
     dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -212,11 +212,6 @@ class DoneWaiters:
             for event in self._events.pop(int(part), ()) if part.isdigit() else ():
                 event.set()
 
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
-        return self._closed
-
     async def _listening(self) -> None:
         async with self._lock:
             if self._closed:
@@ -297,10 +292,13 @@ class DoneWaiters:
         self._closed = True
         if self._setting_up is not None:
             self._setting_up.cancel()
-        async with self._lock:
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                await self._hand_back(conn)
+        # Shielded (it is bounded): a close() in a cancelled scope (an `async with` body
+        # left by a timeout) would otherwise keep the connection's place for good.
+        with anyio.CancelScope(shield=True):
+            async with self._lock:
+                conn, self._conn = self._conn, None
+                if conn is not None:
+                    await self._hand_back(conn)
         self._wake_all()
 
     async def _hand_back(self, conn: Any) -> None:
@@ -311,8 +309,8 @@ class DoneWaiters:
                     conn.remove_termination_listener(self._on_lost)
                     await conn.remove_listener(sql.CHANNEL_DONE, self._on_done)
                     unlistened = True
-        except CONNECTION_ERRORS:
-            pass  # lost meanwhile: ended below
+        except Exception as exc:  # lost meanwhile, or refused: ended below
+            log.debug("UNLISTEN before giving the connection back failed: %r", exc)
         except BaseException:
             _end(conn)
             raise
@@ -331,10 +329,15 @@ class DoneWaiters:
             # warn of the listener still registered on it.
             _end(conn)
             return
-        # Already detached and given back (InterfaceError), or its reset failed or took
-        # longer than CLOSE_S: then the pool ended it, which gave its place back.
-        with contextlib.suppress(*CONNECTION_ERRORS):
+        try:
             await self._pool.release(conn, timeout=CLOSE_S)
+        except asyncpg.InterfaceError:
+            pass  # already detached and given back
+        except Exception as exc:
+            # Its reset failed (or the pool's reset= callback did) or took longer than
+            # CLOSE_S: the pool ended it, which gave its place back.
+            log.warning("the LISTEN connection of client waits was ended, not reset: %r", exc)
+            _end(conn)
 
 
 def _end(conn: Any) -> None:

@@ -214,15 +214,13 @@ class DoneWaiters:
 
     async def _listening(self) -> None:
         async with self._lock:
-            if self._closed:
-                raise ConfigError(CLOSED_DURING_WAIT)
             if self._conn is not None and not _gone(self._conn):
-                return
+                return  # (close() clears it under this lock, then wakes every waiter)
             if self._conn is not None:
                 conn, self._conn = self._conn, None
                 await self._give_back(conn)
-                if self._closed:
-                    raise ConfigError(CLOSED_DURING_WAIT)
+            if self._closed:
+                raise ConfigError(CLOSED_DURING_WAIT)
             try:
                 with anyio.CancelScope() as self._setting_up:
                     self._conn = await self._listening_connection()

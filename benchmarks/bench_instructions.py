@@ -1,6 +1,6 @@
 """Instructions the client and the worker execute per job, counted by valgrind: a figure that
 a busy or throttled machine does not move, for comparing two versions of the hot paths where
-CPU-time figures (bench_cpu_per_job.py) drift by 10-30 % from one run to the next.
+CPU-time figures drift by 10-30 % from one run to the next.
 
 `python benchmarks/bench_instructions.py TREE [TREE ...]` (each TREE a checkout of pgq; the
 default is this one) runs, for each tree in turn, with `PYTHONPATH=TREE/src`:

@@ -20,7 +20,7 @@ BATCH = 1000
 #: After each full batch the round pauses this many times as long as the batch took: a
 #: queue finishing thousands of jobs a second has a round of hundreds of batches a minute,
 #: which back to back held a connection and a core for seconds (in the soak they overlapped
-#: its worst stalls: benchmarks/results/soak-a9cf705-diagnosis-*). Paced, a round deletes
+#: its worst stalls: docs/architecture.md). Paced, a round deletes
 #: at half the speed of one connection.
 PACE = 1.0
 #: A round paces itself only for this share of ``retention_interval``; past it, it deletes

@@ -144,3 +144,10 @@ async def test_workflows_example_runs(dsn: str) -> None:
         "announced": "400 bytes in all",
         "charged": [("acme", 1), ("acme", 2), ("globex", 3)],
     }
+
+
+async def test_quickstart_example_runs(dsn: str) -> None:
+    """The README's example: the job enqueued in the transaction runs and returns."""
+    import quickstart
+
+    assert await quickstart.main(dsn) == "welcomed ada@example.com"

@@ -47,3 +47,29 @@ def test_retention_defaults_in_the_lifecycle_page() -> None:
         default = setting_help()[name][0]
         row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
         assert float(row.split("|")[2].split()[0]) == float(default), name
+
+
+def test_the_uvicorn_logging_config_shown_is_the_one_tested() -> None:
+    """docs/embedding.md shows the config inline (users copy it; the wheel does not ship
+    docs/); the suite runs uvicorn with the file, so the two must be the same."""
+    import json
+
+    text = (DOCS / "embedding.md").read_text()
+    shown = re.search(r"```json\n(.*?)```", text, re.S)
+    assert shown is not None
+    tested = (DOCS / "examples" / "uvicorn_logging.json").read_text()
+    assert json.loads(shown.group(1)) == json.loads(tested)
+
+
+def test_the_readme_example_is_the_file_the_suite_runs() -> None:
+    """The README shows docs/examples/quickstart.py (tests/integration runs it): every
+    line of its Python block is in that file, in the same order."""
+    readme = (DOCS.parent / "README.md").read_text()
+    shown = re.search(r"```python\n(.*?)```", readme, re.S)
+    assert shown is not None
+    example = (DOCS / "examples" / "quickstart.py").read_text()
+    position = 0
+    for line in filter(None, shown.group(1).splitlines()):
+        found = example.find(line + "\n", position)
+        assert found >= 0, f"README line not in quickstart.py (or out of order): {line}"
+        position = found + len(line)

@@ -44,8 +44,8 @@ def tune_gc(threshold: int = GC_THRESHOLD) -> int:
     claim of a few hundred jobs), collects what is garbage now, then moves every object
     alive (modules, classes, the App) out of the collector's reach with :func:`gc.freeze`,
     so that the full collections a backlog sets off no longer walk them. Together they cut
-    a busy worker's CPU per job by about a fifth on Python 3.11 (docs/performance.md, item
-    20). Reference counting frees what jobs leave as before; reference cycles wait longer to
+    a busy worker's CPU per job by about a fifth on Python 3.11 (docs/performance.md).
+    Reference counting frees what jobs leave as before; reference cycles wait longer to
     be collected (up to ``threshold`` new objects in the young generation, about ten times
     that once promoted), and an object frozen here is never collected, even if it later
     becomes garbage in a cycle: call it when what is alive will live as long as the process.

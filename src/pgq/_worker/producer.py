@@ -62,7 +62,7 @@ MAX_AHEAD = 500
 #: it until they are rescued, attempts spent, so what one worker holds stays bounded.
 MAX_AHEAD_PER_SLOT = 4
 #: A claim asks for up to half the slots, or up to this many when jobs are claimed ahead:
-#: larger claims drain short jobs faster but write more WAL per job (docs/performance.md).
+#: larger claims drain short jobs faster but write more WAL per job (docs/architecture.md).
 CLAIM_BATCH = 50
 
 

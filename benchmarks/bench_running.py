@@ -70,7 +70,7 @@ async def _timings(conn: asyncpg.Connection) -> dict[str, list[float]]:
             conn, [r["id"] for r in rows], [r["attempt_token"] for r in rows], [None] * len(rows)
         )
         out["complete_successes"].append(time.perf_counter() - started)
-        assert len(done) == len(rows), "the fence refused a running attempt"
+        assert len(done.states) == len(rows), "the fence refused a running attempt"
 
         rows = await _running(conn, 0, BATCH)
         outcomes = [
@@ -81,7 +81,7 @@ async def _timings(conn: asyncpg.Connection) -> dict[str, list[float]]:
         started = time.perf_counter()
         written = await claims.write_outcomes(conn, outcomes)
         out["write_outcomes"].append(time.perf_counter() - started)
-        assert len(written) == len(rows), "the fence refused a running attempt"
+        assert len(written.states) == len(rows), "the fence refused a running attempt"
 
         (row,) = await _running(conn, 0, 1)
         started = time.perf_counter()

@@ -313,6 +313,14 @@ class _StatsCollector:
         yield GaugeMetricFamily(
             "pgq_outcomes_pending", "Outcomes not yet durable", value=s["outcomes_pending"]
         )
+        unrunnable = GaugeMetricFamily(
+            "pgq_unrunnable_jobs",
+            "Jobs waiting whose task no live worker of their queue serves (the leader's count)",
+            labels=["queue", "task"],
+        )
+        for u in s.get("unrunnable", []):
+            unrunnable.add_metric([u["queue"], u["task"]], u["count"])
+        yield unrunnable
 
 
 async def queue_families(pool: Pool, *, count_timeout_s: float = 1.0) -> list[Metric]:

@@ -481,10 +481,13 @@ class Client:
         """Every queue known from jobs, producers or pause settings."""
         return await store_queues.list_queues(self.pool)
 
-    async def stats(self) -> list[QueueStats]:
-        """Per queue: counts by state, oldest available job's age, last minute's throughput."""
+    async def stats(self, *, stale_after: float | None = None) -> list[QueueStats]:
+        """Per queue: counts by state, oldest available job's age, last minute's throughput,
+        and the jobs no live worker of the queue serves (``unrunnable``, by task: due for
+        longer than ``stale_after`` seconds, default ``PGQ_STALE_AFTER`` or 30)."""
+        stale = WorkerSettings.from_env("stale_after") if stale_after is None else stale_after
         async with self.pool.acquire() as conn:
-            return await store_queues.stats(conn)
+            return await store_queues.stats(conn, float(stale))
 
 
 #: The longest rate period a queue may have (a year, in seconds).

@@ -285,9 +285,14 @@ producers = Table(
     Column("completed", BigInteger, nullable=False, server_default="0"),
     Column("failed", BigInteger, nullable=False, server_default="0"),
     Column("rejected_outcomes", BigInteger, nullable=False, server_default="0"),
-    # The worker's own liveness bounds, so an operator can tell fenced from stale.
+    # The worker's own liveness bounds: peers judge it by these, never by their own
+    # settings (NULL in rows of older code: peers fall back to theirs).
     Column("fence_after_s", Float),
     Column("stale_after_s", Float),
+    Column("rescue_grace_s", Float),
+    # The task names the producer serves: jobs of a task no live producer of their queue
+    # serves are reported as unrunnable (NULL: never used to flag).
+    Column("tasks", ARRAY(Text)),
 )
 
 # One row per election (only "default" is used): who leads and until when, on the db clock.

@@ -312,3 +312,21 @@ async def test_a_job_id_past_the_largest_is_not_found(
 ) -> None:
     page = await http.get("/jobs/99999999999999999999999")
     assert page.status_code == 404
+
+
+async def test_queues_page_says_which_jobs_no_live_worker_serves(
+    http: httpx.AsyncClient, scene: Scene, conn: asyncpg.Connection[asyncpg.Record]
+) -> None:
+    # Jobs of a task the App never registered (enqueued by name, or renamed by a deploy),
+    # due for longer than stale_after on a queue the scene's worker serves.
+    await conn.execute(
+        "INSERT INTO pgq_jobs (task, queue, args, state, scheduled_at)"
+        " SELECT 'retired_task', 'reports', '{}', 'available', now() - interval '1 hour'"
+        " FROM generate_series(1, 2)"
+    )
+    body = html.unescape((await http.get("/queues")).text)
+    assert re.search(
+        r"<strong>2</strong> job\(s\) of task <code>retired_task</code> wait on queue "
+        r"<a [^>]+>reports</a> and no live worker of that queue serves the task",
+        body,
+    ), body

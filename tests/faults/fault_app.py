@@ -125,3 +125,17 @@ def thread_effect(ctx: pgq.JobContext, seconds: float) -> str:
 
     anyio.from_thread.run(effect)
     return "done"
+
+
+@app.task(max_attempts=10, timeout=2)
+async def timed_effect(ctx: pgq.JobContext, seconds: float) -> str:
+    """Like ``effect``, with a timeout of 2 s: a job whose outcome is not written within that
+    (and the rescuer's grace) is rescued as an overrun."""
+    await _record_start(ctx.id, ctx.attempt)
+    await anyio.sleep(seconds)
+    p = await pool()
+    async with p.acquire() as conn:
+        await conn.execute(
+            FENCED_EFFECT, ctx.id, ctx.attempt, os.environ["FAULT_WORKER"], ctx.token
+        )
+    return "done"

@@ -128,7 +128,9 @@ async def test_async_claims_and_outcomes_are_lost_in_a_crash_and_the_others_are_
         durable = await claims.claim(pool, plan("default"), producer, "test", 5)
         assert len(durable) == 5
         kept, *rest = durable
-        assert await claims.complete_successes(pool, [kept.id], [kept.attempt_token], [None])
+        assert (
+            await claims.complete_successes(pool, [kept.id], [kept.attempt_token], [None])
+        ).states
         async with wal_writer_stopped(dsn) as crash:
             lost_claims = await claims.claim(
                 pool, plan("default"), producer, "test", 5, async_commit=True
@@ -139,14 +141,22 @@ async def test_async_claims_and_outcomes_are_lost_in_a_crash_and_the_others_are_
                 )
                 lost_claims += jobs
             one, two, three, four = rest
-            written = await claims.complete_successes(
-                pool, [one.id], [one.attempt_token], [None], async_commit=True
+            written = set(
+                (
+                    await claims.complete_successes(
+                        pool, [one.id], [one.attempt_token], [None], async_commit=True
+                    )
+                ).states
             )
-            written |= await claims.complete_successes(
-                pool, [two.id], [two.attempt_token], ['{"a": 1}'], async_commit=True
+            written |= set(
+                (
+                    await claims.complete_successes(
+                        pool, [two.id], [two.attempt_token], ['{"a": 1}'], async_commit=True
+                    )
+                ).states
             )
             retry = Outcome.of(three, "retryable", delay_s=0.0, error=error_entry(1, "e", "m"))
-            written |= set(await claims.write_outcomes(pool, [retry], async_commit=True))
+            written |= set((await claims.write_outcomes(pool, [retry], async_commit=True)).states)
             failed = error_entry(1, "outcome", "refused")
             if await claims.fail_attempt(
                 pool, four.id, four.attempt_token, failed, async_commit=True

@@ -339,10 +339,8 @@ async def _worker_with_a_running_job(
 
 async def _state_after(dsn: str, job_id: int) -> tuple[str, int, int, str]:
     """The job's state, attempt and last error message, and how many jobs still run. An
-    interrupted job is retryable at once: a promotion round of the leader may already have
-    made it available again before the worker exited, so either state is reported as
-    "retryable"; the message tells an interrupted attempt from one handed back before it
-    began."""
+    interrupted job is handed back available at once; the message tells an interrupted
+    attempt from one handed back before it began."""
     conn = await asyncpg.connect(dsn)
     try:
         row = await conn.fetchrow(
@@ -351,8 +349,7 @@ async def _state_after(dsn: str, job_id: int) -> tuple[str, int, int, str]:
         )
         running = await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'running'")
         assert row is not None
-        state = "retryable" if row[0] == "available" else row[0]
-        return state, row[1], running, row[2]
+        return row[0], row[1], running, row[2]
     finally:
         await conn.close()
 
@@ -367,7 +364,7 @@ async def test_sigterm_stops_gracefully_and_leaves_nothing_running(
     _, err = await anyio.to_thread.run_sync(proc.communicate, None, 30)
     assert proc.returncode == 0
     assert "SIGTERM: stopping gracefully" in err
-    assert await _state_after(dsn, job_id) == ("retryable", 0, 0, INTERRUPTED)
+    assert await _state_after(dsn, job_id) == ("available", 0, 0, INTERRUPTED)
 
 
 async def test_a_second_sigint_stops_at_once(python: str, dsn: str, tmp_path: Path) -> None:
@@ -389,7 +386,7 @@ async def test_a_second_sigint_stops_at_once(python: str, dsn: str, tmp_path: Pa
     _, err = await anyio.to_thread.run_sync(proc.communicate, None, 30)
     assert proc.returncode == 0, err
     assert time.monotonic() - started < 30 < 600, "did not wait for the shutdown timeout"
-    assert await _state_after(dsn, job_id) == ("retryable", 0, 0, INTERRUPTED)
+    assert await _state_after(dsn, job_id) == ("available", 0, 0, INTERRUPTED)
 
 
 def test_no_shape_of_dsn_shows_its_password_on_the_command_line(

@@ -857,7 +857,8 @@ async def test_rescued_event_fires_when_a_restarted_worker_takes_over_its_previo
     assert [(e.job.id, e.job.task, e.job.attempt, e.reason) for e in rescued] == [
         (job_id, "t", 1, "worker restarted")
     ]
-    assert rescued[0].state is pgq.JobState.RETRYABLE
+    # A takeover applies no backoff: the job is runnable at once, without a promotion.
+    assert rescued[0].state is pgq.JobState.AVAILABLE
     left = await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", previous)
     assert left == (0 if row_deletable else 1)
 

@@ -577,7 +577,7 @@ async def test_a_re_registration_tried_again_under_its_id_reports_what_the_first
         "worker_name": "w",
         "queue": "default",
         "concurrency": 5,
-        "bounds": producers_store.Bounds(1.0, 5.0),
+        "bounds": producers_store.Bounds(1.0, 5.0, 10.0, ("t",)),
     }
     first = await producers_store.reregister(client.pool, [old], beat, **args)
     again = await producers_store.reregister(client.pool, [old], beat, **args)
@@ -598,7 +598,7 @@ async def test_a_job_passed_over_at_re_registration_is_no_missing_producers_job(
     free = await running_job(conn, old, started_s_ago=3600, n=2)
     await conn.execute("DELETE FROM pgq_producers WHERE id = $1", old)
     beat = Beat(uuid.uuid4(), 2, True, 2, 0, 0, 0)
-    bounds = producers_store.Bounds(1.0, 5.0)
+    bounds = producers_store.Bounds(1.0, 5.0, 10.0, ("t",))
     locker = await asyncpg.connect(dsn)
     try:
         lock = locker.transaction()
@@ -661,7 +661,12 @@ class BeatingStandIn:
 async def heartbeater(dsn: str, producer: BeatingStandIn) -> AsyncIterator[Heartbeater]:
     """A heartbeat of ``producer``'s, each beat driven by the test."""
     settings = WorkerSettings.resolve(BY_HAND)
-    beats = Heartbeater(Target(dsn), [producer], settings, worker_id=uuid.uuid4(), worker_name="w")
+    bounds = producers_store.Bounds(
+        settings.fencing_bound, settings.stale_after, settings.rescue_grace, ("t",)
+    )
+    beats = Heartbeater(
+        Target(dsn), [producer], settings, worker_id=uuid.uuid4(), worker_name="w", bounds=bounds
+    )
     try:
         yield beats
     finally:

@@ -471,7 +471,8 @@ async def test_clean_stop_past_the_timeout_leaves_nothing_running(
         with anyio.fail_after(10):
             await started.wait()
     done = await client.get_job(job.id)
-    assert done is not None and done.state is pgq.JobState.RETRYABLE
+    # Handed back runnable at once: no promotion (no leader) stands between it and a worker.
+    assert done is not None and done.state is pgq.JobState.AVAILABLE
     assert done.attempt == 0, "an interrupted attempt does not count"
     assert done.errors[0]["kind"] == "shutdown"
     assert await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'running'") == 0
@@ -490,7 +491,7 @@ async def test_stop_now_cancels_at_once(client: pgq.Client, dsn: str) -> None:
             worker.stop()
             await anyio.sleep(0.1)
             worker.stop(now=True)
-    assert (await client.get_job(job.id)).state is pgq.JobState.RETRYABLE  # type: ignore[union-attr]
+    assert (await client.get_job(job.id)).state is pgq.JobState.AVAILABLE  # type: ignore[union-attr]
 
 
 async def test_worker_on_unmigrated_database_fails_at_start(empty_dsn: str) -> None:
@@ -1105,13 +1106,24 @@ async def test_outcome_writes_find_their_jobs_by_id_while_the_statistics_lag(
     ids, tokens = [r["id"] for r in rows], [r["attempt_token"] for r in rows]
     n = len(ids)
     error = '{"attempt": 1, "kind": "exception", "message": "x", "traceback": null}'
+    outcomes = (ids, tokens, ["completed"] * n, [None] * n, [None] * n, [None] * n, [0] * n)
     statements = {
-        "COMPLETE_JOBS": (
-            sql.COMPLETE_JOBS,
-            (ids, tokens, ["completed"] * n, [None] * n, [None] * n, [None] * n, [0] * n),
+        # Each outcome statement as it is written first, and again passing over locked rows.
+        "COMPLETE_JOBS": (sql.COMPLETE_JOBS, (*outcomes, False)),
+        "COMPLETE_JOBS skipping": (sql.COMPLETE_JOBS, (*outcomes, True)),
+        "COMPLETE_SUCCESSES": (sql.COMPLETE_SUCCESSES, (ids, tokens, ["1"] * n, [], False)),
+        "COMPLETE_SUCCESSES skipping": (
+            sql.COMPLETE_SUCCESSES,
+            (ids, tokens, ["1"] * n, [], True),
         ),
-        "COMPLETE_SUCCESSES": (sql.COMPLETE_SUCCESSES, (ids, tokens, ["1"] * n, [])),
-        "COMPLETE_SUCCESSES_NO_RESULT": (sql.COMPLETE_SUCCESSES_NO_RESULT, (ids, tokens, [])),
+        "COMPLETE_SUCCESSES_NO_RESULT": (
+            sql.COMPLETE_SUCCESSES_NO_RESULT,
+            (ids, tokens, [], False),
+        ),
+        "COMPLETE_SUCCESSES_NO_RESULT skipping": (
+            sql.COMPLETE_SUCCESSES_NO_RESULT,
+            (ids, tokens, [], True),
+        ),
         "FAIL_ATTEMPT": (sql.FAIL_ATTEMPT, (ids[0], tokens[0], error)),
         "SETTLE_ATTEMPT": (
             sql.SETTLE_ATTEMPT,
@@ -1125,9 +1137,10 @@ async def test_outcome_writes_find_their_jobs_by_id_while_the_statistics_lag(
         assert "pgq_jobs_pkey" in plan_json, (name, plan_json)
     # The fence still holds in that form: the written jobs are running no more, and a second
     # write of the same attempts changes nothing.
-    written = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [])
+    written = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [], False)
     assert written is not None and sorted(written["ids"]) == ids
-    assert await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, []) is None
+    again = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [], True)
+    assert again is not None and again["ids"] == [] and again["passed_over"] == []
 
 
 def _rows_read(plan: dict[str, Any], relation: str) -> float:

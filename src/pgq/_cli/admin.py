@@ -188,9 +188,18 @@ async def _stats(client: Client, args: argparse.Namespace) -> int:
             "oldest_available_s": s.oldest_available_s,
             "completed_last_minute": s.completed_last_minute,
             "finished_last_minute": s.finished_last_minute,
+            "unrunnable": s.unrunnable,
         }
         for s in stats
     ]
+    for s in stats:
+        for task, n in sorted(s.unrunnable.items()):
+            print(
+                f"pgq: warning: {n} job(s) of task {task!r} on queue {s.queue!r}: no live worker "
+                "of that queue serves the task (deploy it, or `pgq jobs cancel --task "
+                f"{task} --queue {s.queue} --state available`)",
+                file=sys.stderr,
+            )
 
     def table() -> str:
         if not stats:
@@ -202,10 +211,11 @@ async def _stats(client: Client, args: argparse.Namespace) -> int:
                 *(str(s.counts[st]) for st in JobState),
                 "-" if s.oldest_available_s is None else f"{s.oldest_available_s:.1f}s",
                 str(s.completed_last_minute),
+                str(sum(s.unrunnable.values())),
             ]
             for s in stats
         ]
-        return render_table([*headers, "DONE/MIN"], rows)
+        return render_table([*headers, "DONE/MIN", "UNRUNNABLE"], rows)
 
     return emit(args, data, table)
 

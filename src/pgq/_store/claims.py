@@ -214,6 +214,16 @@ class OutcomeRow(Protocol):
     def attempt_delta(self) -> int: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What a batch of outcomes did: the ids the fence let through (each with the state
+    written), and those passed over because their row was locked elsewhere (neither
+    written nor rejected: to be written on their own, after :func:`lock_job`)."""
+
+    states: dict[int, str]
+    passed_over: list[int]
+
+
 async def complete_successes(
     db: Db,
     ids: Sequence[int],
@@ -221,31 +231,34 @@ async def complete_successes(
     results: Sequence[str | None],
     *,
     async_commit: bool = False,
-) -> set[int]:
-    """Mark jobs completed (with their results); returns the ids the fence let through.
-    With ``async_commit``, committed without waiting for the WAL's flush (so are the other
-    outcome writes below)."""
+    skip_locked: bool = False,
+) -> Written:
+    """Mark jobs completed (with their results). With ``async_commit``, committed without
+    waiting for the WAL's flush (so are the other outcome writes below). A row locked
+    elsewhere raises ``asyncpg.LockNotAvailableError`` after ``sql.LOCK_WAIT``, or, with
+    ``skip_locked``, is passed over at once (so are those of the other writes below)."""
     payload = _done_payload([str(i) for i in ids])
-    # One row, its ids in one array (none when the fence let none through): a row per job
-    # would cost a record each to build and read. Without results, no array of NULLs.
+    # One row, its ids in one array: a row per job would cost a record each to build and
+    # read. Without results, no array of NULLs.
     if results.count(None) == len(results):
         lean = (
             sql.COMPLETE_SUCCESSES_NO_RESULT_ASYNC
             if async_commit
             else sql.COMPLETE_SUCCESSES_NO_RESULT
         )
-        row = await db.fetchrow(lean, ids, tokens, payload)
+        row = await db.fetchrow(lean, ids, tokens, payload, skip_locked)
     else:
         full = sql.COMPLETE_SUCCESSES_ASYNC if async_commit else sql.COMPLETE_SUCCESSES
-        row = await db.fetchrow(full, ids, tokens, results, payload)
-    return set() if row is None else set(row[0])
+        row = await db.fetchrow(full, ids, tokens, results, payload, skip_locked)
+    assert row is not None
+    return Written(dict.fromkeys(row[0], "completed"), row[1])
 
 
 async def write_outcomes(
-    db: Db, outcomes: Sequence[OutcomeRow], *, async_commit: bool = False
-) -> dict[int, str]:
-    """Write outcomes of any kind; returns the ids the fence let through, each with the
-    state written (``cancelled`` where a cancel request turned a retry or hand-back)."""
+    db: Db, outcomes: Sequence[OutcomeRow], *, async_commit: bool = False, skip_locked: bool = False
+) -> Written:
+    """Write outcomes of any kind (a state written may be ``cancelled`` where a cancel
+    request turned a retry or hand-back)."""
     rows = await db.fetch(
         sql.COMPLETE_JOBS_ASYNC if async_commit else sql.COMPLETE_JOBS,
         [o.job_id for o in outcomes],
@@ -255,8 +268,18 @@ async def write_outcomes(
         [o.error for o in outcomes],
         [o.result for o in outcomes],
         [o.attempt_delta for o in outcomes],
+        skip_locked,
     )
-    return {r["id"]: r["state"] for r in rows}
+    return Written(
+        {r["id"]: r["state"] for r in rows if r["state"] is not None},
+        [r["id"] for r in rows if r["state"] is None],
+    )
+
+
+async def lock_job(conn: Connection, job_id: int) -> None:
+    """Wait for job ``job_id``'s row and hold it until the transaction open on ``conn``
+    ends (an outcome passed over by its batch, written next)."""
+    await conn.execute(sql.LOCK_JOB, job_id)
 
 
 async def fail_attempt(

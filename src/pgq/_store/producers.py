@@ -23,12 +23,15 @@ class ProducerRow:
 
 @dataclass(frozen=True, slots=True)
 class Bounds:
-    """A worker's liveness bounds, recorded with its producers: past ``fence_after_s``
-    without a heartbeat a live producer has stopped claiming; past ``stale_after_s`` the
-    leader rescues its jobs."""
+    """What a worker declares with its producers, by which every peer judges them: past
+    ``fence_after_s`` without a heartbeat a live producer has stopped claiming; past
+    ``stale_after_s`` the leader rescues its jobs, and a job that overran its own timeout
+    by ``rescue_grace_s``; ``tasks`` are the task names it serves."""
 
     fence_after_s: float
     stale_after_s: float
+    rescue_grace_s: float
+    tasks: tuple[str, ...]
 
 
 async def register(
@@ -48,6 +51,8 @@ async def register(
         [p.concurrency for p in producers],
         bounds.fence_after_s,
         bounds.stale_after_s,
+        bounds.rescue_grace_s,
+        list(bounds.tasks),
     )
 
 
@@ -126,6 +131,8 @@ async def reregister(
         beat.rejected_outcomes,
         bounds.fence_after_s,
         bounds.stale_after_s,
+        bounds.rescue_grace_s,
+        list(bounds.tasks),
     )
     return _adoption(rows)
 

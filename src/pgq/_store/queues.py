@@ -95,10 +95,32 @@ class QueueStats:
     oldest_available_s: float | None = None
     completed_last_minute: int = 0
     finished_last_minute: int = 0
+    #: Available jobs no live worker of the queue serves, by task (see :func:`unrunnable`).
+    unrunnable: dict[str, int] = field(default_factory=dict)
 
 
-async def stats(db: Db) -> list[QueueStats]:
-    """Per queue: counts by state, oldest available job's age, last minute's throughput."""
+@dataclass(frozen=True, slots=True)
+class Unrunnable:
+    """Jobs of one task waiting on a queue whose live workers do not serve that task."""
+
+    queue: str
+    task: str
+    count: int
+    #: Seconds since the oldest of them was due.
+    oldest_s: float
+
+
+async def unrunnable(db: Db, stale_after_s: float, due_for_s: float) -> list[Unrunnable]:
+    """Available jobs due for longer than ``due_for_s`` whose task no live producer of their
+    queue serves (producers judged by their own ``stale_after``, ``stale_after_s`` for rows
+    that recorded none), by queue and task."""
+    rows = await db.fetch(sql.UNRUNNABLE_JOBS, stale_after_s, due_for_s)
+    return [Unrunnable(r["queue"], r["task"], r["n"], float(r["oldest_s"])) for r in rows]
+
+
+async def stats(db: Db, stale_after_s: float) -> list[QueueStats]:
+    """Per queue: counts by state, oldest available job's age, last minute's throughput,
+    and the jobs nobody can run (due for longer than ``stale_after_s``)."""
     by_queue: dict[str, QueueStats] = {}
     for r in await db.fetch(sql.STATS_BY_QUEUE):
         by_queue.setdefault(r["queue"], QueueStats(r["queue"])).counts[JobState(r["state"])] = r[
@@ -109,4 +131,6 @@ async def stats(db: Db) -> list[QueueStats]:
         st.oldest_available_s = r["oldest_available_s"]
         st.completed_last_minute = r["completed_last_minute"]
         st.finished_last_minute = r["finished_last_minute"]
+    for u in await unrunnable(db, stale_after_s, stale_after_s):
+        by_queue.setdefault(u.queue, QueueStats(u.queue)).unrunnable[u.task] = u.count
     return [by_queue[q] for q in sorted(by_queue)]

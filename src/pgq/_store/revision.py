@@ -13,10 +13,18 @@ from pgq._store.connections import Db
 from pgq.errors import SchemaMismatch
 
 #: The alembic revision this code runs on; a test checks it is the migrations' head.
-SCHEMA_REVISION = "pgq_0006"
+SCHEMA_REVISION = "pgq_0007"
 
 #: Revisions any pgq release has shipped, oldest first; used to read a shared version table.
-KNOWN_REVISIONS = ("pgq_0001", "pgq_0002", "pgq_0003", "pgq_0004", "pgq_0005", "pgq_0006")
+KNOWN_REVISIONS = (
+    "pgq_0001",
+    "pgq_0002",
+    "pgq_0003",
+    "pgq_0004",
+    "pgq_0005",
+    "pgq_0006",
+    "pgq_0007",
+)
 
 #: The ids the first revisions had before they were prefixed (they collided with projects
 #: that number their own revisions). A database stamped with one is at the same schema;

@@ -561,15 +561,61 @@ SELECT pg_notify("""
 _IS_RUNNING = "state = (SELECT 'running'::pgq_job_state)"
 
 
+# A lock held elsewhere never holds up a batch of outcomes (an application transaction that
+# enqueued a dependent of a job, or cancels it, holds its row until it ends). A batch is
+# first written as it is, giving up on a row lock after LOCK_WAIT (lock_timeout, set for the
+# statement's own transaction: the common case pays nothing); a batch that gave up is
+# written again with the skip flag (the statement's last parameter, $k below) on: it first
+# locks its rows, passing over those locked now, and returns their ids apart from those the
+# fence rejected. Each passed over is then written on its own, after waiting for its row
+# (LOCK_JOB in the same transaction), so that it, not a rescue, gets the row when it frees.
+LOCK_WAIT = "50ms"
+
+
+def _lock_batch(k: str) -> str:
+    return (
+        """locked AS MATERIALIZED (
+    SELECT l.id FROM unnest($1::bigint[]) AS l(id)
+    WHERE """
+        + k
+        + """
+      AND (SELECT j.id FROM pgq_jobs j WHERE j.id = l.id FOR NO KEY UPDATE SKIP LOCKED)
+          IS NOT NULL
+)"""
+    )
+
+
+def _locked_fence(k: str) -> str:
+    return (
+        "(NOT "
+        + k
+        + """ OR j.id IN (SELECT id FROM locked))
+      AND (SELECT set_config('lock_timeout', '"""
+        + LOCK_WAIT
+        + """', true)) IS NOT NULL"""
+    )
+
+
+def _not_locked(k: str) -> str:
+    return (
+        k
+        + """ AND i NOT IN (SELECT id FROM locked)
+    AND EXISTS (SELECT 1 FROM pgq_jobs WHERE id = i)"""
+    )
+
+
 # Writes a batch of outcomes. Each row is fenced by (id, attempt_token, 'running'): an
 # attempt whose job was rescued or re-claimed since changes nothing. A job whose cancellation
 # was requested while it ran never runs again: an outcome that would make it retryable or
 # available (a failure, a snooze, a shutdown hand-back) ends it cancelled instead. Jobs made
-# available again wake their queue; finished ones are announced for client.wait().
+# available again wake their queue; finished ones are announced for client.wait(). A row per
+# job written, then one per job passed over (locked), with a NULL state.
 def _complete_jobs(running: str) -> str:
     return (
         """
-WITH u AS (
+WITH """
+        + _lock_batch("$8::bool")
+        + """, u AS (
     SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
                          $6::text[], $7::int[])
          AS u(id, token, state, delay_s, error, result, attempt_delta)
@@ -601,7 +647,10 @@ WITH u AS (
         result = u.result::jsonb,
         deadline_at = NULL
     FROM u
-    WHERE j.id = u.id AND j.attempt_token = u.token AND j."""
+    WHERE j.id = u.id AND j.attempt_token = u.token AND """
+        + _locked_fence("$8::bool")
+        + """
+      AND j."""
         + running
         + """
     RETURNING j.id, j.queue, j.state
@@ -623,50 +672,64 @@ SELECT id,
               GROUP BY chunk) c) AS done,
        state::text AS state
 FROM upd
-"""
+UNION ALL
+SELECT i, 0, 0, NULL FROM unnest($1::bigint[]) AS i WHERE """
+        + _not_locked("$8::bool")
+        + "\n"
     )
 
 
 COMPLETE_JOBS: Final = _complete_jobs(_IS_RUNNING)
 COMPLETE_JOBS_ASYNC: Final = _complete_jobs(_IS_RUNNING + _ASYNC_COMMIT)
 
+
 # The common outcome, lean: completed, with an optional result, fenced like the others. The
 # ids of finished jobs are announced for client.wait() (the last parameter: comma-joined
-# chunks built by the caller; a spurious id is harmless, waiters re-read the job). One row,
-# the ids written in one array, or none when the fence let none through (nor is anything
-# announced then).
-_SUCCESSES_SET = """
-WITH upd AS (
-    UPDATE pgq_jobs j
-    SET state = 'completed', finalized_at = now(), deadline_at = NULL, result = """
-
-
-def _successes_fence(running: str) -> str:
+# chunks built by the caller; a spurious id is harmless, waiters re-read the job). One row:
+# the ids written in one array, and those passed over (locked) in another; nothing is
+# announced when none was written.
+def _successes_set(k: str) -> str:
     return (
         """
-    WHERE j.id = u.id AND j.attempt_token = u.token AND j."""
+WITH """
+        + _lock_batch(k)
+        + """, upd AS (
+    UPDATE pgq_jobs j
+    SET state = 'completed', finalized_at = now(), deadline_at = NULL, result = """
+    )
+
+
+def _successes_fence(running: str, k: str) -> str:
+    return (
+        """
+    WHERE j.id = u.id AND j.attempt_token = u.token AND """
+        + _locked_fence(k)
+        + """
+      AND j."""
         + running
         + """
     RETURNING j.id
 )
-SELECT w.ids, (SELECT count(pg_notify("""
+SELECT w.ids, ARRAY(SELECT i FROM unnest($1::bigint[]) AS i WHERE """
+        + _not_locked(k)
+        + """) AS passed_over,
+       CASE WHEN cardinality(w.ids) > 0 THEN (SELECT count(pg_notify("""
         + _DONE
         + """, c)) FROM unnest("""
     )
 
 
-_SUCCESSES_END = """::text[]) c) AS done
+_SUCCESSES_END = """::text[]) c) END AS done
 FROM (SELECT ARRAY(SELECT id FROM upd) AS ids) w
-WHERE cardinality(w.ids) > 0
 """
 
 
 def _complete_successes(running: str) -> str:
     return (
-        _SUCCESSES_SET
+        _successes_set("$5::bool")
         + """u.result::jsonb
     FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS u(id, token, result)"""
-        + _successes_fence(running)
+        + _successes_fence(running, "$5::bool")
         + "$4"
         + _SUCCESSES_END
     )
@@ -679,10 +742,10 @@ COMPLETE_SUCCESSES_ASYNC: Final = _complete_successes(_IS_RUNNING + _ASYNC_COMMI
 # The same when no job of the batch returned a result (most): no array of NULLs to send.
 def _complete_successes_no_result(running: str) -> str:
     return (
-        _SUCCESSES_SET
+        _successes_set("$4::bool")
         + """NULL
     FROM unnest($1::bigint[], $2::uuid[]) AS u(id, token)"""
-        + _successes_fence(running)
+        + _successes_fence(running, "$4::bool")
         + "$3"
         + _SUCCESSES_END
     )
@@ -773,6 +836,10 @@ FROM upd
 """
 )
 
+# Waits for job $1's row, locked elsewhere, and holds it for the outcome written next in the
+# same transaction.
+LOCK_JOB: Final = "SELECT id FROM pgq_jobs WHERE id = $1 FOR NO KEY UPDATE"
+
 # Which of the tokens $2 (those a task settled its attempt with) job $1 holds: a transaction
 # that settled it committed.
 SETTLED_BY: Final = """
@@ -781,8 +848,8 @@ SELECT attempt_token FROM pgq_jobs WHERE id = $1 AND attempt_token = ANY($2::uui
 
 # Burst mode: is anything left that this producer could claim now (a paused queue's jobs
 # cannot be claimed: a burst worker does not wait for its resumption), and is anything of
-# its queue running under a producer that is gone, or silent past the fencing bound ($3
-# seconds)? Such jobs will be rescued and become claimable: a burst worker waits for them.
+# its queue running under a producer that is gone, or silent past its own fencing bound ($3
+# seconds for a row that recorded none)? Such jobs will be rescued and become claimable: a burst worker waits for them.
 # Each question reads one partial index in its order (LIMIT 1 sub-selects, not EXISTS, which
 # would drop the ORDER BY): one OR over the states matches no partial index, and right
 # after a drain the statistics still count the jobs as available, so the planner chose a
@@ -799,7 +866,8 @@ SELECT ((SELECT 1 FROM pgq_jobs
        EXISTS (
            SELECT 1 FROM pgq_jobs j LEFT JOIN pgq_producers pr ON pr.id = j.producer_id
            WHERE j.state = 'running' AND j.queue = $1 AND j.task = ANY($2::text[])
-             AND (pr.id IS NULL OR pr.heartbeat_at < now() - make_interval(secs => $3)
+             AND (pr.id IS NULL
+                  OR pr.heartbeat_at < now() - make_interval(secs => COALESCE(pr.fence_after_s, $3))
                   OR (pr.worker_name = $4 AND pr.id <> ALL($5::uuid[])
                       AND pr.heartbeat_at < $6))
        ) AND NOT p.paused AS orphaned
@@ -819,8 +887,8 @@ WHERE id = ANY($1::bigint[]) AND cancel_requested_at IS NOT NULL AND """
 
 REGISTER_PRODUCERS: Final = """
 INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, fence_after_s,
-                           stale_after_s)
-SELECT u.id, $2, $3, u.queue, u.concurrency, $6, $7
+                           stale_after_s, rescue_grace_s, tasks)
+SELECT u.id, $2, $3, u.queue, u.concurrency, $6, $7, $8, $9::text[]
 FROM unnest($1::uuid[], $4::text[], $5::int[]) AS u(id, queue, concurrency)
 """
 
@@ -876,14 +944,14 @@ REREGISTER_PRODUCER: Final = (
 WITH ins AS (
     INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, claimed,
                                completed, failed, rejected_outcomes, fence_after_s,
-                               stale_after_s)
-    VALUES ($1, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                               stale_after_s, rescue_grace_s, tasks)
+    VALUES ($1, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14::text[])
     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
     RETURNING id
 ), former AS (
     INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency, fence_after_s,
-                               stale_after_s)
-    SELECT f.id, $3, $4, $5, 0, $11, $12 FROM unnest($2::uuid[]) AS f(id) WHERE f.id <> $1
+                               stale_after_s, rescue_grace_s)
+    SELECT f.id, $3, $4, $5, 0, $11, $12, $13 FROM unnest($2::uuid[]) AS f(id) WHERE f.id <> $1
     ON CONFLICT (id) DO UPDATE SET heartbeat_at = now()
 ), """
     + _MOVE_RUNNING_TO
@@ -940,12 +1008,13 @@ LEFT JOIN pgq_leader l ON l.name = 'default' AND l.leader_id = p.worker_id
 ORDER BY p.worker_name, p.queue
 """
 
-# Producers of queue $1 that beat within $2 seconds: does anyone serve it now? (Not the rows
-# a re-registered producer keeps for its former ids, of concurrency 0.)
+# Producers of queue $1 that are live, each judged by its own stale_after ($2 seconds for a
+# row that recorded none): does anyone serve it now? (Not the rows a re-registered producer
+# keeps for its former ids, of concurrency 0.)
 LIVE_PRODUCERS: Final = """
 SELECT count(*)::int AS n FROM pgq_producers
-WHERE (queue = $1 OR $1 = '*') AND heartbeat_at > now() - make_interval(secs => $2)
-  AND concurrency > 0
+WHERE (queue = $1 OR $1 = '*') AND concurrency > 0
+  AND heartbeat_at > now() - make_interval(secs => COALESCE(stale_after_s, $2))
 """
 
 CURRENT_LEADER: Final = """
@@ -1005,10 +1074,13 @@ FROM (SELECT queue, count(*)::int AS n FROM upd GROUP BY queue) g
 """
 )
 
-# The rescue, judged in SQL on the database clock so any leader can judge any peer. A running
-# job is rescued when its producer's heartbeat is older than $2 seconds, when its producer's
-# row is gone and the job started more than $2 seconds ago, or when it overran its own
-# deadline by more than $3 seconds (hung under a live producer). The leader's lease is
+# The rescue, judged in SQL on the database clock so any leader can judge any peer, each by
+# the bounds it recorded (a leader's own settings may be shorter: a rolling deploy, a fleet
+# of mixed workers). A running job is rescued when its producer's heartbeat is older than
+# that producer's own stale_after, when its producer's row is gone and the job started more
+# than $2 seconds (the leader's stale_after) ago, or when it overran its own deadline by
+# more than its producer's rescue_grace (hung under a live producer). A row of older code,
+# without recorded bounds, is judged by the leader's $2 and $3. The leader's lease is
 # checked in the same statement: a deposed leader rescues nothing. SKIP LOCKED passes over a
 # job whose outcome is being written right now; re-checking the locked row's state keeps a
 # job that just completed out. Attempts run out -> discarded, so a poison job cannot loop. A
@@ -1028,6 +1100,11 @@ _RESCUE_UPDATE: Final = (
 UPDATE pgq_jobs j
 SET state = (CASE WHEN c.cancel THEN 'cancelled'
                   WHEN c.attempt >= c.max_attempts THEN 'discarded'
+                  -- A first rescue applies no backoff: the job is claimable at once, by any
+                  -- worker, without waiting for a promotion.
+                  WHEN """
+    + _RESCUES_SO_FAR
+    + """ = 0 THEN 'available'
                   ELSE 'retryable' END)::pgq_job_state,
     finalized_at = CASE WHEN c.cancel OR c.attempt >= c.max_attempts THEN now() END,
     -- The first rescue retries at once (the job did not fail, its worker did); repeated
@@ -1063,7 +1140,10 @@ FROM candidates c
 WHERE j.id = c.id
 RETURNING j.id, j.state::text AS state, c.reason, c.worker_name, c.silent_s, j.queue, j.task,
           j.attempt, pg_current_xact_id()::text AS xact,
-          CASE WHEN j.state <> 'retryable' THEN pg_notify("""
+          CASE WHEN j.state = 'available' THEN pg_notify("""
+    + _JOBS
+    + """, j.queue)::text
+               WHEN j.state <> 'retryable' THEN pg_notify("""
     + _DONE
     + """, j.id::text)::text END AS done
 """
@@ -1082,7 +1162,8 @@ WITH lease AS (
            j.producer_id, p.worker_name, j.cancel_requested_at IS NOT NULL AS cancel,
            j.attempted_at,
            CASE WHEN p.id IS NULL THEN 'producer row missing'
-                WHEN p.heartbeat_at < now() - make_interval(secs => $2) THEN 'producer stale'
+                WHEN p.heartbeat_at < now() - make_interval(secs => COALESCE(p.stale_after_s, $2))
+                THEN 'producer stale'
                 ELSE 'job overran its timeout' END AS reason,
            extract(epoch FROM now() - COALESCE(p.heartbeat_at, j.attempted_at))::float8
                AS silent_s
@@ -1090,8 +1171,8 @@ WITH lease AS (
     LEFT JOIN pgq_producers p ON p.id = j.producer_id
     WHERE j.state = 'running' AND EXISTS (SELECT 1 FROM lease)
       AND ((p.id IS NULL AND j.attempted_at < now() - make_interval(secs => $2))
-           OR p.heartbeat_at < now() - make_interval(secs => $2)
-           OR j.deadline_at < now() - make_interval(secs => $3))
+           OR p.heartbeat_at < now() - make_interval(secs => COALESCE(p.stale_after_s, $2))
+           OR j.deadline_at < now() - make_interval(secs => COALESCE(p.rescue_grace_s, $3)))
     ORDER BY j.id
     LIMIT $4
     FOR UPDATE OF j SKIP LOCKED
@@ -1186,11 +1267,12 @@ WITH due AS (
 SELECT count(*)::int AS n FROM due
 """
 
-# Producer rows silent far longer than stale_after, once none of their jobs is running
-# (the rescuer got to them first), are deleted.
+# Producer rows silent for longer than both the leader's reap_after ($1) and their own
+# stale_after (by then a live producer has certainly stopped claiming), once none of their
+# jobs is running (the rescuer got to them first), are deleted.
 REAP_PRODUCERS: Final = """
 DELETE FROM pgq_producers p
-WHERE p.heartbeat_at < now() - make_interval(secs => $1)
+WHERE p.heartbeat_at < now() - make_interval(secs => greatest($1, p.stale_after_s))
   AND NOT EXISTS (SELECT 1 FROM pgq_jobs j WHERE j.producer_id = p.id AND j.state = 'running')
 RETURNING p.id, p.worker_name, p.queue
 """
@@ -1330,6 +1412,29 @@ WHERE state = 'available' OR finalized_at > now() - interval '1 minute'
 GROUP BY queue
 """
 )
+
+# Jobs nobody can run: available jobs due for longer than $2 seconds, of a queue whose live
+# producers (each judged by its own stale_after, $1 for a row that recorded none) all
+# recorded the tasks they serve and none serves the job's task (a worker never claims a
+# task it has not registered). A queue with a producer of older code (no task list) is
+# never flagged, nor one no live producer serves (that is a queue without workers).
+UNRUNNABLE_JOBS: Final = """
+WITH live AS (
+    SELECT queue, tasks FROM pgq_producers
+    WHERE concurrency > 0
+      AND heartbeat_at > now() - make_interval(secs => COALESCE(stale_after_s, $1))
+), listed AS (
+    SELECT queue FROM live GROUP BY queue HAVING bool_and(tasks IS NOT NULL)
+)
+SELECT j.queue, j.task, count(*)::bigint AS n,
+       extract(epoch FROM now() - min(j.scheduled_at))::float8 AS oldest_s
+FROM pgq_jobs j
+JOIN listed q ON q.queue = j.queue
+WHERE j.state = 'available' AND j.scheduled_at < now() - make_interval(secs => $2)
+  AND NOT EXISTS (SELECT 1 FROM live l WHERE l.queue = j.queue AND j.task = ANY(l.tasks))
+GROUP BY j.queue, j.task
+ORDER BY j.queue, j.task
+"""
 
 LIST_QUEUES: Final = (
     """

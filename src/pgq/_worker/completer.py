@@ -1,6 +1,9 @@
 """Batches job outcomes into fenced UPDATEs: one round trip for many jobs.
 
-Every outcome reaches the database. A batch the database refuses for want of a connection
+Every outcome reaches the database, and none waits for a lock held elsewhere: a batch passes
+over the rows locked now (an application transaction that holds a job's row), and each of
+those is written on its own, on a connection that waits for that row alone, so that it,
+not a rescue, gets the row when it frees. A batch the database refuses for want of a connection
 (or for a transient reason: a deadlock, a full disk, a standby) is kept and retried whole.
 A batch it refuses for what one outcome holds is written outcome by outcome, and an outcome
 refused on its own is retried once, then written without its result and error details (the
@@ -13,13 +16,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from operator import attrgetter
 
 import anyio
+import anyio.abc
+import asyncpg
 
 from pgq._store import claims
-from pgq._store.connections import Pool, is_transient
+from pgq._store.claims import Written
+from pgq._store.connections import Db, Pool, is_transient
 from pgq._worker.outcome import Outcome, error_entry
 
 log = logging.getLogger("pgq.completer")
@@ -29,6 +35,14 @@ Reporter = Callable[[list[Outcome], list[Outcome]], None]
 
 #: Seconds between tries of an outcome the database refused in every form.
 HELD_RETRY_S = 30.0
+
+#: Outcomes waiting for their rows at once, each on a connection of its own (the rest of a
+#: worker's pool stays free for claims and batches; the worker sizes it for these).
+LOCK_WAITERS = 2
+
+#: Seconds one wait for a locked row lasts before it is asked again (a stalled connection
+#: would otherwise hold a waiter for good).
+LOCK_WAIT_S = 60.0
 
 _BY_JOB_ID = attrgetter("job_id")
 
@@ -74,18 +88,31 @@ class Completer:
         self._idle.set()
         #: Outcomes written in a fallback form (without their result or as a failed attempt).
         self.salvaged = 0
+        # Outcomes a batch passed over (their rows locked elsewhere), each written on its own.
+        self._locked: list[Outcome] = []
+        self._waiters = anyio.CapacityLimiter(LOCK_WAITERS)
+        self._tg: anyio.abc.TaskGroup | None = None
+        #: Outcomes that waited for their rows, locked elsewhere, since the worker started.
+        self.waited_on_locks = 0
 
     @property
     def pending(self) -> int:
         """Outcomes not yet written (with ``async_commit``, a written one may still be lost
         in a crash of the database server)."""
-        return len(self._buffer) + len(self._held)
+        return len(self._buffer) + len(self._held) + len(self._locked)
+
+    @property
+    def waiting_on_locks(self) -> int:
+        """Outcomes waiting now for their rows, locked by another transaction."""
+        return len(self._locked)
 
     def pending_attempts(self) -> set[tuple[int, uuid.UUID | None]]:
         """The attempts (job id, token) whose outcomes are not yet durable."""
-        return {(o.job_id, o.token) for o in self._buffer} | {
-            (o.job_id, o.token) for _, o in self._held
-        }
+        return (
+            {(o.job_id, o.token) for o in self._buffer}
+            | {(o.job_id, o.token) for _, o in self._held}
+            | {(o.job_id, o.token) for o in self._locked}
+        )
 
     @property
     def held(self) -> int:
@@ -107,6 +134,11 @@ class Completer:
 
     async def run(self) -> None:
         """Write batches until cancelled. Cancel only after :meth:`wait_idle`."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            await self._run()
+
+    async def _run(self) -> None:
         delay = 0.1
         while True:
             await self._wait_for_work()
@@ -124,10 +156,13 @@ class Completer:
             delay = 0.1
             if not self._buffer:
                 self._has_items = anyio.Event()
-                if not self._held:
-                    self._idle.set()
+                self._idle_if_done()
             elif len(self._buffer) >= self._batch_size:
                 self._full.set()
+
+    def _idle_if_done(self) -> None:
+        if not self._buffer and not self._held and not self._locked:
+            self._idle.set()
 
     async def _wait_for_work(self) -> None:
         while True:
@@ -233,31 +268,87 @@ class Completer:
             )
         self._reported([outcome] if accepted else [], [] if accepted else [outcome])
 
-    async def _write(self, batch: list[Outcome]) -> None:
-        """One statement for outcomes of one kind (plain successes, or the rest)."""
+    async def _write(self, batch: list[Outcome], db: Db | None = None) -> None:
+        """One statement for outcomes of one kind (plain successes, or the rest); a batch
+        that meets a row locked elsewhere is written again passing over such rows, which go
+        to be written on their own (``db``: a transaction that holds the one row)."""
         batch.sort(key=_BY_JOB_ID)  # a stable lock order across concurrent writers
-        written: Collection[int]  # the ids the fence let through
-        with anyio.fail_after(30):
-            if batch[0].state == "completed" and batch[0].error is None:
-                written = await claims.complete_successes(
-                    self._pool,
-                    [o.job_id for o in batch],
-                    [o.token for o in batch],
-                    [o.result for o in batch],
-                    async_commit=self._async_commit,
-                )
-            else:
-                written = await claims.write_outcomes(
-                    self._pool, batch, async_commit=self._async_commit
-                )
+        try:
+            done = await self._statement(batch, db or self._pool, skip_locked=db is not None)
+        except asyncpg.LockNotAvailableError:
+            done = await self._statement(batch, self._pool, skip_locked=True)
+        written = done.states  # the ids the fence let through
         if len(written) == len(batch):
             self._reported(batch, [])
             return
         ok: list[Outcome] = []
         rejected: list[Outcome] = []
+        locked: list[Outcome] = []
+        passed_over = set(done.passed_over) if db is None else set()
         for o in batch:
-            (ok if o.job_id in written else rejected).append(o)
+            if o.job_id in written:
+                ok.append(o)
+            elif o.job_id in passed_over:
+                locked.append(o)
+            else:
+                rejected.append(o)
         self._reported(ok, rejected)
+        for o in locked:
+            self._wait_for_row(o)
+
+    async def _statement(self, batch: list[Outcome], db: Db, *, skip_locked: bool) -> Written:
+        with anyio.fail_after(30):
+            if batch[0].state == "completed" and batch[0].error is None:
+                return await claims.complete_successes(
+                    db,
+                    [o.job_id for o in batch],
+                    [o.token for o in batch],
+                    [o.result for o in batch],
+                    async_commit=self._async_commit,
+                    skip_locked=skip_locked,
+                )
+            return await claims.write_outcomes(
+                db, batch, async_commit=self._async_commit, skip_locked=skip_locked
+            )
+
+    def _wait_for_row(self, outcome: Outcome) -> None:
+        log.warning(
+            "the outcome of job %d attempt %d waits for its row, locked by another "
+            "transaction (one that enqueued a dependent of it, or acts on it, and is still "
+            "open); the other outcomes go on",
+            outcome.job_id,
+            outcome.attempt,
+        )
+        self.waited_on_locks += 1
+        self._locked.append(outcome)
+        assert self._tg is not None
+        self._tg.start_soon(self._write_alone, outcome, name=f"pgq outcome {outcome.job_id}")
+
+    async def _write_alone(self, outcome: Outcome) -> None:
+        """Write ``outcome`` once its row frees, waiting on it in a transaction of its own;
+        an outcome the database refuses goes back to the batches (whose fallbacks apply)."""
+        delay = 0.1
+        async with self._waiters:
+            while True:
+                try:
+                    with anyio.move_on_after(LOCK_WAIT_S):
+                        async with self._pool.acquire() as conn, conn.transaction():
+                            await claims.lock_job(conn, outcome.job_id)
+                            await self._write([outcome], conn)
+                        break
+                except Exception as exc:
+                    if not is_transient(exc):
+                        self.add(outcome)
+                        break
+                    log.warning(
+                        "could not write the outcome of job %d (%s); retrying",
+                        outcome.job_id,
+                        brief(exc),
+                    )
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, self._retry_max_s)
+        self._locked.remove(outcome)
+        self._idle_if_done()
 
     def _reported(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         for o in rejected:

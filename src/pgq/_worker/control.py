@@ -9,12 +9,13 @@ from datetime import datetime
 
 import anyio
 
-from pgq._store import claims, maintenance
+from pgq._store import claims, maintenance, queues
 from pgq._store.connections import DATABASE_ERRORS, Pool, Target
 from pgq._store.listen import CancelRequested, LimitsChanged, Notifier, parse_control
 from pgq._store.sql import CHANNEL_CONTROL, CHANNEL_JOBS, CHANNEL_LEADER
 from pgq._worker.completer import Completer
 from pgq._worker.executor import CANCEL
+from pgq._worker.leader.unrunnable import describe
 from pgq._worker.producer import Producer
 from pgq.settings import WorkerSettings
 
@@ -179,5 +180,18 @@ class Control:
                 await anyio.sleep(min(self._settings.rescue_interval, 1.0))
             else:
                 log.info("burst: no runnable job left")
+                await self._say_unrunnable()
                 stop()
                 return
+
+    async def _say_unrunnable(self) -> None:
+        """At the end of a burst: the jobs of its queues that no live worker serves."""
+        mine = {p.queue for p in self._producers}
+        try:
+            found = await queues.unrunnable(self._pool, self._settings.stale_after, 0.0)
+        except DATABASE_ERRORS as exc:
+            log.warning("burst: could not look for jobs no worker serves: %s", exc)
+            return
+        for u in found:
+            if u.queue in mine:
+                log.warning("burst: %s", describe(u))

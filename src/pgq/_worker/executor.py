@@ -372,12 +372,12 @@ def stopped_before_start(job: Job, reason: str) -> Outcome:
 
 
 def interrupted(job: Job, reason: str) -> Outcome:
-    """A job the worker stopped (shutdown): retryable at once; the attempt does not count,
+    """A job the worker stopped (shutdown): handed back available, in its place in the queue,
+    so any worker runs it again without waiting for a promotion; the attempt does not count,
     since the job did not fail."""
     return Outcome.of(
         job,
-        "retryable",
-        delay_s=0.0,
+        "available",
         error=error_entry(job.attempt, reason, f"interrupted by worker {reason}"),
         attempt_delta=-1,
     )

@@ -197,10 +197,11 @@ class Heartbeater:
         *,
         worker_id: uuid.UUID,
         worker_name: str,
+        bounds: store.Bounds,
     ) -> None:
         self._target = target
         self._producers = producers
-        self._bounds = store.Bounds(settings.fencing_bound, settings.stale_after)
+        self._bounds = bounds
         self._interval_s = settings.heartbeat_interval
         self._timeout_s = settings.heartbeat_timeout
         self._max_failures = settings.max_heartbeat_failures

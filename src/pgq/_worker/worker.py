@@ -4,6 +4,7 @@ part owns its concern (see ``pgq._worker``)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
@@ -31,7 +32,7 @@ from pgq._store.connections import (
 from pgq._store.producers import ProducerRow
 from pgq._store.revision import check_schema
 from pgq._worker import health_server
-from pgq._worker.completer import Completer
+from pgq._worker.completer import LOCK_WAITERS, Completer
 from pgq._worker.control import Control
 from pgq._worker.executor import SHUTDOWN
 from pgq._worker.leader.elector import Elector
@@ -43,6 +44,7 @@ from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderService, LeaderServices
 from pgq._worker.leader.statistics import Statistics
 from pgq._worker.leader.throughput import Throughput
+from pgq._worker.leader.unrunnable import UnrunnableReport
 from pgq._worker.liveness import Heartbeater, health_verdict
 from pgq._worker.observe import observers
 from pgq._worker.outcome import Outcome
@@ -127,6 +129,7 @@ class _Parts:
     successor: Successor | None
     strays: Strays
     reports: RescueReports
+    unrunnable: UnrunnableReport
 
 
 class Worker:
@@ -250,7 +253,9 @@ class Worker:
         pool = await create_pool(
             self._dsn,
             min_size=1,
-            max_size=len(self._queues) + 3,
+            # A claim per queue, a batch of outcomes, a leader service or two, and the
+            # outcomes that wait alone for rows locked elsewhere.
+            max_size=len(self._queues) + 3 + LOCK_WAITERS,
             **self._target.options(f"pgq worker {self.name}", WORKER_SESSION_SETTINGS),
         )
         try:
@@ -304,6 +309,13 @@ class Worker:
             worker_name=self.name,
         )
 
+    def _bounds(self) -> store_producers.Bounds:
+        """What this worker's producers declare: peers judge them by these."""
+        s = self.settings
+        return store_producers.Bounds(
+            s.fencing_bound, s.stale_after, s.rescue_grace, tuple(sorted(t.name for t in self.app))
+        )
+
     def _build(self, pool: Pool) -> _Parts:
         s = self.settings
         limiter = anyio.CapacityLimiter(s.max_threads)
@@ -314,8 +326,9 @@ class Worker:
         ]
         self._by_queue = {p.queue: p for p in producers}
         heartbeater = Heartbeater(
-            self._target, producers, s, worker_id=self.id, worker_name=self.name
-        )
+            self._target, producers, s, worker_id=self.id, worker_name=self.name,
+            bounds=self._bounds(),
+        )  # fmt: skip
         elector = Elector(pool, worker_id=self.id, worker_name=self.name, ttl_s=s.leader_ttl)
         rescuer = Rescuer(
             pool,
@@ -339,8 +352,9 @@ class Worker:
             )
         services: list[LeaderService] = [Promoter(pool, s.schedule_interval)]
         services += [periodic] if periodic else []
-        services += [rescuer, reaper, retention, Throughput(pool), Statistics(pool)]
-        leader = LeaderServices(elector, services)
+        unrunnable = UnrunnableReport(pool, s.stale_after)
+        services += [rescuer, reaper, retention, Throughput(pool), Statistics(pool), unrunnable]
+        leader = LeaderServices(elector, services, everywhere=frozenset({Promoter.name}))
         control = Control(
             pool,
             producers,
@@ -361,7 +375,7 @@ class Worker:
         strays = self._strays(pool, producers, completer, reports)
         return _Parts(
             producers, completer, heartbeater, elector, leader, rescuer, reaper, retention,
-            periodic, control, successor, strays, reports,
+            periodic, control, successor, strays, reports, unrunnable,
         )  # fmt: skip
 
     def _strays(
@@ -382,8 +396,7 @@ class Worker:
     ) -> None:
         self._started_at = anyio.current_time()
         rows = [ProducerRow(p.id, p.queue, p.concurrency) for p in parts.producers]
-        bounds = store_producers.Bounds(self.settings.fencing_bound, self.settings.stale_after)
-        await store_producers.register(pool, self.id, self.name, rows, bounds)
+        await store_producers.register(pool, self.id, self.name, rows, self._bounds())
         try:
             async with anyio.create_task_group() as tg:
                 await self._start_services(tg, parts)
@@ -586,8 +599,11 @@ class Worker:
         re-registrations, jobs of claims whose reply was lost handed back
         (``strays_handed_back``), ``job_rescued`` events not yet delivered to their hooks
         (``rescue_events_waiting``), cancels obeyed, LISTEN reconnections, and the outcomes not yet
-        durable (``outcomes_pending``), of those refused in every form (``outcomes_held``), and
-        written in a fallback form (``outcomes_salvaged``)."""
+        durable (``outcomes_pending``), of those refused in every form (``outcomes_held``),
+        written in a fallback form (``outcomes_salvaged``), and waiting for their rows, locked
+        by another transaction (``outcomes_waiting_on_locks``); and, on the leader, the jobs
+        no live worker of their queue serves (``unrunnable``: queue, task, count and
+        ``oldest_s``, as its last look found them)."""
         p = self._parts
         return {
             "worker_id": str(self.id),
@@ -615,6 +631,12 @@ class Worker:
             "outcomes_pending": p.completer.pending if p else 0,
             "outcomes_held": p.completer.held if p else 0,
             "outcomes_salvaged": p.completer.salvaged if p else 0,
+            "outcomes_waiting_on_locks": p.completer.waiting_on_locks if p else 0,
+            "unrunnable": (
+                [dataclasses.asdict(u) for u in p.unrunnable.found]
+                if p and p.elector.is_leader
+                else []
+            ),
             "producers": [producer.stats() for producer in p.producers] if p else [],
         }
 

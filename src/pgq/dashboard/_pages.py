@@ -15,6 +15,7 @@ from pgq._store import inspect, maintenance
 from pgq._store import jobs as store_jobs
 from pgq._store import leader as store_leader
 from pgq._store import producers as store_producers
+from pgq._store import queues as store_queues
 from pgq._store.connections import Pool
 from pgq.dashboard._chart import SERIES, throughput_svg
 from pgq.dashboard._forms import Filters
@@ -170,6 +171,9 @@ class Pages:
             **await self._common(request, pool), "title": "Queues", "rows": rows,
             "limits": await inspect.queue_limits(pool),
             "schedules": await maintenance.list_periodic(pool),
+            "unrunnable": await store_queues.unrunnable(
+                pool, self._d.stale_after_s, self._d.stale_after_s
+            ),
         })  # fmt: skip
 
 

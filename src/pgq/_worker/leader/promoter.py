@@ -1,6 +1,13 @@
-"""The promoter: due scheduled and retryable jobs become available, and wake their queues."""
+"""The promoter: due scheduled and retryable jobs become available, and wake their queues.
+
+Every worker runs it, leader or not, so a due job never waits for a leader; the statement
+passes over rows another worker's promotion holds (SKIP LOCKED), and each worker's rounds
+are jittered so that a fleet's spread out.
+"""
 
 from __future__ import annotations
+
+import random
 
 from pgq._store import maintenance
 from pgq._store.connections import Pool
@@ -10,14 +17,21 @@ BATCH = 1000
 
 
 class Promoter:
-    """Promotes due jobs every ``interval_s`` (the ``schedule_interval`` setting)."""
+    """Promotes due jobs every ``schedule_interval`` at most (each wait drawn between half
+    and all of it)."""
 
     name = "promoter"
     eager = True
 
     def __init__(self, pool: Pool, interval_s: float) -> None:
         self._pool = pool
-        self.interval_s = interval_s
+        self._interval_s = interval_s
+
+    @property
+    def interval_s(self) -> float:
+        """The wait before the next round: drawn anew on each read, so a due job waits at
+        most ``schedule_interval`` for some worker's round."""
+        return self._interval_s * random.uniform(0.5, 1.0)
 
     async def run_once(self) -> int:
         """Promote every due job, a batch at a time; returns how many became available."""

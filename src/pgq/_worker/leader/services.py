@@ -1,4 +1,6 @@
-"""Runs the leader's services, each in a loop of its own, while this worker leads.
+"""Runs the leader's services, each in a loop of its own, while this worker leads; and the
+few every worker runs whether it leads or not (the promotion of due jobs: no leader stands
+on the path of a due job).
 
 One failing service (a broken periodic schedule, retention that cannot delete, a rescue
 statement the server refuses) never stops the others: each runs and fails on its own, its
@@ -27,9 +29,13 @@ class LeaderService(Protocol):
     """A duty only the leader performs, every ``interval_s`` seconds."""
 
     name: str
-    interval_s: float
     #: Run at once when the loop starts, rather than after the first interval.
     eager: bool
+
+    @property
+    def interval_s(self) -> float:
+        """Seconds before the next round (read before each wait)."""
+        ...
 
     async def run_once(self) -> Any:
         """One round; returns what it did. Raises when the round failed."""
@@ -67,10 +73,17 @@ class ServiceStatus:
 
 
 class LeaderServices:
-    """Starts a loop per service; each loop runs its service only while ``elector`` leads."""
+    """Starts a loop per service; each loop runs its service only while ``elector`` leads,
+    but for those named in ``everywhere``, which run on every worker."""
 
-    def __init__(self, elector: Elector, services: list[LeaderService]) -> None:
+    def __init__(
+        self,
+        elector: Elector,
+        services: list[LeaderService],
+        everywhere: frozenset[str] = frozenset(),
+    ) -> None:
         self._elector = elector
+        self._everywhere = everywhere
         self.services = {s.name: s for s in services}
         self.status = {s.name: ServiceStatus() for s in services}
         self._wake = {s.name: anyio.Event() for s in services}
@@ -94,7 +107,7 @@ class LeaderServices:
                     await self._wake[service.name].wait()
             first = False
             self._wake[service.name] = anyio.Event()
-            if self._elector.is_leader:
+            if self._elector.is_leader or service.name in self._everywhere:
                 await self.run_service(service.name)
             else:
                 await self._settle(service)

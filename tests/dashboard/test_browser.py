@@ -167,3 +167,45 @@ async def test_pages_refresh_themselves(served: Served, page: Page, scene: Scene
     await expect(badge).to_have_text("available", timeout=15_000)
     # The same document: refreshed in place, not reloaded.
     assert await page.evaluate("window.__loaded_once") is True
+
+
+#: The script of a page served from a name that rebinds to 127.0.0.1 (DNS rebinding): in the
+#: name's origin, it reads the confirm page's CSRF token and posts a bulk delete.
+REBINDING_ATTACK = """async () => {
+    const confirm = await fetch('/jobs/bulk?action=delete&state=discarded');
+    const text = await confirm.text();
+    const token = (text.match(/name="csrf_token" value="([^"]+)"/) || [])[1] || '';
+    const upTo = (text.match(/name="up_to" value="([0-9]+)"/) || [])[1] || '0';
+    const body = new URLSearchParams(
+        {action: 'delete', state: 'discarded', up_to: upTo, csrf_token: token});
+    const r = await fetch('/jobs/bulk', {method: 'POST', body, redirect: 'manual'});
+    return [confirm.status, r.status];
+}"""
+
+
+async def test_a_page_of_a_rebinding_name_can_neither_read_nor_act(
+    served: Served, scene: Scene, conn: Conn
+) -> None:
+    port = served.url.rsplit(":", 1)[1]
+    async with async_playwright() as p:
+        b = await p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-dev-shm-usage",
+                  "--host-resolver-rules=MAP rebind.test 127.0.0.1"],
+        )  # fmt: skip
+        try:
+            page = await b.new_page()
+            response = await page.goto(f"http://rebind.test:{port}/")
+            assert response is not None and response.status == 400
+            await expect(page.locator("h1")).to_have_text("Bad request")
+            assert await page.evaluate(REBINDING_ATTACK) == [400, 400]
+            # The same browser, by a name the dashboard is served as: the page works.
+            response = await page.goto(f"http://localhost:{port}/jobs?state=discarded")
+            assert response is not None and response.status == 200
+        finally:
+            await b.close()
+    left = await conn.fetchval(
+        "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1::bigint[])",
+        [scene.jobs.discarded, scene.jobs.xss],
+    )
+    assert left == 2

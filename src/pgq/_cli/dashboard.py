@@ -26,12 +26,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "pgq dashboard needs its extra: pip install 'pgq-async[dashboard]'"
         ) from None
+    hosts = args.allowed_hosts
+    if hosts is not None or not args.auth:
+        hosts = [*(hosts or []), args.host]  # the address it listens on, too
     dashboard = Dashboard(
         resolve_dsn(args.dsn),
         read_only=args.read_only,
         auth=args.auth,
         refresh_s=args.refresh,
         stale_after_s=args.stale_after,
+        allowed_hosts=hosts,
     )
     check_bind(args.host, auth=dashboard.auth, read_only=args.read_only)
     anyio.run(_check_database, resolve_dsn(args.dsn))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +15,6 @@ import anyio
 import jinja2
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
@@ -59,6 +58,7 @@ class Dashboard:
         scan_window: int = 100_000,
         count_timeout_s: float = 1.0,
         pooler: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
     ) -> None:
         if client is not None and dsn is not None:
             raise ConfigError("give the dashboard a dsn or a client, not both")
@@ -69,6 +69,7 @@ class Dashboard:
         self._client = client
         self.read_only = read_only
         self.auth = _security.Credentials.parse(auth) if auth else None
+        self.allowed_hosts = _security.AllowedHosts.default(allowed_hosts, auth=self.auth)
         self.refresh_s = refresh_s
         self.stale_after_s = stale_after_s or float(WorkerSettings.from_env("stale_after"))
         self.page_size = page_size
@@ -77,7 +78,7 @@ class Dashboard:
         self._pool: Pool | None = None
         self._lock = anyio.Lock()
         self.templates = _templates()
-        self._app = self._build()
+        self._app = _security.Guard(self._build(), auth=self.auth, hosts=self.allowed_hosts)
 
     @property
     def database(self) -> str:
@@ -85,6 +86,8 @@ class Dashboard:
         return mask_dsn(self._dsn) if self._client is None else "the application's client"
 
     def _build(self) -> Starlette:
+        # The guard wraps this app whole (see __init__), outside Starlette's handler of
+        # unexpected errors: a 500 carries the security headers as every page does.
         pages, actions = Pages(self), Actions(self)
         routes = [
             Route("/", pages.overview, name="overview"),
@@ -101,9 +104,9 @@ class Dashboard:
         ]
         return Starlette(
             routes=routes,
-            middleware=[Middleware(_security.Guard, auth=self.auth)],
             exception_handlers={
                 HTTPException: self._http_error,
+                Exception: self._server_error,
                 DatabaseUnavailable: self._unavailable,
                 SchemaMismatch: self._unavailable,
                 **dict.fromkeys(CONNECTION_ERRORS, self._unavailable),
@@ -175,6 +178,13 @@ class Dashboard:
             request, "error.html", {"title": exc.status_code, "message": exc.detail},
             exc.status_code,
         )  # fmt: skip
+
+    async def _server_error(self, request: Request, exc: Exception) -> Response:
+        # Starlette logs the exception (re-raised to the server) after this page is sent.
+        return self.render(request, "error.html", {
+            "title": "internal error", "message": "The dashboard failed on this request (a bug: "
+            "its log has the traceback). Go back and try again, or report it.",
+        }, 500)  # fmt: skip
 
     async def _unavailable(self, request: Request, exc: Exception) -> Response:
         if isinstance(exc, DatabaseUnavailable | SchemaMismatch):

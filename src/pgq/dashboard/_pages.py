@@ -62,7 +62,8 @@ class Pages:
         done, n = request.query_params.get("done"), request.query_params.get("n", "")
         if done in NOTICES:
             queue = request.query_params.get("q", "")
-            notice = NOTICES[done].format(n=int(n) if n.isdigit() else 0, q=queue)
+            count = int(n) if n.isascii() and n.isdigit() and len(n) < 20 else 0
+            notice = NOTICES[done].format(n=count, q=queue)
         return {
             "now": await maintenance.database_now(pool),
             "leader": await store_leader.current(pool),
@@ -106,7 +107,7 @@ class Pages:
             "page": page, "before": before, "states": STATES,
             "queues": sorted(await inspect.paused_queues(pool) | await inspect.oldest_available(pool)),
             "bulk_actions": BULK_ACTIONS,
-        })  # fmt: skip
+        }, 200 if filt is not None else 400)  # fmt: skip
 
     async def job(self, request: Request) -> Response:
         """One job: its fields, args, result, metadata and timeline."""
@@ -209,6 +210,11 @@ def _int_param(request: Request, name: str) -> int | None:
     if raw is None or raw == "":
         return None
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
-        raise HTTPException(400, f"{name} must be a whole number, not {raw!r}") from None
+        value = -1
+    if not 0 <= value <= MAX_JOB_ID:
+        raise HTTPException(
+            400, f"{name} must be a whole number from 0 to {MAX_JOB_ID}, not {raw[:40]!r}"
+        )
+    return value

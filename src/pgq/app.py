@@ -249,9 +249,11 @@ class JobSpec(Generic[R]):
     delay: float | timedelta | None = None
     run_at: datetime | None = None
     max_attempts: int | None = None
+    #: At most 32 tags, each of 1 to 128 characters.
     tags: Sequence[str] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    #: Jobs sharing a unique key never coexist in ``unique_states``.
+    #: Jobs sharing a unique key never coexist in ``unique_states`` (at most 1,024 bytes
+    #: of UTF-8).
     unique_key: str | None = None
     #: Derive ``unique_key`` from the task, queue and args (within ``unique_period`` seconds).
     unique: bool = False

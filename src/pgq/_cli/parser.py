@@ -320,6 +320,14 @@ def _enqueue(sub: Any) -> None:
         "--limit-key", default=None, metavar="KEY", help="the key per-key queue limits count"
     )
     p.add_argument(
+        "--tag",
+        action="append",
+        default=None,
+        metavar="TAG",
+        help="a tag for the job, shown and filtered by in the dashboard (repeatable; at most "
+        "32, of at most 128 characters)",
+    )
+    p.add_argument(
         "--depends-on",
         default=None,
         metavar="ID[,ID...]",

@@ -587,7 +587,8 @@ class Worker:
         (``strays_handed_back``), ``job_rescued`` events not yet delivered to their hooks
         (``rescue_events_waiting``), cancels obeyed, LISTEN reconnections, and the outcomes not yet
         durable (``outcomes_pending``), of those refused in every form (``outcomes_held``), and
-        written in a fallback form (``outcomes_salvaged``)."""
+        written in a fallback form (``outcomes_salvaged``); ``resource_failures``, attempts that
+        failed for want of memory, file descriptors or disk (per producer: by task)."""
         p = self._parts
         return {
             "worker_id": str(self.id),
@@ -615,6 +616,7 @@ class Worker:
             "outcomes_pending": p.completer.pending if p else 0,
             "outcomes_held": p.completer.held if p else 0,
             "outcomes_salvaged": p.completer.salvaged if p else 0,
+            "resource_failures": sum(pr.resources.total for pr in p.producers) if p else 0,
             "producers": [producer.stats() for producer in p.producers] if p else [],
         }
 

@@ -5,6 +5,7 @@ every page. (The browser's side of rebinding is in test_browser.py.)"""
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -265,3 +266,50 @@ async def test_a_body_is_refused_at_the_limit_as_it_streams(
     assert await conn.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", ids[0]) == (
         "cancelled"
     )
+
+
+# ---------------------------------------------------------------- 4. bounded pages
+
+
+async def test_pages_render_a_bounded_preview_of_any_value_and_download_it_whole(
+    dash: Dashboard, client: pgq.Client, conn: Conn
+) -> None:
+    big = "x" * 5_000_000  # a 5 MB argument: pgq accepts it (jsonb holds 256 MB)
+    job = await client.enqueue("t", {"blob": big, "n": 1}, metadata={"note": "m" * 100_000})
+    # Rows written before tags were bounded (or by hand): 1,000 tags of 1,000 characters,
+    # and 300 failed attempts with long messages.
+    await conn.execute(
+        "UPDATE pgq_jobs SET tags = array_fill(repeat('t', 1000), ARRAY[1000]), errors = ("
+        " SELECT jsonb_agg(jsonb_build_object('attempt', i, 'kind', 'exception',"
+        "  'message', repeat('e', 20000), 'traceback', repeat('b', 60000)))"
+        " FROM generate_series(1, 300) i) WHERE id = $1",
+        job.id,
+    )
+    async with http_for(dash) as c:
+        page = await c.get(f"/jobs/{job.id}")
+        assert page.status_code == 200
+        assert len(page.content) < 600_000, len(page.content)  # 3 GB of HTML before
+        text = html.unescape(page.text)
+        size = len(json.dumps({"blob": big, "n": 1}, separators=(",", ":")))
+        assert f"Showing the start of {size:,} bytes of JSON" in text
+        assert f'href="/jobs/{job.id}/args.json"' in page.text
+        assert "and 968 more" in text and "all 1,000 tags" in text
+        assert "251 earlier events not shown" in text  # of 301: the enqueue, and 300 attempts
+        assert "(20,000 characters in all)" in text and "(60,000 characters in all)" in text
+        assert f'href="/jobs/{job.id}/errors.json"' in page.text
+        # The live refresh swaps the head and timeline: the values are not even encoded.
+        partial = await c.get(f"/jobs/{job.id}", headers={"hx-request": "true"})
+        assert "Showing the start" not in partial.text and len(partial.content) < 600_000
+        listing = await c.get("/jobs")
+        assert listing.status_code == 200 and len(listing.content) < 50_000
+        assert "+995" in listing.text
+        # The whole value, on demand.
+        whole = await c.get(f"/jobs/{job.id}/args.json")
+        assert whole.status_code == 200
+        assert whole.headers["content-type"] == "application/json"
+        assert "attachment" in whole.headers["content-disposition"]
+        assert whole.json() == {"blob": big, "n": 1}
+        assert len((await c.get(f"/jobs/{job.id}/tags.json")).json()) == 1000
+        assert len((await c.get(f"/jobs/{job.id}/errors.json")).json()) == 300
+        assert (await c.get(f"/jobs/{job.id}/nope.json")).status_code == 404
+        assert (await c.get("/jobs/99999999999/args.json")).status_code == 404

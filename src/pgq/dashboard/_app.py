@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
@@ -21,11 +20,10 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
-from pgq import _serde
 from pgq._dsn import mask_dsn, normalize_dsn
 from pgq._store.connections import CONNECTION_ERRORS, Pool, Target, create_pool
 from pgq._store.revision import check_schema
-from pgq.dashboard import _security
+from pgq.dashboard import _preview, _security
 from pgq.dashboard._actions import Actions
 from pgq.dashboard._pages import Pages
 from pgq.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
@@ -95,6 +93,7 @@ class Dashboard:
             Route("/jobs/bulk", pages.bulk_confirm, name="bulk_confirm"),
             Route("/jobs/bulk", actions.bulk, methods=["POST"], name="bulk"),
             Route("/jobs/{job_id:int}", pages.job, name="job"),
+            Route("/jobs/{job_id:int}/{part}.json", pages.job_value, name="job_value"),
             Route("/jobs/{job_id:int}/{action}", actions.job, methods=["POST"], name="job_act"),
             Route("/producers", pages.producers, name="producers"),
             Route("/queues", pages.queues, name="queues"),
@@ -217,7 +216,8 @@ def _templates() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(num=_num, secs=_secs, pretty=_pretty, compact=_compact, utc=_utc)
-    env.globals.update(ago=_ago, JobState=JobState)
+    env.filters.update(clip=_preview.clip)
+    env.globals.update(ago=_ago, JobState=JobState, tags=_preview.tags, bounds=_preview)
     return env
 
 
@@ -253,14 +253,10 @@ def _utc(when: datetime | None) -> str:
 
 
 def _compact(value: Any) -> str:
-    problem = _serde.unreadable(value)
-    if problem is not None:
-        return f"(not shown: {problem})"
-    return json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
+    """A value in a row: the start of its JSON on one line."""
+    return _preview.json_preview(value, _preview.CELL_CHARS, pretty=False).text
 
 
-def _pretty(value: Any) -> str:
-    problem = _serde.unreadable(value)
-    if problem is not None:
-        return f"(not shown: {problem})"
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)
+def _pretty(value: Any) -> _preview.Preview:
+    """A value on a job's page: the start of its indented JSON, and its size if clipped."""
+    return _preview.json_preview(value, _preview.PREVIEW_CHARS, pretty=True)

@@ -209,3 +209,41 @@ async def test_a_page_of_a_rebinding_name_can_neither_read_nor_act(
         [scene.jobs.discarded, scene.jobs.xss],
     )
     assert left == 2
+
+
+def resident_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return (
+        int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+        / 1024
+    )
+
+
+async def test_a_huge_unauthenticated_post_costs_the_served_dashboard_no_memory(
+    served: Served, scene: Scene, conn: Conn
+) -> None:
+    before = resident_mb(served.process.pid)
+    chunk = b"x" * 65536
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(200 * 16):  # 200 MB, chunked: no length to refuse it by
+            yield chunk
+
+    async with httpx.AsyncClient(timeout=60) as http:
+        r = await http.post(f"{served.url}/jobs/{scene.jobs.scheduled}/cancel", content=body())
+        assert r.status_code == 413
+    assert resident_mb(served.process.pid) - before < 30  # read no further than its limit
+    # A length past the limit is refused by that alone: the reply comes before the body.
+    host, port = served.url.removeprefix("http://").split(":")
+    async with await anyio.connect_tcp(host, int(port)) as s:
+        await s.send(
+            f"POST /jobs/{scene.jobs.scheduled}/cancel HTTP/1.1\r\nHost: {host}\r\n"
+            f"Content-Length: {400 * 2**20}\r\n\r\n".encode()
+            + b"x" * 100
+        )
+        with anyio.fail_after(10):
+            assert (await s.receive()).startswith(b"HTTP/1.1 413 ")
+    assert (
+        await conn.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", scene.jobs.scheduled)
+        == "scheduled"
+    )

@@ -175,8 +175,9 @@ def _prepare_plain(index: int, args: Mapping[str, Any], task: Task) -> NewJob:
     )  # fmt: skip
 
 
-#: The longest limit key (it is part of an index entry, which PostgreSQL caps near 2.7 kB).
-MAX_LIMIT_KEY = 1000
+#: The longest limit key, in UTF-8 bytes (it is part of an index entry, which PostgreSQL
+#: caps near 2.7 kB: 1,000 characters of CJK text did not fit).
+MAX_LIMIT_KEY_BYTES = 1024
 #: What PostgreSQL's text cannot hold (NUL), and what is no UTF-8 (a lone surrogate).
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 #: The most tags a job may have, and the longest tag, in characters: a page lists them all.
@@ -220,10 +221,11 @@ def _limit_key(
         return None
     if not isinstance(key, str):
         raise ConfigError(f"{_where(index)}limit_key must be a string, got {key!r}")
-    if len(key) > MAX_LIMIT_KEY or "\x00" in key:
+    size = len(key.encode("utf-8", "surrogatepass"))
+    if size > MAX_LIMIT_KEY_BYTES or _UNSTORABLE.search(key):
         raise ConfigError(
-            f"{_where(index)}limit_key must be at most {MAX_LIMIT_KEY} characters without NUL "
-            f"(got {len(key)}); nothing was enqueued"
+            f"{_where(index)}limit_key must be at most {MAX_LIMIT_KEY_BYTES:,} bytes of UTF-8 "
+            f"without NUL or lone surrogate (got {size:,} bytes); nothing was enqueued"
         )
     return key
 

@@ -263,7 +263,7 @@ class JobSpec(Generic[R]):
     #: states to keep the key after the job ends.
     unique_states: Sequence[JobState | str] | None = None
     #: The key the queue's per-key limits count the job under (default: the argument the
-    #: task names with ``limit_key_arg``, if any).
+    #: task names with ``limit_key_arg``, if any); at most 1,024 bytes of UTF-8.
     limit_key: str | None = None
     #: Jobs (or their ids) this one waits for: it runs once every one has completed.
     depends_on: Sequence[Job[Any] | int] | None = None

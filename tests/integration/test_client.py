@@ -1006,7 +1006,7 @@ async def test_job_ids_out_of_range_raise_pgqs_error_naming_the_range(
     assert (await client.get_job(job.id)).state is pgq.JobState.AVAILABLE  # type: ignore[union-attr]
 
 
-async def test_unique_keys_are_bounded_in_bytes_with_a_message_naming_unique_key(
+async def test_unique_and_limit_keys_are_bounded_in_bytes_naming_the_field(
     client: pgq.Client,
 ) -> None:
     for key in ("u" * 1_000_000, "u" * 10_000, "é" * 513, "\x00", "a\ud800", ""):
@@ -1014,6 +1014,10 @@ async def test_unique_keys_are_bounded_in_bytes_with_a_message_naming_unique_key
             await client.enqueue("t", unique_key=key)
     with pytest.raises(pgq.ConfigError, match=r"job 1: unique_key must be"):
         await client.enqueue_many([pgq.JobSpec("t"), pgq.JobSpec("t", unique_key="k" * 1025)])
+    # The limit key is an index entry too: 1,000 characters of CJK text are 3,000 bytes.
+    cjk = "".join(chr(0x4E00 + i * 7919 % 20000) for i in range(1000))
+    with pytest.raises(pgq.ConfigError, match=r"limit_key must be at most 1,024 bytes"):
+        await client.enqueue("t", limit_key=cjk)
     assert sum((await client.count_by_state()).values()) == 0
     # Whatever it holds, a key of 1,024 bytes fits the index (no luck with compression).
     key = "".join(chr(0x4E00 + i * 7919 % 20000) for i in range(341)) + "x"
@@ -1021,6 +1025,7 @@ async def test_unique_keys_are_bounded_in_bytes_with_a_message_naming_unique_key
     first = await client.enqueue("t", unique_key=key)
     again = await client.enqueue("t", unique_key=key)
     assert again.duplicate and again.id == first.id
+    assert (await client.enqueue("t", limit_key=key)).limit_key == key
 
 
 async def test_tags_are_bounded_at_enqueue(client: pgq.Client) -> None:

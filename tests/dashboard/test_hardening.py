@@ -198,6 +198,14 @@ async def test_bad_forms_are_400_pages_and_change_nothing(
     assert await conn.fetchval("SELECT count(*) FROM pgq_queues WHERE paused_at IS NOT NULL") == 0
 
 
+async def test_a_job_id_of_thousands_of_digits_is_a_404_page(dash: Dashboard) -> None:
+    long_id = "9" * 5000  # past what int() takes from text
+    async with http_for(dash) as c:
+        for path in (f"/jobs/{long_id}", f"/jobs/{long_id}/args.json"):
+            assert (await c.get(path)).status_code == 404, path
+        assert (await c.post(f"/jobs/{long_id}/retry")).status_code == 404
+
+
 async def test_every_error_page_carries_the_same_headers(
     dash: Dashboard, client: pgq.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -313,3 +321,22 @@ async def test_pages_render_a_bounded_preview_of_any_value_and_download_it_whole
         assert len((await c.get(f"/jobs/{job.id}/errors.json")).json()) == 300
         assert (await c.get(f"/jobs/{job.id}/nope.json")).status_code == 404
         assert (await c.get("/jobs/99999999999/args.json")).status_code == 404
+
+
+def test_pgq_dashboard_answers_its_bind_address_and_the_hosts_it_is_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pgq._cli.dashboard import allowed_hosts
+    from pgq._cli.parser import build_parser
+
+    def hosts(*argv: str) -> list[str] | None:
+        return allowed_hosts(build_parser().parse_args(["dashboard", *argv]))
+
+    assert hosts() == ["127.0.0.1"]
+    assert hosts("--host", "10.0.0.5", "--read-only") == ["10.0.0.5"]
+    assert hosts("--auth", "ops:pw") is None  # any host: no credentials follow a rebinding
+    assert hosts("--auth", "ops:pw", "--allowed-hosts", "a.example, *.b.example") == [
+        "a.example", "*.b.example", "127.0.0.1"
+    ]  # fmt: skip
+    monkeypatch.setenv("PGQ_DASHBOARD_ALLOWED_HOSTS", "dash.example")
+    assert hosts() == ["dash.example", "127.0.0.1"]

@@ -13,6 +13,7 @@ from urllib.parse import urlencode
 import anyio
 import jinja2
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
@@ -34,6 +35,22 @@ if TYPE_CHECKING:
     from pgq.client import Client
 
 log = logging.getLogger("pgq.dashboard")
+
+
+class _JobIdConvertor(Convertor[int]):
+    """A job id in a path: at most 19 digits (a longer number is no job's, and int() would
+    refuse one past 4,300), so /jobs/999...9 is a 404 page, not an error."""
+
+    regex = "[0-9]{1,19}"
+
+    def convert(self, value: str) -> int:
+        return int(value)
+
+    def to_string(self, value: int) -> str:
+        return str(int(value))
+
+
+register_url_convertor("pgq_job_id", _JobIdConvertor())
 
 HERE = Path(__file__).resolve().parent
 
@@ -92,9 +109,11 @@ class Dashboard:
             Route("/jobs", pages.jobs, name="jobs"),
             Route("/jobs/bulk", pages.bulk_confirm, name="bulk_confirm"),
             Route("/jobs/bulk", actions.bulk, methods=["POST"], name="bulk"),
-            Route("/jobs/{job_id:int}", pages.job, name="job"),
-            Route("/jobs/{job_id:int}/{part}.json", pages.job_value, name="job_value"),
-            Route("/jobs/{job_id:int}/{action}", actions.job, methods=["POST"], name="job_act"),
+            Route("/jobs/{job_id:pgq_job_id}", pages.job, name="job"),
+            Route("/jobs/{job_id:pgq_job_id}/{part}.json", pages.job_value, name="job_value"),
+            Route(
+                "/jobs/{job_id:pgq_job_id}/{action}", actions.job, methods=["POST"], name="job_act"
+            ),
             Route("/producers", pages.producers, name="producers"),
             Route("/queues", pages.queues, name="queues"),
             Route("/queues/{action}", actions.queue, methods=["POST"], name="queue_act"),

@@ -58,7 +58,12 @@ HERE = Path(__file__).resolve().parent
 class Dashboard:
     """The pgq dashboard, an ASGI application: serve it with ``pgq dashboard`` or any ASGI
     server, or mount it in your own Starlette or FastAPI app
-    (``app.mount("/pgq", create_app(dsn))``)."""
+    (``app.mount("/pgq", create_app(dsn))``).
+
+    ``allowed_hosts`` names the ``Host`` headers it answers besides ``localhost`` and the
+    loopback addresses (a name, ``*.suffix``, an address; ``"*"``: any); any other gets 400,
+    against DNS rebinding. Not given, it answers those alone without ``auth``, and any host
+    with it (a rebinding page's requests carry no credentials)."""
 
     def __init__(
         self,

@@ -22,10 +22,14 @@ Check = Callable[[], tuple[bool, dict[str, Any]]]
 Metrics = Callable[[], Awaitable[bytes]]
 
 _REASONS = {
-    200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
-    503: "Service Unavailable",
+    200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+    500: "Internal Server Error", 503: "Service Unavailable",
 }  # fmt: skip
 _JSON = "application/json"
+_BY_ADDRESS = (
+    "answered only by IP address or localhost, not by name (against DNS rebinding): ask "
+    "http://ADDRESS:PORT/healthz, as a kubelet or a Prometheus target by address does"
+)
 _NO_METRICS = (
     "no metrics: install the metrics extra (pip install 'pgq-async[metrics]') and leave metrics on"
 )
@@ -101,7 +105,7 @@ async def _respond(head: str, check: Check, metrics: Metrics | None) -> tuple[in
     if len(parts) < 2:
         return _json(404, {"error": "bad request"})
     if not _host_ok(head):
-        return _json(400, {"error": "answered only by IP address or localhost, not by name"})
+        return _json(400, {"error": _BY_ADDRESS})
     method, path = parts[0], parts[1].split("?", 1)[0]
     if path not in ("/healthz", "/health", "/livez", "/metrics"):
         return _json(404, {"error": f"no such path {path}; try /healthz or /metrics"})

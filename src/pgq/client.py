@@ -517,9 +517,12 @@ def _check_count(what: str, value: object) -> None:
 
 def _job_id(job_id: object) -> int:
     """``job_id``, checked: a job id the jobs table can hold (else the driver's error)."""
-    if type(job_id) is not int or not 1 <= job_id <= MAX_JOB_ID:
-        raise ConfigError(f"a job id is a whole number from 1 to {MAX_JOB_ID}, not {job_id!r:.40}")
-    return job_id
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= MAX_JOB_ID:
+        raise ConfigError(
+            f"a job id is a whole number from 1 to {MAX_JOB_ID} (no job has another), not "
+            f"{job_id!r:.40}"
+        )
+    return int(job_id)
 
 
 def _job_ids(job_ids: Iterable[int]) -> list[int]:

@@ -221,8 +221,11 @@ def _limit_key(
         return None
     if not isinstance(key, str):
         raise ConfigError(f"{_where(index)}limit_key must be a string, got {key!r}")
-    size = len(key.encode("utf-8", "surrogatepass"))
-    if size > MAX_LIMIT_KEY_BYTES or _UNSTORABLE.search(key):
+    # 256 characters are at most 1,024 bytes: a shorter key needs no encoding to measure.
+    if _UNSTORABLE.search(key) or (
+        len(key) > 256 and len(key.encode("utf-8", "surrogatepass")) > MAX_LIMIT_KEY_BYTES
+    ):
+        size = len(key.encode("utf-8", "surrogatepass"))
         raise ConfigError(
             f"{_where(index)}limit_key must be at most {MAX_LIMIT_KEY_BYTES:,} bytes of UTF-8 "
             f"without NUL or lone surrogate (got {size:,} bytes); nothing was enqueued"

@@ -4,6 +4,7 @@ script from job content ever runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -247,3 +248,21 @@ async def test_a_huge_unauthenticated_post_costs_the_served_dashboard_no_memory(
         await conn.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", scene.jobs.scheduled)
         == "scheduled"
     )
+
+
+async def test_a_huge_value_shows_its_start_and_downloads_whole(
+    served: Served, page: Page, scene: Scene, tmp_path: Path
+) -> None:
+    big = {"blob": "x" * 2_000_000}
+    async with pgq.Client(scene.dsn) as client:
+        job = await client.enqueue("report", big, queue="held")
+    await page.goto(f"{served.url}/jobs/{job.id}")
+    await expect(page.locator("p.clipped")).to_contain_text("Showing the start of 2,000,011 bytes")
+    assert len(await page.content()) < 100_000
+    async with page.expect_download() as info:
+        await page.get_by_role("link", name="download the whole args").click()
+    download = await info.value
+    saved = tmp_path / download.suggested_filename
+    await download.save_as(saved)
+    assert download.suggested_filename == f"job-{job.id}-args.json"
+    assert json.loads(saved.read_text()) == big

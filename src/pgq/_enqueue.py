@@ -6,8 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -71,11 +72,7 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
         delay_s = _delay_seconds(spec.delay, name, index)
     elif spec.run_at is not None:
         _check_run_at(spec.run_at, name, index)
-    tags: list[str] = []
-    if spec.tags:
-        if isinstance(spec.tags, str) or not all(isinstance(t, str) for t in spec.tags):
-            raise ConfigError(f"{_where(index)}tags must be a list of strings")
-        tags = list(spec.tags)
+    tags = _tags(index, spec.tags) if spec.tags else []
     metadata, metadata_json = _metadata(index, spec.metadata)
     args_json = _json(index, args, "args")  # checked before a unique key is derived from it
     key, states = _unique(index, spec, name, queue, args)
@@ -178,8 +175,38 @@ def _prepare_plain(index: int, args: Mapping[str, Any], task: Task) -> NewJob:
     )  # fmt: skip
 
 
-#: The longest limit key (it is part of an index entry, which PostgreSQL caps near 2.7 kB).
-MAX_LIMIT_KEY = 1000
+#: The longest limit key, in UTF-8 bytes (it is part of an index entry, which PostgreSQL
+#: caps near 2.7 kB: 1,000 characters of CJK text did not fit).
+MAX_LIMIT_KEY_BYTES = 1024
+#: What PostgreSQL's text cannot hold (NUL), and what is no UTF-8 (a lone surrogate).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+#: The most tags a job may have, and the longest tag, in characters: a page lists them all.
+MAX_TAGS = 32
+MAX_TAG_CHARS = 128
+#: The longest unique key, in UTF-8 bytes: it is an index entry, which PostgreSQL caps near
+#: 2.7 kB *after* compression, so a bound on the raw bytes is the one that always holds.
+MAX_UNIQUE_KEY_BYTES = 1024
+
+
+def _tags(index: int, given: object) -> list[str]:
+    if isinstance(given, str | bytes) or not isinstance(given, Sequence | set | frozenset):
+        raise ConfigError(f"{_where(index)}tags must be a list of strings, not {given!r:.80}")
+    tags = list(given)
+    if len(tags) > MAX_TAGS:
+        raise ConfigError(
+            f"{_where(index)}tags: at most {MAX_TAGS} tags a job, got {len(tags):,}; nothing "
+            "was enqueued (put longer lists in metadata)"
+        )
+    for tag in tags:
+        if not isinstance(tag, str) or not 0 < len(tag) <= MAX_TAG_CHARS or _UNSTORABLE.search(tag):
+            shown = f"{tag!r:.60}" + ("…" if isinstance(tag, str) and len(tag) > 50 else "")
+            raise ConfigError(
+                f"{_where(index)}tags: each tag must be a string of 1 to {MAX_TAG_CHARS} "
+                f"characters without NUL or lone surrogate, not {shown}"
+                + (f" ({len(tag):,} characters)" if isinstance(tag, str) else "")
+                + "; nothing was enqueued"
+            )
+    return tags
 
 
 def _limit_key(
@@ -194,10 +221,14 @@ def _limit_key(
         return None
     if not isinstance(key, str):
         raise ConfigError(f"{_where(index)}limit_key must be a string, got {key!r}")
-    if len(key) > MAX_LIMIT_KEY or "\x00" in key:
+    # 256 characters are at most 1,024 bytes: a shorter key needs no encoding to measure.
+    if _UNSTORABLE.search(key) or (
+        len(key) > 256 and len(key.encode("utf-8", "surrogatepass")) > MAX_LIMIT_KEY_BYTES
+    ):
+        size = len(key.encode("utf-8", "surrogatepass"))
         raise ConfigError(
-            f"{_where(index)}limit_key must be at most {MAX_LIMIT_KEY} characters without NUL "
-            f"(got {len(key)}); nothing was enqueued"
+            f"{_where(index)}limit_key must be at most {MAX_LIMIT_KEY_BYTES:,} bytes of UTF-8 "
+            f"without NUL or lone surrogate (got {size:,} bytes); nothing was enqueued"
         )
     return key
 
@@ -260,6 +291,16 @@ def _unique(
         key = derive_unique_key(name, queue, canonical, spec.unique_period)
     elif key is not None and not isinstance(key, str):
         raise ConfigError(f"{_where(index)}unique_key must be a string")
+    # 256 characters are at most 1,024 bytes: a shorter key needs no encoding to measure.
+    elif key is not None and (not key or _UNSTORABLE.search(key) or len(key) > 256):
+        size = len(key.encode("utf-8", "surrogatepass"))
+        if size > MAX_UNIQUE_KEY_BYTES or not key or _UNSTORABLE.search(key):
+            raise ConfigError(
+                f"{_where(index)}unique_key must be 1 to {MAX_UNIQUE_KEY_BYTES:,} bytes of "
+                f"UTF-8 without NUL or lone surrogate, got {size:,} bytes; nothing was "
+                "enqueued (for a longer identity, pass a digest of it, or unique=True, which "
+                "derives one from task, queue and args)"
+            )
     if key is None:
         if spec.unique_states is not None:
             raise ConfigError(

@@ -293,6 +293,15 @@ class _StatsCollector:
             "Outcomes refused by their fencing token (the job was rescued meanwhile)",
             value=sum(p["rejected_outcomes"] for p in producers),
         )
+        resources = CounterMetricFamily(
+            "pgq_resource_failures",
+            "Attempts that failed for want of memory, file descriptors or disk",
+            labels=["queue", "task"],
+        )
+        for p in producers:
+            for task, n in sorted(p["resource_failures"].items()):
+                resources.add_metric([p["queue"], task], n)
+        yield resources
         healthy = GaugeMetricFamily(
             "pgq_producer_healthy", "1 while the producer claims, 0 while fenced", labels=["queue"]
         )

@@ -249,9 +249,11 @@ class JobSpec(Generic[R]):
     delay: float | timedelta | None = None
     run_at: datetime | None = None
     max_attempts: int | None = None
+    #: At most 32 tags, each of 1 to 128 characters.
     tags: Sequence[str] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
-    #: Jobs sharing a unique key never coexist in ``unique_states``.
+    #: Jobs sharing a unique key never coexist in ``unique_states`` (at most 1,024 bytes
+    #: of UTF-8).
     unique_key: str | None = None
     #: Derive ``unique_key`` from the task, queue and args (within ``unique_period`` seconds).
     unique: bool = False
@@ -261,7 +263,7 @@ class JobSpec(Generic[R]):
     #: states to keep the key after the job ends.
     unique_states: Sequence[JobState | str] | None = None
     #: The key the queue's per-key limits count the job under (default: the argument the
-    #: task names with ``limit_key_arg``, if any).
+    #: task names with ``limit_key_arg``, if any); at most 1,024 bytes of UTF-8.
     limit_key: str | None = None
     #: Jobs (or their ids) this one waits for: it runs once every one has completed.
     depends_on: Sequence[Job[Any] | int] | None = None

@@ -28,7 +28,7 @@ from pgq._tracing import require as require_tracing
 from pgq._tracing import send_span, sent
 from pgq.app import App, JobSpec, Task, check_queue_name
 from pgq.errors import ConfigError, SerializationError
-from pgq.job import Job, JobState, R
+from pgq.job import MAX_JOB_ID, Job, JobState, R
 from pgq.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ class Client:
         worker is told (NOTIFY, or its next poll) and cancels it (an async task is
         cancelled; a thread sees ``ctx.cancel_requested``); it ends ``cancelled`` unless it
         finished first. Returns the job as it is now (None if there is no such job)."""
-        await self.cancel_many([job_id], connection=connection)
+        await self.cancel_many([_job_id(job_id)], connection=connection)
         return await self.get_job(job_id, connection=connection)
 
     async def cancel_many(
@@ -321,7 +321,7 @@ class Client:
     ) -> dict[int, JobState]:
         """Cancel several jobs; returns the state each acted-on job is in now (running jobs
         stay ``running`` until their worker stops them). Final jobs are left out."""
-        return await store_jobs.cancel(await self._db(connection), list(job_ids))
+        return await store_jobs.cancel(await self._db(connection), _job_ids(job_ids))
 
     async def retry(
         self, job_ids: Iterable[int], *, connection: AnyConnection | None = None
@@ -330,7 +330,7 @@ class Client:
         attempt to jobs that used theirs); returns the ids that were changed. A job whose
         unique key another job took after it finished is left out (two jobs would hold the
         key); the others are retried."""
-        return await store_jobs.retry(await self._db(connection), list(job_ids))
+        return await store_jobs.retry(await self._db(connection), _job_ids(job_ids))
 
     async def pause_queue(self, name: str, *, connection: AnyConnection | None = None) -> None:
         """Stop every worker claiming from queue ``name`` (``"*"``: every queue). Persisted;
@@ -387,7 +387,7 @@ class Client:
         ``errors``. Driven by LISTEN (behind a transaction pooler without ``listen_dsn``:
         a read every 0.2 s). Raises TimeoutError after ``timeout`` seconds, LookupError for
         an unknown job, ConfigError when the client is closed (or closes meanwhile)."""
-        job_id = job if isinstance(job, int) else job.id
+        job_id = _job_id(job if isinstance(job, int) else job.id)
         if self._closed:
             # Else a wait on a caller's pool would take a LISTEN connection that no close()
             # gives back.
@@ -445,7 +445,7 @@ class Client:
 
     async def get_job(self, job_id: int, *, connection: AnyConnection | None = None) -> Job | None:
         """The job with ``job_id``, or None."""
-        return await store_jobs.get(await self._db(connection), job_id)
+        return await store_jobs.get(await self._db(connection), _job_id(job_id))
 
     async def list_jobs(
         self,
@@ -516,6 +516,22 @@ def _check_rate(option: str, rate: object) -> tuple[int | None, float | None]:
 def _check_count(what: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
         raise ConfigError(f"{what} must be a whole number from 1 to {2**31 - 1:,}, not {value!r}")
+
+
+def _job_id(job_id: object) -> int:
+    """``job_id``, checked: a job id the jobs table can hold (else the driver's error)."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= MAX_JOB_ID:
+        raise ConfigError(
+            f"a job id is a whole number from 1 to {MAX_JOB_ID} (no job has another), not "
+            f"{job_id!r:.40}"
+        )
+    return int(job_id)
+
+
+def _job_ids(job_ids: Iterable[int]) -> list[int]:
+    if isinstance(job_ids, int | str | bytes):
+        raise ConfigError(f"pass a list of job ids, not {job_ids!r:.40}")
+    return [_job_id(i) for i in job_ids]
 
 
 def _queue_or_star(name: str) -> str:

@@ -4,6 +4,7 @@ script from job content ever runs."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -167,3 +168,101 @@ async def test_pages_refresh_themselves(served: Served, page: Page, scene: Scene
     await expect(badge).to_have_text("available", timeout=15_000)
     # The same document: refreshed in place, not reloaded.
     assert await page.evaluate("window.__loaded_once") is True
+
+
+#: The script of a page served from a name that rebinds to 127.0.0.1 (DNS rebinding): in the
+#: name's origin, it reads the confirm page's CSRF token and posts a bulk delete.
+REBINDING_ATTACK = """async () => {
+    const confirm = await fetch('/jobs/bulk?action=delete&state=discarded');
+    const text = await confirm.text();
+    const token = (text.match(/name="csrf_token" value="([^"]+)"/) || [])[1] || '';
+    const upTo = (text.match(/name="up_to" value="([0-9]+)"/) || [])[1] || '0';
+    const body = new URLSearchParams(
+        {action: 'delete', state: 'discarded', up_to: upTo, csrf_token: token});
+    const r = await fetch('/jobs/bulk', {method: 'POST', body, redirect: 'manual'});
+    return [confirm.status, r.status];
+}"""
+
+
+async def test_a_page_of_a_rebinding_name_can_neither_read_nor_act(
+    served: Served, scene: Scene, conn: Conn
+) -> None:
+    port = served.url.rsplit(":", 1)[1]
+    async with async_playwright() as p:
+        b = await p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-dev-shm-usage",
+                  "--host-resolver-rules=MAP rebind.test 127.0.0.1"],
+        )  # fmt: skip
+        try:
+            page = await b.new_page()
+            response = await page.goto(f"http://rebind.test:{port}/")
+            assert response is not None and response.status == 400
+            await expect(page.locator("h1")).to_have_text("Bad request")
+            assert await page.evaluate(REBINDING_ATTACK) == [400, 400]
+            # The same browser, by a name the dashboard is served as: the page works.
+            response = await page.goto(f"http://localhost:{port}/jobs?state=discarded")
+            assert response is not None and response.status == 200
+        finally:
+            await b.close()
+    left = await conn.fetchval(
+        "SELECT count(*) FROM pgq_jobs WHERE id = ANY($1::bigint[])",
+        [scene.jobs.discarded, scene.jobs.xss],
+    )
+    assert left == 2
+
+
+def resident_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return (
+        int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1])
+        / 1024
+    )
+
+
+async def test_a_huge_unauthenticated_post_costs_the_served_dashboard_no_memory(
+    served: Served, scene: Scene, conn: Conn
+) -> None:
+    before = resident_mb(served.process.pid)
+    chunk = b"x" * 65536
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(200 * 16):  # 200 MB, chunked: no length to refuse it by
+            yield chunk
+
+    async with httpx.AsyncClient(timeout=60) as http:
+        r = await http.post(f"{served.url}/jobs/{scene.jobs.scheduled}/cancel", content=body())
+        assert r.status_code == 413
+    assert resident_mb(served.process.pid) - before < 30  # read no further than its limit
+    # A length past the limit is refused by that alone: the reply comes before the body.
+    host, port = served.url.removeprefix("http://").split(":")
+    async with await anyio.connect_tcp(host, int(port)) as s:
+        await s.send(
+            f"POST /jobs/{scene.jobs.scheduled}/cancel HTTP/1.1\r\nHost: {host}\r\n"
+            f"Content-Length: {400 * 2**20}\r\n\r\n".encode()
+            + b"x" * 100
+        )
+        with anyio.fail_after(10):
+            assert (await s.receive()).startswith(b"HTTP/1.1 413 ")
+    assert (
+        await conn.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", scene.jobs.scheduled)
+        == "scheduled"
+    )
+
+
+async def test_a_huge_value_shows_its_start_and_downloads_whole(
+    served: Served, page: Page, scene: Scene, tmp_path: Path
+) -> None:
+    big = {"blob": "x" * 2_000_000}
+    async with pgq.Client(scene.dsn) as client:
+        job = await client.enqueue("report", big, queue="held")
+    await page.goto(f"{served.url}/jobs/{job.id}")
+    await expect(page.locator("p.clipped")).to_contain_text("Showing the start of 2,000,011 bytes")
+    assert len(await page.content()) < 100_000
+    async with page.expect_download() as info:
+        await page.get_by_role("link", name="download the whole args").click()
+    download = await info.value
+    saved = tmp_path / download.suggested_filename
+    await download.save_as(saved)
+    assert download.suggested_filename == f"job-{job.id}-args.json"
+    assert json.loads(saved.read_text()) == big

@@ -401,3 +401,25 @@ def test_no_shape_of_dsn_shows_its_password_on_the_command_line(
             assert out.stderr.startswith("pgq: error: ") and "Traceback" not in out.stderr
             for piece in pieces:
                 assert piece not in out.stderr + out.stdout, (dsn, out.stderr)
+
+
+def test_enqueue_takes_tags_bounded_as_the_client_bounds_them(
+    python: str, dsn: str, tmp_path: Path
+) -> None:
+    out = pgq_cmd(python, "enqueue", "t", "--tag", "x" * 129, "--dsn", dsn, cwd=tmp_path)
+    assert out.returncode == 1 and "tags: each tag must be a string of 1 to 128" in out.stderr
+    many = [a for i in range(33) for a in ("--tag", f"t{i}")]
+    out = pgq_cmd(python, "enqueue", "t", *many, "--dsn", dsn, cwd=tmp_path)
+    assert out.returncode == 1 and "at most 32 tags" in out.stderr
+    out = pgq_cmd(python, "enqueue", "t", "--tag", "a", "--tag", "b", "--dsn", dsn, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    tags = anyio.run(_tags_of_the_jobs, dsn)
+    assert tags == [["a", "b"]]
+
+
+async def _tags_of_the_jobs(dsn: str) -> list[list[str]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return [list(r["tags"]) for r in await conn.fetch("SELECT tags FROM pgq_jobs")]
+    finally:
+        await conn.close()

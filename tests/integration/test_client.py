@@ -983,3 +983,63 @@ def test_a_dsn_that_is_not_a_string_is_refused() -> None:
         pgq.Client(5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="dsn must be a PostgreSQL URL \\(a str\\) or None"):
         pgq.Worker(app, 5)  # type: ignore[arg-type]
+
+
+async def test_job_ids_out_of_range_raise_pgqs_error_naming_the_range(
+    client: pgq.Client,
+) -> None:
+    job = await client.enqueue("t")
+    for bad in (2**64, 2**63, 0, -1, True):
+        calls: dict[str, Awaitable[object]] = {
+            "get_job": client.get_job(bad),
+            "cancel": client.cancel(bad),
+            "cancel_many": client.cancel_many([job.id, bad]),
+            "retry": client.retry([bad]),
+            "wait": client.wait(bad, timeout=5),
+        }
+        for name, call in calls.items():
+            with pytest.raises(pgq.ConfigError, match="from 1 to 9223372036854775807") as info:
+                await call
+            assert info.value.__cause__ is None, name
+    assert await client.get_job(2**63 - 1) is None
+    assert (await client.get_job(job.id)) is not None
+    assert (await client.get_job(job.id)).state is pgq.JobState.AVAILABLE  # type: ignore[union-attr]
+
+
+async def test_unique_and_limit_keys_are_bounded_in_bytes_naming_the_field(
+    client: pgq.Client,
+) -> None:
+    for key in ("u" * 1_000_000, "u" * 10_000, "é" * 513, "\x00", "a\ud800", ""):
+        with pytest.raises(pgq.ConfigError, match=r"unique_key must be 1 to 1,024 bytes"):
+            await client.enqueue("t", unique_key=key)
+    with pytest.raises(pgq.ConfigError, match=r"job 1: unique_key must be"):
+        await client.enqueue_many([pgq.JobSpec("t"), pgq.JobSpec("t", unique_key="k" * 1025)])
+    # The limit key is an index entry too: 1,000 characters of CJK text are 3,000 bytes.
+    cjk = "".join(chr(0x4E00 + i * 7919 % 20000) for i in range(1000))
+    with pytest.raises(pgq.ConfigError, match=r"limit_key must be at most 1,024 bytes"):
+        await client.enqueue("t", limit_key=cjk)
+    assert sum((await client.count_by_state()).values()) == 0
+    # Whatever it holds, a key of 1,024 bytes fits the index (no luck with compression).
+    key = "".join(chr(0x4E00 + i * 7919 % 20000) for i in range(341)) + "x"
+    assert len(key.encode()) == 1024
+    first = await client.enqueue("t", unique_key=key)
+    again = await client.enqueue("t", unique_key=key)
+    assert again.duplicate and again.id == first.id
+    assert (await client.enqueue("t", limit_key=key)).limit_key == key
+
+
+async def test_tags_are_bounded_at_enqueue(client: pgq.Client) -> None:
+    bad = {
+        "at most 32 tags a job, got 10,000": ["t" * 10] * 10_000,
+        "1 to 128 characters": ["t" * 10_000],
+        "without NUL": ["a\x00b"],
+        "a list of strings": "not-a-list",
+    }
+    for says, tags in bad.items():
+        with pytest.raises(pgq.ConfigError, match=says):
+            await client.enqueue("t", tags=tags)
+    with pytest.raises(pgq.ConfigError, match="job 1: tags: at most 32"):
+        await client.enqueue_many([pgq.JobSpec("t"), pgq.JobSpec("t", tags=["x"] * 33)])
+    assert sum((await client.count_by_state()).values()) == 0
+    job = await client.enqueue("t", tags=[f"{i:03d}" + "t" * 125 for i in range(32)])
+    assert len(job.tags) == 32 and {len(t) for t in job.tags} == {128}

@@ -193,3 +193,65 @@ async def _logged_health_url(process: anyio.abc.Process) -> str:
             if match:
                 return match.group(1)
     raise AssertionError(f"the worker exited without naming its health endpoint:\n{seen}")
+
+
+def starved_app() -> pgq.App:
+    import errno
+
+    app = pgq.App()
+    no_retry = pgq.Backoff(base_s=0, max_s=0, jitter=0)
+
+    @app.task(queue="work", max_attempts=1, backoff=no_retry)
+    async def hog(ctx: pgq.JobContext) -> None:
+        bytearray(1 << 62)  # more memory than any machine has: a real MemoryError
+
+    @app.task(queue="work", max_attempts=1, backoff=no_retry)
+    def writer(ctx: pgq.JobContext) -> None:  # in a thread
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    @app.task(queue="work", max_attempts=1, backoff=no_retry)
+    async def opener(ctx: pgq.JobContext) -> None:
+        try:
+            raise OSError(errno.EMFILE, "Too many open files")
+        except OSError as exc:
+            raise RuntimeError("could not open the report") from exc
+
+    @app.task(queue="work", max_attempts=1, backoff=no_retry)
+    async def wrong(ctx: pgq.JobContext) -> None:
+        raise OSError(errno.ENOENT, "No such file")  # the task's own failure, not the machine's
+
+    return app
+
+
+async def test_attempts_that_fail_for_want_of_a_resource_are_counted_and_warned_about(
+    dsn: str, client: pgq.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    counts = {"hog": 20, "writer": 3, "opener": 2, "wrong": 4}
+    await client.enqueue_many(
+        [pgq.JobSpec(t, queue="work") for t, n in counts.items() for _ in range(n)]
+    )
+    caplog.set_level("WARNING", "pgq.worker")
+    async with pgq.Worker(starved_app(), dsn, health_port=0, **FAST) as worker:
+
+        async def drained() -> bool:
+            return bool(worker.stats()["producers"][0]["failed"] == sum(counts.values()))
+
+        await until(drained)
+        assert worker.health_port is not None
+        m = await scrape(worker.health_port)
+        async with httpx.AsyncClient() as http:
+            health = await http.get(f"http://127.0.0.1:{worker.health_port}/healthz")
+        stats = worker.stats()
+    assert stats["resource_failures"] == 25
+    assert stats["producers"][0]["resource_failures"] == {"hog": 20, "writer": 3, "opener": 2}
+    for task in ("hog", "writer", "opener"):
+        assert value(m, "pgq_resource_failures_total", queue="work", task=task) == counts[task]
+    assert value(m, "pgq_resource_failures_total", queue="work", task="wrong") == 0
+    # The liveness probe is not where this shows: a restart would not add memory.
+    assert health.status_code == 200
+    warned = [r.getMessage() for r in caplog.records if "want of a resource" in r.getMessage()]
+    assert len(warned) == 3, warned  # once per task within the window, however many failed
+    (hog,) = [w for w in warned if w.startswith("task hog ")]
+    assert "MemoryError" in hog and "queue work" in hog
+    assert any("OSError ENOSPC" in w for w in warned)
+    assert any("OSError EMFILE" in w for w in warned)

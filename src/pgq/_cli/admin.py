@@ -79,6 +79,7 @@ async def enqueue(args: argparse.Namespace) -> int:
         delay=args.delay,
         max_attempts=args.max_attempts,
         limit_key=args.limit_key,
+        tags=args.tag or (),
         depends_on=depends_on,
         on_parent_failure=args.on_parent_failure,
     )

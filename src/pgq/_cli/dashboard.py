@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         auth=args.auth,
         refresh_s=args.refresh,
         stale_after_s=args.stale_after,
+        allowed_hosts=allowed_hosts(args),
     )
     check_bind(args.host, auth=dashboard.auth, read_only=args.read_only)
     anyio.run(_check_database, resolve_dsn(args.dsn))
@@ -55,6 +56,14 @@ def run(args: argparse.Namespace) -> int:
     )
     server.run()
     return 0
+
+
+def allowed_hosts(args: argparse.Namespace) -> list[str] | None:
+    """The Host names the served dashboard answers besides localhost and loopback addresses:
+    those given and the address it listens on; None (any) with --auth and none given."""
+    if args.allowed_hosts is None and args.auth:
+        return None
+    return [*(args.allowed_hosts or []), args.host]
 
 
 async def _check_database(dsn: str | None) -> None:

@@ -320,6 +320,14 @@ def _enqueue(sub: Any) -> None:
         "--limit-key", default=None, metavar="KEY", help="the key per-key queue limits count"
     )
     p.add_argument(
+        "--tag",
+        action="append",
+        default=None,
+        metavar="TAG",
+        help="a tag for the job, shown and filtered by in the dashboard (repeatable; at most "
+        "32, of at most 128 characters)",
+    )
+    p.add_argument(
         "--depends-on",
         default=None,
         metavar="ID[,ID...]",
@@ -366,6 +374,13 @@ _port = _whole(1, 65535)
 _health_port = _whole(0, 65535)
 
 
+def _host_list(text: str | None) -> list[str] | None:
+    """``a.example,b.example`` as a list (None: not given)."""
+    if text is None:
+        return None
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def _dashboard(sub: Any) -> None:
     p = _command(sub, "dashboard", "serve the web dashboard (needs the dashboard extra)")
     p.add_argument(
@@ -375,6 +390,16 @@ def _dashboard(sub: Any) -> None:
         "--read-only)",
     )
     p.add_argument("--port", type=_port, default=8181, help="port to listen on (default 8181)")
+    p.add_argument(
+        "--allowed-hosts",
+        type=_host_list,
+        default=_host_list(os.environ.get("PGQ_DASHBOARD_ALLOWED_HOSTS")),
+        metavar="HOST[,HOST...]",
+        help="also answer requests whose Host header names one of these (a name, *.suffix, an "
+        "address, or * for any); others get 400, against DNS rebinding (default: "
+        "PGQ_DASHBOARD_ALLOWED_HOSTS; else localhost, loopback addresses and --host only, "
+        "and any host with --auth)",
+    )
     p.add_argument(
         "--auth",
         default=os.environ.get("PGQ_DASHBOARD_AUTH"),

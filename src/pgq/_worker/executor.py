@@ -16,6 +16,7 @@ import anyio
 from pgq import _serde
 from pgq._hooks import CancelVerdict, Hooks, JobEvent, Middleware
 from pgq._worker.outcome import Outcome, error_entry
+from pgq._worker.resources import resource_reason
 from pgq.app import Task
 from pgq.job import STATES, Cancel, Discard, Job, JobContext, JobState, Retry, Settling, Snooze
 
@@ -328,7 +329,9 @@ def _raised(job: Job, task: Task, exc: BaseException) -> Outcome:
     message = f"{type(exc).__name__}: {exc}"
     log.debug("job %d (%s) attempt %d failed: %s", job.id, job.task, job.attempt, message)
     tb = "".join(traceback.format_exception(exc))
-    return _failure(job, task, error_entry(job.attempt, "exception", message, tb))
+    outcome = _failure(job, task, error_entry(job.attempt, "exception", message, tb))
+    outcome.resource = resource_reason(exc)
+    return outcome
 
 
 def _completed(job: Job, result: Any) -> Outcome:

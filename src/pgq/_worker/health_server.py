@@ -1,8 +1,11 @@
 """A tiny HTTP server for probes and scrapes: ``GET /healthz`` -> 200 or 503 with JSON, and
-``GET /metrics`` -> the worker's Prometheus metrics (when it has them)."""
+``GET /metrics`` -> the worker's Prometheus metrics (when it has them). It answers only a
+``Host`` that is an IP address or ``localhost`` (400 otherwise): a name that another site
+rebinds to this machine never reads it."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -19,10 +22,14 @@ Check = Callable[[], tuple[bool, dict[str, Any]]]
 Metrics = Callable[[], Awaitable[bytes]]
 
 _REASONS = {
-    200: "OK", 404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
-    503: "Service Unavailable",
+    200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+    500: "Internal Server Error", 503: "Service Unavailable",
 }  # fmt: skip
 _JSON = "application/json"
+_BY_ADDRESS = (
+    "answered only by IP address or localhost, not by name (against DNS rebinding): ask "
+    "http://ADDRESS:PORT/healthz, as a kubelet or a Prometheus target by address does"
+)
 _NO_METRICS = (
     "no metrics: install the metrics extra (pip install 'pgq-async[metrics]') and leave metrics on"
 )
@@ -70,15 +77,35 @@ async def _read_head(stream: anyio.abc.SocketStream) -> str:
     data = b""
     while b"\r\n\r\n" not in data and b"\n\n" not in data and len(data) < 8192:
         data += await stream.receive(4096)
-    return data.decode("latin-1").split("\n", 1)[0].strip()
+    return data.decode("latin-1")
 
 
-async def _respond(
-    request_line: str, check: Check, metrics: Metrics | None
-) -> tuple[int, str, bytes]:
-    parts = request_line.split()
+def _host_ok(head: str) -> bool:
+    """Whether the request's ``Host`` (when it sent one: HTTP/1.0 need not) is an IP address
+    or ``localhost``, with any port."""
+    for line in head.split("\n")[1:]:
+        name, sep, value = line.partition(":")
+        if sep and name.strip().lower() == "host":
+            host = value.strip().lower()
+            if host.startswith("["):
+                host = host[1 : host.find("]")] if "]" in host else host
+            elif host.count(":") == 1:
+                host = host.partition(":")[0]
+            if host == "localhost":
+                return True
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                return False
+    return True
+
+
+async def _respond(head: str, check: Check, metrics: Metrics | None) -> tuple[int, str, bytes]:
+    parts = head.split("\n", 1)[0].split()
     if len(parts) < 2:
         return _json(404, {"error": "bad request"})
+    if not _host_ok(head):
+        return _json(400, {"error": _BY_ADDRESS})
     method, path = parts[0], parts[1].split("?", 1)[0]
     if path not in ("/healthz", "/health", "/livez", "/metrics"):
         return _json(404, {"error": f"no such path {path}; try /healthz or /metrics"})

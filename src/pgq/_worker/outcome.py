@@ -33,6 +33,9 @@ class Outcome:
     error: str | None = None
     result: str | None = None
     attempt_delta: int = 0
+    #: Why the attempt failed when the machine ran short (``MemoryError``, ``OSError
+    #: ENOMEM``...): its producer counts it.
+    resource: str | None = None
 
     @classmethod
     def of(

@@ -29,6 +29,7 @@ from pgq._worker.executor import (
 )
 from pgq._worker.liveness import ProducerHealth, clock
 from pgq._worker.outcome import Outcome
+from pgq._worker.resources import ResourceFailures
 from pgq._worker.settle import Settler
 from pgq._worker.slots import Slots
 from pgq.app import Task
@@ -146,11 +147,11 @@ class Producer:
         self._empty = anyio.Event()
         self._empty.set()
         self._stopping = False
+        self.resources = ResourceFailures(queue)  # attempts failed for want of a resource
         # The queue's flow-control limits as last read (None: to be read before a claim),
         # and a count of the changes announced, so that a read overtaken by one is not kept.
         self._limits: QueueLimits | None = None
-        self._limits_read_at = 0.0
-        self._limits_changes = 0
+        self._limits_read_at, self._limits_changes = 0.0, 0
         # Set while the queue's limits hold claims back: look again soon, not after a poll.
         self._held_back = False
         #: True while a claim is in flight, and the id it was sent under (``id`` may change).
@@ -461,6 +462,8 @@ class Producer:
             finally:
                 self._gate.release()
                 self._learn(monotonic() - began)
+            if outcome.resource is not None:
+                self.resources.record(job.task, job.id, outcome.resource)
             if execution.ctx._settled and await self._settled_by_the_task(execution):
                 return
             self._outcomes(outcome)
@@ -584,6 +587,7 @@ class Producer:
             "completed": self.completed,
             "failed": self.failed,
             "rejected_outcomes": self.rejected_outcomes,
+            "resource_failures": dict(self.resources.by_task),
         }
 
 

@@ -601,9 +601,10 @@ class Worker:
         (``rescue_events_waiting``), cancels obeyed, LISTEN reconnections, and the outcomes not yet
         durable (``outcomes_pending``), of those refused in every form (``outcomes_held``),
         written in a fallback form (``outcomes_salvaged``), and waiting for their rows, locked
-        by another transaction (``outcomes_waiting_on_locks``); and, on the leader, the jobs
-        no live worker of their queue serves (``unrunnable``: queue, task, count and
-        ``oldest_s``, as its last look found them)."""
+        by another transaction (``outcomes_waiting_on_locks``); ``resource_failures``,
+        attempts that failed for want of memory, file descriptors or disk (per producer: by
+        task); and, on the leader, the jobs no live worker of their queue serves
+        (``unrunnable``: queue, task, count and ``oldest_s``, as its last look found them)."""
         p = self._parts
         return {
             "worker_id": str(self.id),
@@ -632,6 +633,7 @@ class Worker:
             "outcomes_held": p.completer.held if p else 0,
             "outcomes_salvaged": p.completer.salvaged if p else 0,
             "outcomes_waiting_on_locks": p.completer.waiting_on_locks if p else 0,
+            "resource_failures": sum(pr.resources.total for pr in p.producers) if p else 0,
             "unrunnable": (
                 [dataclasses.asdict(u) for u in p.unrunnable.found]
                 if p and p.elector.is_leader

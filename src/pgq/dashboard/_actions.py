@@ -13,9 +13,11 @@ from starlette.responses import RedirectResponse, Response
 
 from pgq._store import inspect
 from pgq._store import queues as store_queues
+from pgq.app import check_queue_name
 from pgq.dashboard import _security
 from pgq.dashboard._forms import Filters, field_of, read_form
 from pgq.dashboard._host import Host
+from pgq.errors import ConfigError
 from pgq.job import MAX_JOB_ID
 
 log = logging.getLogger("pgq.dashboard")
@@ -79,7 +81,12 @@ class Actions:
         try:
             up_to = int(field_of(form, "up_to"))
         except ValueError:
-            raise HTTPException(400, "The confirmation lacks its id bound; start again.") from None
+            up_to = -1
+        if not 0 <= up_to <= MAX_JOB_ID:
+            raise HTTPException(
+                400, f"The confirmation's id bound (up_to) must be a whole number from 0 to "
+                f"{MAX_JOB_ID}; start again from the jobs page.",
+            )  # fmt: skip
         pool = await self._d.pool()
         n = await inspect.act_on_matching(pool, filt, cast(inspect.Action, action), up_to=up_to)
         log.info("dashboard: bulk %s of %s: %d changed", action, filters.query(), n)
@@ -92,6 +99,10 @@ class Actions:
         name = field_of(form, "queue")
         if action not in ("pause", "resume"):
             raise HTTPException(404, f"Unknown action {action!r}: use pause or resume.")
+        try:
+            check_queue_name(name)
+        except ConfigError as exc:
+            raise HTTPException(400, f"queue: {exc}") from None
         pool = await self._d.pool()
         if not await store_queues.known(pool, name):
             raise HTTPException(404, f"No queue {name!r}: no job, worker or setting names it.")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,19 +13,18 @@ from urllib.parse import urlencode
 import anyio
 import jinja2
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
-from pgq import _serde
 from pgq._dsn import mask_dsn, normalize_dsn
 from pgq._store.connections import CONNECTION_ERRORS, Pool, Target, create_pool
 from pgq._store.revision import check_schema
-from pgq.dashboard import _security
+from pgq.dashboard import _preview, _security
 from pgq.dashboard._actions import Actions
 from pgq.dashboard._pages import Pages
 from pgq.errors import ConfigError, DatabaseUnavailable, SchemaMismatch
@@ -38,13 +36,34 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pgq.dashboard")
 
+
+class _JobIdConvertor(Convertor[int]):
+    """A job id in a path: at most 19 digits (a longer number is no job's, and int() would
+    refuse one past 4,300), so /jobs/999...9 is a 404 page, not an error."""
+
+    regex = "[0-9]{1,19}"
+
+    def convert(self, value: str) -> int:
+        return int(value)
+
+    def to_string(self, value: int) -> str:
+        return str(int(value))
+
+
+register_url_convertor("pgq_job_id", _JobIdConvertor())
+
 HERE = Path(__file__).resolve().parent
 
 
 class Dashboard:
     """The pgq dashboard, an ASGI application: serve it with ``pgq dashboard`` or any ASGI
     server, or mount it in your own Starlette or FastAPI app
-    (``app.mount("/pgq", create_app(dsn))``)."""
+    (``app.mount("/pgq", create_app(dsn))``).
+
+    ``allowed_hosts`` names the ``Host`` headers it answers besides ``localhost`` and the
+    loopback addresses (a name, ``*.suffix``, an address; ``"*"``: any); any other gets 400,
+    against DNS rebinding. Not given, it answers those alone without ``auth``, and any host
+    with it (a rebinding page's requests carry no credentials)."""
 
     def __init__(
         self,
@@ -59,6 +78,7 @@ class Dashboard:
         scan_window: int = 100_000,
         count_timeout_s: float = 1.0,
         pooler: str | None = None,
+        allowed_hosts: Sequence[str] | None = None,
     ) -> None:
         if client is not None and dsn is not None:
             raise ConfigError("give the dashboard a dsn or a client, not both")
@@ -69,6 +89,7 @@ class Dashboard:
         self._client = client
         self.read_only = read_only
         self.auth = _security.Credentials.parse(auth) if auth else None
+        self.allowed_hosts = _security.AllowedHosts.default(allowed_hosts, auth=self.auth)
         self.refresh_s = refresh_s
         self.stale_after_s = stale_after_s or float(WorkerSettings.from_env("stale_after"))
         self.page_size = page_size
@@ -77,7 +98,7 @@ class Dashboard:
         self._pool: Pool | None = None
         self._lock = anyio.Lock()
         self.templates = _templates()
-        self._app = self._build()
+        self._app = _security.Guard(self._build(), auth=self.auth, hosts=self.allowed_hosts)
 
     @property
     def database(self) -> str:
@@ -85,14 +106,19 @@ class Dashboard:
         return mask_dsn(self._dsn) if self._client is None else "the application's client"
 
     def _build(self) -> Starlette:
+        # The guard wraps this app whole (see __init__), outside Starlette's handler of
+        # unexpected errors: a 500 carries the security headers as every page does.
         pages, actions = Pages(self), Actions(self)
         routes = [
             Route("/", pages.overview, name="overview"),
             Route("/jobs", pages.jobs, name="jobs"),
             Route("/jobs/bulk", pages.bulk_confirm, name="bulk_confirm"),
             Route("/jobs/bulk", actions.bulk, methods=["POST"], name="bulk"),
-            Route("/jobs/{job_id:int}", pages.job, name="job"),
-            Route("/jobs/{job_id:int}/{action}", actions.job, methods=["POST"], name="job_act"),
+            Route("/jobs/{job_id:pgq_job_id}", pages.job, name="job"),
+            Route("/jobs/{job_id:pgq_job_id}/{part}.json", pages.job_value, name="job_value"),
+            Route(
+                "/jobs/{job_id:pgq_job_id}/{action}", actions.job, methods=["POST"], name="job_act"
+            ),
             Route("/producers", pages.producers, name="producers"),
             Route("/queues", pages.queues, name="queues"),
             Route("/queues/{action}", actions.queue, methods=["POST"], name="queue_act"),
@@ -101,9 +127,9 @@ class Dashboard:
         ]
         return Starlette(
             routes=routes,
-            middleware=[Middleware(_security.Guard, auth=self.auth)],
             exception_handlers={
                 HTTPException: self._http_error,
+                Exception: self._server_error,
                 DatabaseUnavailable: self._unavailable,
                 SchemaMismatch: self._unavailable,
                 **dict.fromkeys(CONNECTION_ERRORS, self._unavailable),
@@ -176,6 +202,13 @@ class Dashboard:
             exc.status_code,
         )  # fmt: skip
 
+    async def _server_error(self, request: Request, exc: Exception) -> Response:
+        # Starlette logs the exception (re-raised to the server) after this page is sent.
+        return self.render(request, "error.html", {
+            "title": "internal error", "message": "The dashboard failed on this request (a bug: "
+            "its log has the traceback). Go back and try again, or report it.",
+        }, 500)  # fmt: skip
+
     async def _unavailable(self, request: Request, exc: Exception) -> Response:
         if isinstance(exc, DatabaseUnavailable | SchemaMismatch):
             message = str(exc)
@@ -207,7 +240,8 @@ def _templates() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(num=_num, secs=_secs, pretty=_pretty, compact=_compact, utc=_utc)
-    env.globals.update(ago=_ago, JobState=JobState)
+    env.filters.update(clip=_preview.clip)
+    env.globals.update(ago=_ago, JobState=JobState, tags=_preview.tags, bounds=_preview)
     return env
 
 
@@ -243,14 +277,10 @@ def _utc(when: datetime | None) -> str:
 
 
 def _compact(value: Any) -> str:
-    problem = _serde.unreadable(value)
-    if problem is not None:
-        return f"(not shown: {problem})"
-    return json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
+    """A value in a row: the start of its JSON on one line."""
+    return _preview.json_preview(value, _preview.CELL_CHARS, pretty=False).text
 
 
-def _pretty(value: Any) -> str:
-    problem = _serde.unreadable(value)
-    if problem is not None:
-        return f"(not shown: {problem})"
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)
+def _pretty(value: Any) -> _preview.Preview:
+    """A value on a job's page: the start of its indented JSON, and its size if clipped."""
+    return _preview.json_preview(value, _preview.PREVIEW_CHARS, pretty=True)

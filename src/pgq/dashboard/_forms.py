@@ -9,11 +9,16 @@ from urllib.parse import parse_qs, urlencode
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 
+from pgq import _serde
 from pgq._store.inspect import JobFilter
+from pgq.app import check_queue_name, check_task_name
+from pgq.dashboard._security import MAX_BODY_BYTES
+from pgq.errors import ConfigError, SerializationError
 from pgq.job import MAX_JOB_ID, JobState
 
-#: A form body larger than this is refused (the dashboard's forms are a few fields).
-MAX_FORM_BYTES = 64 * 1024
+#: A form body larger than this is refused (the dashboard's forms are a few fields); the
+#: guard stops reading at this size, so no larger body is ever held.
+MAX_FORM_BYTES = MAX_BODY_BYTES
 _STATE_NAMES = [s.value for s in JobState]
 
 
@@ -67,6 +72,16 @@ class Filters:
                 self.errors.append(
                     f"id must be a whole number from 1 to {MAX_JOB_ID}, not {self.job_id!r}"
                 )
+        for name, value, check in (
+            ("queue", self.queue, check_queue_name), ("task", self.task, check_task_name),
+        ):  # fmt: skip
+            if value:
+                try:
+                    check(value)
+                except ConfigError as exc:
+                    self.errors.append(f"{name}: {exc}")
+        if "\x00" in self.tag:
+            self.errors.append("tag cannot hold a NUL character (%00): no tag has one")
         args = None
         if self.args:
             args = self._args_object()
@@ -83,14 +98,27 @@ class Filters:
 
     def _args_object(self) -> str | None:
         try:
-            value = json.loads(self.args)
+            value = json.loads(self.args, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             self.errors.append(f'args must be JSON ({exc.msg}), like {{"user_id": 7}}')
+            return None
+        except ValueError as exc:  # NaN, Infinity
+            self.errors.append(f"args must be JSON as PostgreSQL stores it: {exc}")
+            return None
+        except RecursionError:
+            self.errors.append(
+                'args nest too deeply: give the few keys to match, like {"user_id": 7}'
+            )
             return None
         if not isinstance(value, dict):
             self.errors.append('args must be a JSON object, like {"user_id": 7}')
             return None
-        return json.dumps(value)
+        try:
+            # The checks of an enqueue: what jsonb refuses (NUL, lone surrogates) is named.
+            return _serde.dumps(value, "args")
+        except SerializationError as exc:
+            self.errors.append(str(exc))
+            return None
 
     def pairs(self) -> list[tuple[str, str]]:
         """The filter as query pairs (empty fields left out)."""
@@ -114,9 +142,13 @@ class Filters:
         return bool(self.pairs())
 
 
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number (give a number, like 1.5)")
+
+
 async def read_form(request: Request) -> dict[str, list[str]]:
     """The urlencoded body of a POST (the dashboard's forms send nothing else)."""
-    body = await request.body()
+    body = await request.body()  # bounded as it streams by the guard
     if len(body) > MAX_FORM_BYTES:
         raise ValueError("form too large")
     return parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)

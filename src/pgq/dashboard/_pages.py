@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -10,7 +11,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from pgq import _metrics
+from pgq import _metrics, _serde
 from pgq._store import inspect, maintenance
 from pgq._store import jobs as store_jobs
 from pgq._store import leader as store_leader
@@ -20,8 +21,9 @@ from pgq._store.connections import Pool
 from pgq.dashboard._chart import SERIES, throughput_svg
 from pgq.dashboard._forms import Filters
 from pgq.dashboard._host import Host
-from pgq.dashboard._timeline import timeline
-from pgq.job import FINAL_STATES, MAX_JOB_ID, JobState
+from pgq.dashboard._preview import TIMELINE_EVENTS
+from pgq.dashboard._timeline import Event, timeline
+from pgq.job import FINAL_STATES, MAX_JOB_ID, Job, JobState
 
 #: The actions a bulk request may name, and how the pages word them.
 BULK_ACTIONS = {"retry": "Retry", "cancel": "Cancel", "delete": "Delete"}
@@ -35,6 +37,8 @@ NOTICES = {
     "pause": "Paused queue {q}: its workers finish what they run and claim nothing new.",
     "resume": "Resumed queue {q}.",
 }
+#: A job's values that download whole (its page shows their start).
+JOB_VALUES = ("args", "result", "metadata", "errors", "tags")
 #: Notices that report an action not done: shown as a warning, not a success.
 WARNING_NOTICES = frozenset({"retry_none"})
 STATES = list(JobState)
@@ -63,7 +67,8 @@ class Pages:
         done, n = request.query_params.get("done"), request.query_params.get("n", "")
         if done in NOTICES:
             queue = request.query_params.get("q", "")
-            notice = NOTICES[done].format(n=int(n) if n.isdigit() else 0, q=queue)
+            count = int(n) if n.isascii() and n.isdigit() and len(n) < 20 else 0
+            notice = NOTICES[done].format(n=count, q=queue)
         return {
             "now": await maintenance.database_now(pool),
             "leader": await store_leader.current(pool),
@@ -107,23 +112,47 @@ class Pages:
             "page": page, "before": before, "states": STATES,
             "queues": sorted(await inspect.paused_queues(pool) | await inspect.oldest_available(pool)),
             "bulk_actions": BULK_ACTIONS,
-        })  # fmt: skip
+        }, 200 if filt is not None else 400)  # fmt: skip
 
     async def job(self, request: Request) -> Response:
-        """One job: its fields, args, result, metadata and timeline."""
+        """One job: its fields, args, result, metadata and timeline (each bounded: a long
+        value shows its start and size, and downloads whole from :meth:`job_value`)."""
         pool = await self._d.pool()
-        job_id = int(request.path_params["job_id"])
-        job = await store_jobs.get(pool, job_id) if job_id <= MAX_JOB_ID else None
-        if job is None:
-            raise HTTPException(404, f"No job {job_id}: it never existed, or was deleted.")
+        job = await self._job(pool, request)
+        events, earlier = _bounded(timeline(job))
         return self._d.render(request, "job.html", {
             **await self._common(request, pool), "title": f"Job {job.id}", "job": job,
-            "events": timeline(job), "final": job.state in FINAL_STATES,
+            "events": events, "earlier": earlier, "final": job.state in FINAL_STATES,
+            # The live refresh swaps the head and timeline only: the values need no encoding.
+            "values": "hx-request" not in request.headers,
             "can_retry": job.state in FINAL_STATES
             or job.state in (JobState.RETRYABLE, JobState.SCHEDULED),
             "can_cancel": job.state not in FINAL_STATES,
             "can_delete": job.state is not JobState.RUNNING,
         })  # fmt: skip
+
+    async def job_value(self, request: Request) -> Response:
+        """One of a job's values whole, as a JSON download: ``args``, ``result``,
+        ``metadata``, ``errors`` or ``tags``."""
+        part = str(request.path_params["part"])
+        if part not in JOB_VALUES:
+            raise HTTPException(404, f"No {part!r} of a job: use {', '.join(JOB_VALUES)}.")
+        job = await self._job(await self._d.pool(), request)
+        value = getattr(job, part)
+        problem = _serde.unreadable(value)
+        if problem is not None:
+            raise HTTPException(422, f"The job's {part} cannot be shown: {problem}")
+        body = json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)
+        return Response(body.encode("utf-8", "surrogatepass"), media_type="application/json",
+                        headers={"content-disposition": (
+                            f'attachment; filename="job-{job.id}-{part}.json"')})  # fmt: skip
+
+    async def _job(self, pool: Pool, request: Request) -> Job[Any]:
+        job_id = int(request.path_params["job_id"])
+        job = await store_jobs.get(pool, job_id) if 1 <= job_id <= MAX_JOB_ID else None
+        if job is None:
+            raise HTTPException(404, f"No job {job_id}: it never existed, or was deleted.")
+        return job
 
     async def bulk_confirm(self, request: Request) -> Response:
         """How many jobs a bulk action would touch, and a button to go ahead."""
@@ -208,11 +237,23 @@ def _queue_rows(
     ]
 
 
+def _bounded(events: list[Event]) -> tuple[list[Event], int]:
+    """The enqueue and the latest events, and how many were left out between them."""
+    if len(events) <= TIMELINE_EVENTS:
+        return events, 0
+    return [events[0], *events[-(TIMELINE_EVENTS - 1) :]], len(events) - TIMELINE_EVENTS
+
+
 def _int_param(request: Request, name: str) -> int | None:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return None
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
-        raise HTTPException(400, f"{name} must be a whole number, not {raw!r}") from None
+        value = -1
+    if not 0 <= value <= MAX_JOB_ID:
+        raise HTTPException(
+            400, f"{name} must be a whole number from 0 to {MAX_JOB_ID}, not {raw[:40]!r}"
+        )
+    return value

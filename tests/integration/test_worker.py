@@ -1109,20 +1109,20 @@ async def test_outcome_writes_find_their_jobs_by_id_while_the_statistics_lag(
     outcomes = (ids, tokens, ["completed"] * n, [None] * n, [None] * n, [None] * n, [0] * n)
     statements = {
         # Each outcome statement as it is written first, and again passing over locked rows.
-        "COMPLETE_JOBS": (sql.COMPLETE_JOBS, (*outcomes, False)),
-        "COMPLETE_JOBS skipping": (sql.COMPLETE_JOBS, (*outcomes, True)),
-        "COMPLETE_SUCCESSES": (sql.COMPLETE_SUCCESSES, (ids, tokens, ["1"] * n, [], False)),
+        "COMPLETE_JOBS": (sql.COMPLETE_JOBS, (*outcomes, False, "50ms")),
+        "COMPLETE_JOBS skipping": (sql.COMPLETE_JOBS, (*outcomes, True, None)),
+        "COMPLETE_SUCCESSES": (sql.COMPLETE_SUCCESSES, (ids, tokens, ["1"] * n, [], False, "50ms")),
         "COMPLETE_SUCCESSES skipping": (
             sql.COMPLETE_SUCCESSES,
-            (ids, tokens, ["1"] * n, [], True),
+            (ids, tokens, ["1"] * n, [], True, None),
         ),
         "COMPLETE_SUCCESSES_NO_RESULT": (
             sql.COMPLETE_SUCCESSES_NO_RESULT,
-            (ids, tokens, [], False),
+            (ids, tokens, [], False, "50ms"),
         ),
         "COMPLETE_SUCCESSES_NO_RESULT skipping": (
             sql.COMPLETE_SUCCESSES_NO_RESULT,
-            (ids, tokens, [], True),
+            (ids, tokens, [], True, None),
         ),
         "FAIL_ATTEMPT": (sql.FAIL_ATTEMPT, (ids[0], tokens[0], error)),
         "SETTLE_ATTEMPT": (
@@ -1137,9 +1137,9 @@ async def test_outcome_writes_find_their_jobs_by_id_while_the_statistics_lag(
         assert "pgq_jobs_pkey" in plan_json, (name, plan_json)
     # The fence still holds in that form: the written jobs are running no more, and a second
     # write of the same attempts changes nothing.
-    written = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [], False)
+    written = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [], False, None)
     assert written is not None and sorted(written["ids"]) == ids
-    again = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [], True)
+    again = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [], True, None)
     assert again is not None and again["ids"] == [] and again["passed_over"] == []
 
 

@@ -232,11 +232,13 @@ async def complete_successes(
     *,
     async_commit: bool = False,
     skip_locked: bool = False,
+    lock_wait_ms: int | None = None,
 ) -> Written:
     """Mark jobs completed (with their results). With ``async_commit``, committed without
     waiting for the WAL's flush (so are the other outcome writes below). A row locked
-    elsewhere raises ``asyncpg.LockNotAvailableError`` after ``sql.LOCK_WAIT``, or, with
-    ``skip_locked``, is passed over at once (so are those of the other writes below)."""
+    elsewhere is waited for (``lock_wait_ms`` at most, then ``asyncpg.LockNotAvailableError``;
+    None: as long as the session's ``lock_timeout``), or with ``skip_locked`` passed over at
+    once (so are those of the other writes below)."""
     payload = _done_payload([str(i) for i in ids])
     # One row, its ids in one array: a row per job would cost a record each to build and
     # read. Without results, no array of NULLs.
@@ -246,16 +248,23 @@ async def complete_successes(
             if async_commit
             else sql.COMPLETE_SUCCESSES_NO_RESULT
         )
-        row = await db.fetchrow(lean, ids, tokens, payload, skip_locked)
+        row = await db.fetchrow(lean, ids, tokens, payload, skip_locked, _wait(lock_wait_ms))
     else:
         full = sql.COMPLETE_SUCCESSES_ASYNC if async_commit else sql.COMPLETE_SUCCESSES
-        row = await db.fetchrow(full, ids, tokens, results, payload, skip_locked)
+        row = await db.fetchrow(
+            full, ids, tokens, results, payload, skip_locked, _wait(lock_wait_ms)
+        )
     assert row is not None
     return Written(dict.fromkeys(row[0], "completed"), row[1])
 
 
 async def write_outcomes(
-    db: Db, outcomes: Sequence[OutcomeRow], *, async_commit: bool = False, skip_locked: bool = False
+    db: Db,
+    outcomes: Sequence[OutcomeRow],
+    *,
+    async_commit: bool = False,
+    skip_locked: bool = False,
+    lock_wait_ms: int | None = None,
 ) -> Written:
     """Write outcomes of any kind (a state written may be ``cancelled`` where a cancel
     request turned a retry or hand-back)."""
@@ -269,11 +278,16 @@ async def write_outcomes(
         [o.result for o in outcomes],
         [o.attempt_delta for o in outcomes],
         skip_locked,
+        _wait(lock_wait_ms),
     )
     return Written(
         {r["id"]: r["state"] for r in rows if r["state"] is not None},
         [r["id"] for r in rows if r["state"] is None],
     )
+
+
+def _wait(ms: int | None) -> str | None:
+    return None if ms is None else f"{int(ms)}ms"
 
 
 async def lock_job(conn: Connection, job_id: int) -> None:

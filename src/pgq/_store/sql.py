@@ -562,14 +562,15 @@ _IS_RUNNING = "state = (SELECT 'running'::pgq_job_state)"
 
 
 # A lock held elsewhere never holds up a batch of outcomes (an application transaction that
-# enqueued a dependent of a job, or cancels it, holds its row until it ends). A batch is
-# first written as it is, giving up on a row lock after LOCK_WAIT (lock_timeout, set for the
-# statement's own transaction: the common case pays nothing); a batch that gave up is
-# written again with the skip flag (the statement's last parameter, $k below) on: it first
-# locks its rows, passing over those locked now, and returns their ids apart from those the
-# fence rejected. Each passed over is then written on its own, after waiting for its row
-# (LOCK_JOB in the same transaction), so that it, not a rescue, gets the row when it frees.
-LOCK_WAIT = "50ms"
+# enqueued a dependent of a job, or cancels it, holds its row until it ends). The outcome
+# statements take two last parameters: how long they may wait for a row lock ($w below, a
+# lock_timeout such as '50ms' set for the statement's own transaction; NULL leaves the
+# setting as it is), and whether to skip locked rows ($k). The worker writes a batch as it
+# is with a short wait first (the common case pays nothing); a batch that gave up is
+# written again skipping: it first locks its rows, passing over those locked now, and
+# returns their ids apart from those the fence rejected. Each passed over is then written
+# on its own, after waiting for its row (LOCK_JOB in the same transaction), so that it, not
+# a rescue, gets the row when it frees.
 
 
 def _lock_batch(k: str) -> str:
@@ -585,14 +586,24 @@ def _lock_batch(k: str) -> str:
     )
 
 
-def _locked_fence(k: str) -> str:
+def _locked_fence(k: str, w: str) -> str:
     return (
         "(NOT "
         + k
         + """ OR j.id IN (SELECT id FROM locked))
-      AND (SELECT set_config('lock_timeout', '"""
-        + LOCK_WAIT
-        + """', true)) IS NOT NULL"""
+      AND (SELECT set_config('lock_timeout', COALESCE("""
+        + w
+        + """, current_setting('lock_timeout')), true)) IS NOT NULL"""
+    )
+
+
+def _passed_over_rows(k: str) -> str:
+    return (
+        """
+UNION ALL
+SELECT i, 0, 0, NULL FROM unnest($1::bigint[]) AS i WHERE """
+        + _not_locked(k)
+        + "\n"
     )
 
 
@@ -602,6 +613,28 @@ def _not_locked(k: str) -> str:
         + """ AND i NOT IN (SELECT id FROM locked)
     AND EXISTS (SELECT 1 FROM pgq_jobs WHERE id = i)"""
     )
+
+
+# What the batch of outcomes wrote, a row per job; jobs made available again wake their
+# queue, finished ones are announced for client.wait(), at most 500 ids per notification.
+_OUTCOME_ROWS = (
+    """SELECT id,
+       (SELECT count(pg_notify("""
+    + _JOBS
+    + """, q.queue))
+        FROM (SELECT DISTINCT queue FROM upd WHERE state = 'available') q) AS notified,
+       (SELECT count(pg_notify("""
+    + _DONE
+    + """, c.ids))
+        FROM (SELECT string_agg(id::text, ',') AS ids
+              FROM (SELECT id, (row_number() OVER ()) / 500 AS chunk FROM upd
+                    WHERE state IN """
+    + _FINAL
+    + """) f
+              GROUP BY chunk) c) AS done,
+       state::text AS state
+FROM upd"""
+)
 
 
 # Writes a batch of outcomes. Each row is fenced by (id, attempt_token, 'running'): an
@@ -648,34 +681,16 @@ WITH """
         deadline_at = NULL
     FROM u
     WHERE j.id = u.id AND j.attempt_token = u.token AND """
-        + _locked_fence("$8::bool")
+        + _locked_fence("$8::bool", "$9::text")
         + """
       AND j."""
         + running
         + """
     RETURNING j.id, j.queue, j.state
 )
-SELECT id,
-       (SELECT count(pg_notify("""
-        + _JOBS
-        + """, q.queue))
-        FROM (SELECT DISTINCT queue FROM upd WHERE state = 'available') q) AS notified,
-       -- Finished jobs, announced for client.wait(), at most 500 ids per notification.
-       (SELECT count(pg_notify("""
-        + _DONE
-        + """, c.ids))
-        FROM (SELECT string_agg(id::text, ',') AS ids
-              FROM (SELECT id, (row_number() OVER ()) / 500 AS chunk FROM upd
-                    WHERE state IN """
-        + _FINAL
-        + """) f
-              GROUP BY chunk) c) AS done,
-       state::text AS state
-FROM upd
-UNION ALL
-SELECT i, 0, 0, NULL FROM unnest($1::bigint[]) AS i WHERE """
-        + _not_locked("$8::bool")
-        + "\n"
+"""
+        + _OUTCOME_ROWS
+        + _passed_over_rows("$8::bool")
     )
 
 
@@ -699,11 +714,11 @@ WITH """
     )
 
 
-def _successes_fence(running: str, k: str) -> str:
+def _successes_fence(running: str, k: str, w: str) -> str:
     return (
         """
     WHERE j.id = u.id AND j.attempt_token = u.token AND """
-        + _locked_fence(k)
+        + _locked_fence(k, w)
         + """
       AND j."""
         + running
@@ -729,7 +744,7 @@ def _complete_successes(running: str) -> str:
         _successes_set("$5::bool")
         + """u.result::jsonb
     FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS u(id, token, result)"""
-        + _successes_fence(running, "$5::bool")
+        + _successes_fence(running, "$5::bool", "$6::text")
         + "$4"
         + _SUCCESSES_END
     )
@@ -745,7 +760,7 @@ def _complete_successes_no_result(running: str) -> str:
         _successes_set("$4::bool")
         + """NULL
     FROM unnest($1::bigint[], $2::uuid[]) AS u(id, token)"""
-        + _successes_fence(running, "$4::bool")
+        + _successes_fence(running, "$4::bool", "$5::text")
         + "$3"
         + _SUCCESSES_END
     )

@@ -40,6 +40,10 @@ HELD_RETRY_S = 30.0
 #: worker's pool stays free for claims and batches; the worker sizes it for these).
 LOCK_WAITERS = 2
 
+#: Milliseconds a batch waits for a row locked elsewhere before it is written again passing
+#: over such rows (a lock of pgq's own, a rescue's or an adoption's, lasts less).
+LOCK_WAIT_MS = 50
+
 #: Seconds one wait for a locked row lasts before it is asked again (a stalled connection
 #: would otherwise hold a waiter for good).
 LOCK_WAIT_S = 60.0
@@ -274,7 +278,10 @@ class Completer:
         to be written on their own (``db``: a transaction that holds the one row)."""
         batch.sort(key=_BY_JOB_ID)  # a stable lock order across concurrent writers
         try:
-            done = await self._statement(batch, db or self._pool, skip_locked=db is not None)
+            if db is None:
+                done = await self._statement(batch, self._pool, lock_wait_ms=LOCK_WAIT_MS)
+            else:
+                done = await self._statement(batch, db, skip_locked=True)
         except asyncpg.LockNotAvailableError:
             done = await self._statement(batch, self._pool, skip_locked=True)
         written = done.states  # the ids the fence let through
@@ -296,7 +303,14 @@ class Completer:
         for o in locked:
             self._wait_for_row(o)
 
-    async def _statement(self, batch: list[Outcome], db: Db, *, skip_locked: bool) -> Written:
+    async def _statement(
+        self,
+        batch: list[Outcome],
+        db: Db,
+        *,
+        skip_locked: bool = False,
+        lock_wait_ms: int | None = None,
+    ) -> Written:
         with anyio.fail_after(30):
             if batch[0].state == "completed" and batch[0].error is None:
                 return await claims.complete_successes(
@@ -306,9 +320,14 @@ class Completer:
                     [o.result for o in batch],
                     async_commit=self._async_commit,
                     skip_locked=skip_locked,
+                    lock_wait_ms=lock_wait_ms,
                 )
             return await claims.write_outcomes(
-                db, batch, async_commit=self._async_commit, skip_locked=skip_locked
+                db,
+                batch,
+                async_commit=self._async_commit,
+                skip_locked=skip_locked,
+                lock_wait_ms=lock_wait_ms,
             )
 
     def _wait_for_row(self, outcome: Outcome) -> None:

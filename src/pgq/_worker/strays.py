@@ -208,7 +208,7 @@ class Strays:
 
         async def write(conn: Connection, token: str) -> list[HandedBack]:
             outcomes = [_hand_back(r, before.get(r.id, 0), token, self._message) for r in strays]
-            states = (await claims.write_outcomes(conn, outcomes, skip_locked=True)).states
+            states = (await claims.write_outcomes(conn, outcomes)).states
             if not states:
                 return []
             xact = await maintenance.current_xact(conn)

@@ -12,6 +12,7 @@ SEED=${MODEL_SEED:-0x5eed}
 STEPS=90             # events in one run
 PROTOCOL_SAMPLES=300 # runs of the protocol, all checked
 VARIANT_SAMPLES=1000 # the most runs a variant gets to break its invariant
+INVARIANTS="outcomesFenced healthyKeepJobs fencedBeforeTaken dueJobsClaimable"
 WITNESSES="fleetMixesSettings nameShared staleRescued hungRescued takenOver reRegistered
   zombieRunning dueWhileNoLeader"
 mkdir -p out
@@ -30,8 +31,8 @@ seconds() { echo $(( $(date +%s) - $1 )); }
 # The protocol keeps every invariant, and reaches every witness.
 t0=$(date +%s)
 out=out/protocol.txt
-# shellcheck disable=SC2086 # WITNESSES is a list of names
-if run liveness.qnt protocol "$PROTOCOL_SAMPLES" "$out" --invariant=invariants \
+# shellcheck disable=SC2086 # INVARIANTS and WITNESSES are lists of names
+if run liveness.qnt protocol "$PROTOCOL_SAMPLES" "$out" --invariants $INVARIANTS \
     --witnesses $WITNESSES; then
     never=$(grep -E 'witnessed in 0 trace' "$out" || true)
     if [ -n "$never" ]; then
@@ -43,8 +44,9 @@ if run liveness.qnt protocol "$PROTOCOL_SAMPLES" "$out" --invariant=invariants \
         grep -E 'witnessed in' "$out" | sed 's/^/       /'
     fi
 else
-    echo "FAIL protocol breaks an invariant (or the model does not load):"
     cat "$out"
+    echo "FAIL protocol: the run above breaks an invariant (or the model does not load): $(
+        grep -o '❌ .*' "$out" | tr '\n' ' ')"
     failed=1
 fi
 

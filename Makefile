@@ -88,7 +88,7 @@ $(MODEL_STAMP): tests/model/package.json tests/model/package-lock.json | node
 	cd tests/model && npm ci --no-audit --no-fund --loglevel=error
 	@touch $(MODEL_STAMP)
 
-model: node $(MODEL_STAMP) ## check the liveness model (tests/model/liveness.qnt) with Quint; about a minute
+model: node $(MODEL_STAMP) ## check the liveness model (tests/model/liveness.qnt) with Quint (a minute or two)
 	tests/model/check.sh
 
 lint: $(STAMP) ## ruff and mypy --strict

@@ -61,7 +61,7 @@ for check in leaderBounds:healthyKeepJobs leaderBounds:fencedBeforeTaken \
         echo "FAIL variant $main no longer breaks $invariant in $VARIANT_SAMPLES runs"
         failed=1
     elif grep -q '^\[violation\]' "$out"; then
-        steps=$(grep -cE '^\[State [0-9]+\]' "$out")
+        steps=$(grep -cE '^\[State [0-9]+\]' "$out" || true)
         echo "ok   variant $main breaks $invariant (a run of $((steps - 1)) steps; $(seconds "$t0") s; $out)"
     else
         echo "FAIL variant $main: quint did not run:"

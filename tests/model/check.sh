@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 QUINT=node_modules/.bin/quint
 SEED=${MODEL_SEED:-0x5eed}
 STEPS=90             # events in one run
-PROTOCOL_SAMPLES=300 # runs of the protocol, all checked
+PROTOCOL_SAMPLES=200 # runs of the protocol, all checked
 VARIANT_SAMPLES=1000 # the most runs a variant gets to break its invariant
 INVARIANTS="outcomesFenced healthyKeepJobs fencedBeforeTaken dueJobsClaimable"
 WITNESSES="fleetMixesSettings nameShared staleRescued hungRescued takenOver reRegistered

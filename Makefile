@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded test-all lint typecheck check bench soak clean chromium pgbouncer screenshots chaos
+.PHONY: help demo test test-embedded test-all lint typecheck check bench soak clean chromium pgbouncer screenshots chaos node model
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -22,7 +22,7 @@ demo: $(STAMP) ## run a worker on a few hundred demo jobs (embedded Postgres unl
 # Test processes for `make test` and `make test-embedded` (pytest-xdist); 0 runs one.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) lint chromium pgbouncer ## lint, type-check and run the whole suite against real Postgres
+test: $(STAMP) lint model chromium pgbouncer ## lint, type-check, check the model and run the whole suite against real Postgres
 	PGQ_TEST_EMBEDDED_DIR=$(CURDIR)/.pgq-embedded/tests $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 test-embedded: $(STAMP) chromium pgbouncer ## the suite against the embedded server, as on a machine without PostgreSQL
@@ -69,6 +69,28 @@ pgbouncer: ## make sure PgBouncer is installed (for the transaction-pooler tests
 	      { apt-get update -q >/dev/null && apt-get install -y -q pgbouncer >/dev/null; }; \
 	  else echo "the pooler tests need PgBouncer: sudo apt-get install pgbouncer" >&2; exit 1; fi; }
 
+# The liveness model (tests/model) is checked with Quint, on Node.js >= 18; Debian's Node.js
+# and npm are installed here when missing (as root).
+node: ## make sure Node.js >= 18 and npm are installed (for the model check)
+	@{ command -v npm >/dev/null 2>&1 && \
+	   node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)' 2>/dev/null; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Node.js and npm for the model check"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q nodejs npm >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q nodejs npm >/dev/null; }; \
+	  else echo "the model check needs Node.js >= 18 and npm: sudo apt-get install nodejs npm" >&2; exit 1; fi; }
+
+MODEL_STAMP := tests/model/node_modules/.installed-stamp
+
+# Quint at the version the lockfile pins; installed again when either file changes.
+$(MODEL_STAMP): tests/model/package.json tests/model/package-lock.json | node
+	cd tests/model && npm ci --no-audit --no-fund --loglevel=error
+	@touch $(MODEL_STAMP)
+
+model: node $(MODEL_STAMP) ## check the liveness model (tests/model/liveness.qnt) with Quint (a minute or two)
+	tests/model/check.sh
+
 lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff check src tests benchmarks docs/examples migrations
 	$(BIN)/ruff format --check src tests benchmarks docs/examples migrations
@@ -106,4 +128,4 @@ screenshots: $(STAMP) chromium ## retake docs/dashboard/*.png (4 minutes of real
 	$(BIN)/python -m tests.dashboard.screenshots $(SCREENSHOT_DSN) docs/dashboard
 
 clean: ## remove the virtual environment and embedded server data
-	rm -rf $(VENV) .venv-3.* .pgq-embedded
+	rm -rf $(VENV) .venv-3.* .pgq-embedded tests/model/node_modules tests/model/out

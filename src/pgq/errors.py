@@ -77,10 +77,26 @@ class SchemaMismatch(DatabaseError):
     alembic environment migrates them."""
 
     def __init__(
-        self, found: str | None, needed: str, *, shared: bool = False, newer: bool = False
+        self,
+        found: str | None,
+        needed: str,
+        *,
+        shared: bool = False,
+        newer: bool = False,
+        min_code: str | None = None,
     ) -> None:
         shown = found if found is not None else "none (pgq tables not found)"
-        if newer:
+        head = f"schema at revision {shown}, this pgq needs {needed}"
+        if newer and min_code is not None:
+            head = (
+                f"schema at revision {shown}, which serves pgq code from revision {min_code} "
+                f"on, and this pgq is at {needed}"
+            )
+            fix = (
+                f"run a pgq release that ships revision {min_code} or later (upgrade pgq "
+                "here); `pgq migrate` cannot undo a revision it does not have"
+            )
+        elif newer:
             fix = (
                 "this pgq does not know that revision, so a newer pgq (or another tool) "
                 "migrated the database: run the pgq release that ships it (upgrade pgq "
@@ -93,7 +109,8 @@ class SchemaMismatch(DatabaseError):
             )
         else:
             fix = "run `pgq migrate`"
-        super().__init__(f"schema at revision {shown}, this pgq needs {needed}: {fix}")
+        super().__init__(f"{head}: {fix}")
         self.found = found
         self.needed = needed
         self.shared = shared
+        self.min_code = min_code

@@ -15,7 +15,9 @@ from pgq._store.revision import (
     OLD_REVISION_IDS,
     SCHEMA_REVISION,
     VERSION_TABLE,
+    Revision,
     is_unknown,
+    require_current,
     schema_revision,
 )
 from pgq.errors import ConfigError, SchemaMismatch
@@ -58,39 +60,49 @@ def _config(dsn: str | None, output: io.StringIO | None = None) -> Any:
     return cfg
 
 
-def upgrade(dsn: str | None, revision: str = "head") -> None:
-    """Migrate the database at ``dsn`` to ``revision``, with pgq's own version table.
-    Blocking: call it outside an event loop, or use :func:`upgrade_async`. Raises
+def upgrade(dsn: str | None, revision: str = "head") -> str:
+    """Migrate the database at ``dsn`` to ``revision``, with pgq's own version table;
+    returns the revision the database is at. A schema at a newer release's revision that
+    still serves this pgq (a rolling upgrade whose new code migrated first) is left as it
+    is. Blocking: call it outside an event loop, or use :func:`upgrade_async`. Raises
     :class:`~pgq.ConfigError` when the project's own alembic environment runs pgq's
-    revisions (the advice says what to run instead)."""
+    revisions, :class:`~pgq.SchemaMismatch` at a newer revision that no longer serves this
+    pgq (the advice says what to run instead)."""
     from alembic import command
 
-    anyio.run(_check_ready, dsn)
+    found = anyio.run(_check_ready, dsn)
+    if found.revision is not None and is_unknown(found):
+        return found.revision
     command.upgrade(_config(dsn), revision)
+    return head_revision() if revision == "head" else revision
 
 
 def downgrade(dsn: str | None, revision: str = "base") -> None:
-    """Undo pgq's migrations down to ``revision`` (``base`` drops every pgq table)."""
+    """Undo pgq's migrations down to ``revision`` (``base`` drops every pgq table and
+    every job in them: how to remove pgq on purpose)."""
     from alembic import command
 
-    anyio.run(_check_ready, dsn)
+    _refuse_newer(anyio.run(_check_ready, dsn))
     command.downgrade(_config(dsn), revision)
 
 
 async def downgrade_async(dsn: str | None, revision: str = "base") -> None:
     """:func:`downgrade` from async code (runs alembic in a thread)."""
-    await _check_ready(dsn)
+    _refuse_newer(await _check_ready(dsn))
     from alembic import command
 
     await anyio.to_thread.run_sync(lambda: command.downgrade(_config(dsn), revision))
 
 
-async def upgrade_async(dsn: str | None, revision: str = "head") -> None:
+async def upgrade_async(dsn: str | None, revision: str = "head") -> str:
     """:func:`upgrade` from async code (runs alembic in a thread)."""
-    await _check_ready(dsn)
+    found = await _check_ready(dsn)
+    if found.revision is not None and is_unknown(found):
+        return found.revision
     from alembic import command
 
     await anyio.to_thread.run_sync(lambda: command.upgrade(_config(dsn), revision))
+    return head_revision() if revision == "head" else revision
 
 
 def upgrade_on(connection: Connection, revision: str = "head") -> None:
@@ -179,7 +191,7 @@ def head_revision() -> str:
     return head
 
 
-async def _check_ready(dsn: str | None) -> None:
+async def _check_ready(dsn: str | None) -> Revision:
     # alembic's own connection errors arrive as long SQLAlchemy tracebacks: fail first,
     # with pgq's one-line message. And a database whose pgq schema the project's own alembic
     # environment manages must not get a second copy from pgq's (type already exists).
@@ -190,7 +202,7 @@ async def _check_ready(dsn: str | None) -> None:
     finally:
         await conn.close()
     if is_unknown(found):
-        raise SchemaMismatch(found.revision, SCHEMA_REVISION, shared=found.shared, newer=True)
+        require_current(found)  # a newer schema that no longer serves this pgq
     if found.shared:
         first = (
             "first rename pgq's old revision ids there with `pgq migrate --rename-shared-ids`, "
@@ -202,4 +214,14 @@ async def _check_ready(dsn: str | None) -> None:
             f"pgq's revisions are recorded in your project's alembic_version (at "
             f"{found.revision}): your alembic environment migrates pgq; {first}run "
             "`alembic upgrade heads` in your project (or `alembic upgrade pgq@head`)"
+        )
+    return found
+
+
+def _refuse_newer(found: Revision) -> None:
+    # A downgrade starts from the database's revision: one this pgq does not have is not
+    # its to undo, compatible or not.
+    if is_unknown(found):
+        raise SchemaMismatch(
+            found.revision, SCHEMA_REVISION, shared=found.shared, newer=True, min_code=None
         )

@@ -346,6 +346,18 @@ rate_log = Table(
     Index("pgq_rate_log_key_idx", "queue", "limit_key", "started_at"),
 )
 
+# The oldest code revision this schema still serves (docs/migrations.md, "Rolling
+# upgrades"): one row, set by the revision that brought the rule (pgq_0008) and raised only
+# by a breaking revision. Code at or above it runs on the schema even at a revision it does
+# not know (a newer, additive one); older code refuses it.
+schema_compat = Table(
+    "pgq_schema_compat",
+    metadata,
+    Column("one_row", Boolean, primary_key=True, server_default=text("true")),
+    Column("min_code_revision", Text, nullable=False),
+    CheckConstraint("one_row", name="one_row"),
+)
+
 __all__ = (
     "SCHEMA_REVISION",
     "STATES",
@@ -356,4 +368,5 @@ __all__ = (
     "periodic",
     "producers",
     "queues",
+    "schema_compat",
 )

@@ -557,7 +557,10 @@ async def test_unmigrated_database_is_named_with_the_fix(empty_dsn: str) -> None
 
 async def test_older_schema_revision_is_named(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
-    await conn.execute("UPDATE pgq_alembic_version SET version_num = '0000'")
+    # As before pgq_0008, when a schema recorded no oldest code revision it serves.
+    await conn.execute(
+        "UPDATE pgq_alembic_version SET version_num = '0000'; DROP TABLE pgq_schema_compat"
+    )
     await conn.close()
     with pytest.raises(
         pgq.SchemaMismatch, match=f"schema at revision 0000, this pgq needs {SCHEMA_REVISION}"
@@ -584,9 +587,12 @@ async def test_a_newer_pgq_revision_asks_for_a_newer_pgq_not_a_migration(dsn: st
     from pgq import migrate
 
     conn = await asyncpg.connect(dsn)
-    await conn.execute("UPDATE pgq_alembic_version SET version_num = 'pgq_9999'")
+    await conn.execute(
+        "UPDATE pgq_alembic_version SET version_num = 'pgq_9999';"
+        "UPDATE pgq_schema_compat SET min_code_revision = 'pgq_9999'"  # no longer serves us
+    )
     await conn.close()
-    advice = "run the pgq release that ships it"
+    advice = "run a pgq release that ships revision pgq_9999 or later"
     with pytest.raises(pgq.SchemaMismatch, match="schema at revision pgq_9999") as info:
         async with pgq.Client(dsn):
             pass

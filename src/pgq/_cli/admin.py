@@ -45,9 +45,12 @@ def migrate(args: argparse.Namespace) -> int:
                 "`alembic upgrade heads` in your project"
             ),
         )
-    migrations.upgrade(resolve_dsn(args.dsn))
+    at = migrations.upgrade(resolve_dsn(args.dsn))
     head = migrations.head_revision()
-    return emit(args, {"revision": head}, lambda: f"pgq schema at revision {head}")
+    newer = (
+        "" if at == head else f" (a newer pgq's, which serves this pgq at {head}: left as it is)"
+    )
+    return emit(args, {"revision": at}, lambda: f"pgq schema at revision {at}{newer}")
 
 
 async def enqueue(args: argparse.Namespace) -> int:

@@ -1,4 +1,6 @@
-"""The schema revision this code runs on, and the check that the database is at it.
+"""The schema revision this code runs on, and the check that the database serves it: at
+that revision, or at a newer one whose oldest served code revision is at or below it (the
+rolling-upgrade rule, docs/migrations.md).
 
 Kept apart from the schema itself so that SQLAlchemy (needed only for migrations and for
 ``connection=`` with a SQLAlchemy session) stays out of the client's and worker's import.
@@ -6,14 +8,14 @@ Kept apart from the schema itself so that SQLAlchemy (needed only for migrations
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pgq._store import sql
 from pgq._store.connections import Db
 from pgq.errors import SchemaMismatch
 
 #: The alembic revision this code runs on; a test checks it is the migrations' head.
-SCHEMA_REVISION = "pgq_0007"
+SCHEMA_REVISION = "pgq_0008"
 
 #: Revisions any pgq release has shipped, oldest first; used to read a shared version table.
 KNOWN_REVISIONS = (
@@ -24,6 +26,7 @@ KNOWN_REVISIONS = (
     "pgq_0005",
     "pgq_0006",
     "pgq_0007",
+    "pgq_0008",
 )
 
 #: The ids the first revisions had before they were prefixed (they collided with projects
@@ -38,12 +41,15 @@ VERSION_TABLE = "pgq_alembic_version"
 @dataclass(frozen=True, slots=True)
 class Revision:
     """Where a database's pgq schema stands: its revision (None when pgq was never
-    migrated there), and whether it is recorded in the project's own alembic version table
-    (pgq's revisions run from the project's alembic environment) rather than pgq's."""
+    migrated there), whether it is recorded in the project's own alembic version table
+    (pgq's revisions run from the project's alembic environment) rather than pgq's, and,
+    read only when this code does not know the revision, the oldest code revision the
+    schema still serves (``min_code``; None when the schema does not record one)."""
 
     revision: str | None
     shared: bool = False
     old_ids: bool = False
+    min_code: str | None = None
 
 
 async def schema_revision(db: Db) -> Revision:
@@ -56,7 +62,10 @@ async def schema_revision(db: Db) -> Revision:
         if tables["shared"] and not own
         else []
     )
-    return read_revision(own, shared, bool(tables["has_jobs"]))
+    found = read_revision(own, shared, bool(tables["has_jobs"]))
+    if is_unknown(found) and await db.fetchval(sql.SCHEMA_COMPAT_EXISTS):
+        found = replace(found, min_code=await db.fetchval(sql.MIN_CODE_REVISION))
+    return found
 
 
 #: The ids of pgq's revisions to look for in a project's own version table.
@@ -83,12 +92,31 @@ def read_revision(own: list[str], shared: list[str], has_jobs: bool) -> Revision
 
 
 def require_current(found: Revision) -> None:
-    """Raise :class:`~pgq.SchemaMismatch` unless ``found`` is :data:`SCHEMA_REVISION` (an old
-    id of it counts: it is the same schema)."""
-    if found.revision != SCHEMA_REVISION:
-        raise SchemaMismatch(
-            found.revision, SCHEMA_REVISION, shared=found.shared, newer=is_unknown(found)
-        )
+    """Raise :class:`~pgq.SchemaMismatch` unless code at :data:`SCHEMA_REVISION` runs on
+    ``found``: at that revision (an old id of it counts: it is the same schema), or at a
+    newer one that still serves it (:func:`serves_this_code`). An older schema is refused
+    with the advice to migrate; a newer one that no longer serves this code, with the advice
+    to run a newer pgq."""
+    if found.revision == SCHEMA_REVISION or serves_this_code(found):
+        return
+    raise SchemaMismatch(
+        found.revision,
+        SCHEMA_REVISION,
+        shared=found.shared,
+        newer=is_unknown(found),
+        min_code=found.min_code,
+    )
+
+
+def serves_this_code(found: Revision) -> bool:
+    """Whether a schema at a revision this code does not know (a newer release's) still
+    serves it: the oldest code revision the schema records is one this code knows, at or
+    below its own. A minimum this code does not know is newer than it."""
+    return (
+        is_unknown(found)
+        and found.min_code in KNOWN_REVISIONS
+        and KNOWN_REVISIONS.index(found.min_code) <= KNOWN_REVISIONS.index(SCHEMA_REVISION)
+    )
 
 
 def is_unknown(found: Revision) -> bool:

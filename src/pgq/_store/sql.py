@@ -1759,3 +1759,11 @@ FROM pgq_jobs j LEFT JOIN pgq_producers p ON p.id = j.producer_id
 WHERE j.state = 'running'
 GROUP BY j.producer_id, p.id
 """
+
+# --------------------------------------------------------------------------- rolling upgrades
+
+# The oldest code revision the schema still serves (pgq_schema_compat, from pgq_0008 on),
+# read only when the schema is at a revision this code does not know; no parameters, so the
+# alembic glue runs them through SQLAlchemy as they are.
+SCHEMA_COMPAT_EXISTS: Final = "SELECT to_regclass('pgq_schema_compat') IS NOT NULL AS present"
+MIN_CODE_REVISION: Final = "SELECT min_code_revision FROM pgq_schema_compat"

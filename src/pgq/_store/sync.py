@@ -4,6 +4,7 @@ together by the same functions as the async path."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -23,7 +24,7 @@ from pgq._store.jobs import (
     group_after,
     insert_statement,
 )
-from pgq._store.revision import SHARED_IDS, read_revision, require_current
+from pgq._store.revision import SHARED_IDS, is_unknown, read_revision, require_current
 from pgq.errors import ConfigError
 from pgq.job import Job
 
@@ -52,7 +53,12 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
             if tables["shared"] and not own
             else []
         )
-    require_current(read_revision(own, shared, bool(tables["has_jobs"])))
+        found = read_revision(own, shared, bool(tables["has_jobs"]))
+        compat = cur.execute(sql.SCHEMA_COMPAT_EXISTS).fetchone() if is_unknown(found) else None
+        if compat and compat["present"]:
+            row = cur.execute(sql.MIN_CODE_REVISION).fetchone()
+            found = replace(found, min_code=row["min_code_revision"] if row else None)
+    require_current(found)
 
 
 def insert(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:

@@ -3,9 +3,12 @@ project's own alembic environment (:func:`upgrade_on`)."""
 
 from __future__ import annotations
 
+import functools
 import io
+import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
@@ -17,12 +20,15 @@ from pgq._store.revision import (
     VERSION_TABLE,
     Revision,
     is_unknown,
+    read_revision,
     require_current,
     schema_revision,
 )
 from pgq.errors import ConfigError, SchemaMismatch
 
 if TYPE_CHECKING:
+    from alembic.runtime.environment import EnvironmentContext
+    from alembic.runtime.migration import MigrationContext
     from sqlalchemy.engine import Connection
 
 __all__ = (
@@ -105,35 +111,200 @@ async def upgrade_async(dsn: str | None, revision: str = "head") -> str:
     return head_revision() if revision == "head" else revision
 
 
-def upgrade_on(connection: Connection, revision: str = "head") -> None:
-    """Apply pgq's migrations on ``connection`` (a SQLAlchemy Connection), from inside your
-    own alembic ``env.py``, before your migrations run: pgq's tables then come with your
-    ``alembic upgrade head``, recorded in pgq's own version table, and pgq's revisions stay
-    out of your script directory (your ``alembic revision`` never sees them). See
-    docs/migrations.md."""
+def upgrade_on(connection: Connection | None, revision: str = "head") -> None:
+    """Apply pgq's migrations from inside your own alembic ``env.py``, before yours: pgq's
+    tables then come with your ``alembic upgrade head``, recorded in pgq's own version
+    table, and pgq's revisions stay out of your script directory. Called from an alembic
+    command, it does what that command means for pgq (docs/migrations.md):
+
+    - ``alembic upgrade``: pgq's revisions first, on ``connection`` (a SQLAlchemy
+      Connection); with ``--sql`` (offline mode) call it with ``None``: pgq's DDL is written
+      where alembic writes yours, ahead of it;
+    - ``alembic downgrade`` past pgq's base (``base``): refused with a
+      :class:`~pgq.ConfigError` that says how to keep pgq (``-x pgq=keep``) or remove it on
+      purpose (``-x pgq=remove``); a downgrade that keeps a revision of yours leaves pgq alone;
+    - any other command (``revision --autogenerate``, ``check``, ``current``, ``stamp``):
+      nothing, so generating a revision writes nothing to the database.
+
+    Called outside alembic, it upgrades. A schema at a newer pgq's revision that still serves
+    this pgq is left as it is (:class:`~pgq.SchemaMismatch` when it does not)."""
+    env = _running_environment()
+    command = _command(env)
+    if env is not None and command == "downgrade":
+        _on_downgrade(env, connection)
+    elif command == "upgrade":
+        _run_pgq(connection, env, revision, downgrade=False)
+
+
+def _running_environment() -> EnvironmentContext | None:
+    """The alembic environment whose env.py is running, if any."""
+    from alembic import context
+
+    return getattr(context, "_proxy", None)
+
+
+def _command(env: EnvironmentContext | None) -> str:
+    """'upgrade' or 'downgrade' for the alembic commands that migrate, 'other' for the rest
+    (revision, check, current, stamp...); 'upgrade' outside alembic."""
+    if env is None:
+        return "upgrade"
+    # alembic hands env.py the step its command takes; upgrade's and downgrade's bear the
+    # command's name (alembic.command), every other command's does not.
+    name = getattr(env.context_opts.get("fn"), "__name__", "")
+    return name if name in ("upgrade", "downgrade") else "other"
+
+
+def _run_pgq(
+    connection: Connection | None,
+    env: EnvironmentContext | None,
+    revision: str,
+    *,
+    downgrade: bool,
+) -> None:
+    """Run pgq's revisions up (or down) to ``revision`` on ``connection``, or, in alembic's
+    offline mode, write their SQL where alembic writes the project's."""
     from alembic.operations import Operations
-    from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
     from sqlalchemy import text
 
     from pgq.schema import metadata
 
     script = ScriptDirectory(str(migrations_dir()))
-    context = MigrationContext.configure(
-        connection,
-        opts={
-            "version_table": VERSION_TABLE,
-            "target_metadata": metadata,
-            "script": script,
-            "fn": lambda rev, _context: script._upgrade_revs(revision, rev),
-        },
-    )
+    steps = script._downgrade_revs if downgrade else script._upgrade_revs
+    opts: dict[str, Any] = {
+        "version_table": VERSION_TABLE,
+        "target_metadata": metadata,
+        "script": script,
+        "fn": lambda rev, _context: steps(revision, rev),
+    }
+    offline = env is not None and env.is_offline_mode()
+    if offline:
+        assert env is not None
+        if downgrade:
+            opts["starting_rev"] = SCHEMA_REVISION
+        elif env.context_opts.get("starting_rev") is not None:
+            # The range is the project's: where pgq's schema stands then is unknown here.
+            _output(env).write(
+                "-- pgq's DDL is left out: a starting revision was given, and pgq's revisions "
+                "keep their own. `pgq migrate --sql` prints it.\n\n"
+            )
+            return
+        context = _migration_context(None, {**opts, "as_sql": True, "output_buffer": _output(env)})
+    elif connection is None:
+        raise ConfigError(
+            "pgq.migrate.upgrade_on needs the connection your env.py migrates with (only "
+            "offline mode, alembic --sql, takes None)"
+        )
+    else:
+        context = _migration_context(connection, opts)
     # alembic.op points at this context while pgq's revisions run, and at nothing after:
     # the caller's own context installs it again for its migrations.
     with Operations.context(context), context.begin_transaction():
-        connection.execute(text(sql.MIGRATION_LOCK))
-        rename_old_ids(connection)
+        if connection is not None:
+            connection.execute(text(sql.MIGRATION_LOCK))
+            rename_old_ids(connection)
+            found = _revision_on(connection)
+            if is_unknown(found):  # a newer pgq's: left as it is if it serves this pgq
+                if downgrade:
+                    _refuse_newer(found)
+                require_current(found)
+                return
         context.run_migrations()
+
+
+def _migration_context(connection: Connection | None, opts: dict[str, Any]) -> MigrationContext:
+    from alembic.runtime.migration import MigrationContext
+
+    if connection is not None:
+        return MigrationContext.configure(connection, opts=opts)
+    return MigrationContext.configure(
+        dialect_name="postgresql",
+        dialect_opts={"paramstyle": "named"},
+        opts={**opts, "literal_binds": True},
+    )
+
+
+def _output(env: EnvironmentContext) -> TextIO:
+    """Where alembic writes the project's SQL in offline mode."""
+    configured = env.context_opts.get("output_buffer") or env.config.output_buffer
+    return configured if configured is not None else sys.stdout
+
+
+def _revision_on(connection: Connection) -> Revision:
+    """Where pgq's schema stands, as recorded in pgq's own version table."""
+    from sqlalchemy import text
+
+    own: list[str] = []
+    if connection.execute(text(sql.OWN_VERSION_TABLE_EXISTS)).scalar():
+        own = [str(r[0]) for r in connection.execute(text(sql.PGQ_VERSION))]
+    found = read_revision(own, [], has_jobs=False)
+    if is_unknown(found) and connection.execute(text(sql.SCHEMA_COMPAT_EXISTS)).scalar():
+        found = replace(found, min_code=connection.execute(text(sql.MIN_CODE_REVISION)).scalar())
+    return found
+
+
+#: What ``-x pgq=...`` may say when a downgrade goes past pgq's base.
+KEEP, REMOVE = "keep", "remove"
+
+
+def _on_downgrade(env: EnvironmentContext, connection: Connection | None) -> None:
+    """A downgrade of the project's revisions leaves pgq's alone, unless it goes past pgq's
+    base: then pgq's tables, and the jobs in them, are dropped only when asked."""
+    if not _reaches_base(env, connection):
+        return
+    choice = env.get_x_argument(as_dictionary=True).get("pgq")
+    if choice == KEEP:
+        return
+    if choice == REMOVE:
+        _run_pgq(connection, env, "base", downgrade=True)
+        return
+    raise _refused()(
+        "this downgrade goes below pgq's tables (pgq_jobs and the rest, created by alembic "
+        "upgrade before your first revision), and pgq never drops them and their jobs as a "
+        "side effect. To downgrade your own revisions and keep pgq: `alembic -x pgq=keep "
+        "downgrade base`. To remove pgq on purpose, jobs and all: `alembic -x pgq=remove "
+        "downgrade base`"
+    )
+
+
+def _reaches_base(env: EnvironmentContext, connection: Connection | None) -> bool:
+    """Whether the project's downgrade leaves none of its revisions applied."""
+    destination = env.context_opts.get("destination_rev")
+    if destination == "base":
+        return True
+    if connection is None:  # offline: the range names its end; only base is below pgq
+        return False
+    from alembic.runtime.migration import MigrationContext
+
+    # The project's current heads, read with alembic's own reader, outside any transaction
+    # of the caller's (its env.py begins its own next).
+    outer = connection.in_transaction()
+    heads = MigrationContext.configure(
+        connection,
+        opts={
+            "version_table": env.context_opts.get("version_table", "alembic_version"),
+            "version_table_schema": env.context_opts.get("version_table_schema"),
+        },
+    ).get_current_heads()
+    if not outer and connection.in_transaction():
+        connection.rollback()
+    applied = {s.revision for s in env.script.iterate_revisions(heads, None)}
+    removed = {step.revision.revision for step in env.context_opts["fn"](heads, None)}
+    return bool(applied) and applied <= removed
+
+
+@functools.cache
+def _refused() -> type[ConfigError]:
+    """pgq's refusal, also an alembic CommandError: alembic's command line prints that as
+    one line (``FAILED: ...``), anything else as a traceback. Made on first use, as alembic
+    is imported only where it runs."""
+    from alembic.util import CommandError
+
+    return type(
+        "MigrationRefused",
+        (ConfigError, CommandError),
+        {"__module__": __name__, "__doc__": "A migration pgq does not do as a side effect."},
+    )
 
 
 def rename_old_ids(connection: Connection, *, shared: bool = False) -> int:

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from pgq._dsn import sqlalchemy_url
-from pgq._store.revision import SCHEMA_REVISION, check_schema
+from pgq._store.revision import KNOWN_REVISIONS, SCHEMA_REVISION, check_schema
 
 # One process builds the wheel and its venv for the whole module (pytest-xdist's loadgroup).
 pytestmark = [
@@ -171,3 +171,112 @@ async def test_a_project_runs_pgq_migrations_from_its_alembic_env(
     )
     (generated,) = (project / "alembic" / "versions").glob("*_nothing.py")
     assert "pgq_" not in generated.read_text(), auto.stdout
+
+
+async def alembic_cli(bin_: Path, project: Path, *args: str) -> tuple[int, str, str]:
+    """``alembic ARGS`` in ``project``, without raising on a failure."""
+    out = await anyio.run_process([str(bin_ / "alembic"), *args], cwd=project, check=False)
+    return out.returncode, out.stdout.decode(), out.stderr.decode()
+
+
+async def pgq_relations(dsn: str) -> list[str]:
+    """pgq's tables and types in the database (its version table aside)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT relname AS name FROM pg_class WHERE relname LIKE 'pgq\\_%' "
+            "AND relname NOT LIKE 'pgq_alembic_version%' "
+            "UNION SELECT typname FROM pg_type WHERE typname = 'pgq_job_state' ORDER BY 1"
+        )
+        return [r["name"] for r in rows]
+    finally:
+        await conn.close()
+
+
+async def test_the_documented_env_py_does_what_each_alembic_command_means(
+    tmp_path: Path, empty_dsn: str, installed: Path
+) -> None:
+    """docs/migrations.md's env.py (docs/examples/alembic/env.py) in a project of its own:
+    autogenerate writes nothing, offline mode prints pgq's DDL ahead of the project's, and
+    a downgrade below pgq's tables is refused unless asked to keep or remove pgq."""
+    bin_ = installed
+    project = tmp_path / "project"
+    project.mkdir()
+    await anyio.run_process(
+        [str(bin_ / "alembic"), "init", "--template", "async", "alembic"], cwd=project
+    )
+    env = (ROOT / "docs" / "examples" / "alembic" / "env.py").read_text()
+    assert "target_metadata = MetaData()\n" in env
+    (project / "alembic" / "env.py").write_text(
+        env.replace(
+            "target_metadata = MetaData()\n",
+            "target_metadata = MetaData()\nimport sqlalchemy as sa\n"
+            "sa.Table('users', target_metadata, sa.Column('id', sa.Integer, primary_key=True))\n",
+        )
+    )
+    ini = project / "alembic.ini"
+    ini.write_text(
+        ini.read_text().replace("driver://user:pass@localhost/dbname", sqlalchemy_url(empty_dsn))
+    )
+
+    # Generating a revision compares, and writes nothing of pgq's.
+    code, _, err = await alembic_cli(bin_, project, "revision", "--autogenerate", "-m", "users")
+    assert code == 0, err
+    (revision,) = (project / "alembic" / "versions").glob("*_users.py")
+    generated = revision.read_text()
+    assert "op.create_table('users'" in generated and "pgq_" not in generated
+    assert await pgq_relations(empty_dsn) == []
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        # alembic's own doing, pgq or not: an empty version table of the project's.
+        tables = await conn.fetch(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace"
+        )
+        assert [t["relname"] for t in tables] == ["alembic_version"]
+        assert await conn.fetchval("SELECT count(*) FROM alembic_version") == 0
+        await conn.execute("DROP TABLE alembic_version")  # a fresh database, for the script
+    finally:
+        await conn.close()
+
+    # Offline mode: pgq's DDL, every revision in order, then the project's.
+    code, script, err = await alembic_cli(bin_, project, "upgrade", "head", "--sql")
+    assert code == 0, err
+    steps = [script.index("-- Running upgrade  -> pgq_0001")]
+    steps += [script.index(f"-> {r}\n") for r in KNOWN_REVISIONS[1:]]
+    assert steps == sorted(steps)
+    assert steps[-1] < script.index("CREATE TABLE users")
+    assert await pgq_relations(empty_dsn) == []  # printed, not run
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        await conn.execute(script)  # as a DBA would apply it
+        await check_schema(conn)
+        assert await conn.fetchval("SELECT to_regclass('users') IS NOT NULL")
+    finally:
+        await conn.close()
+    code, _, err = await alembic_cli(bin_, project, "upgrade", "head")
+    assert code == 0 and "Running upgrade" not in err, err  # the script did it all
+
+    # A downgrade below pgq's tables is refused, with the ways to keep or remove pgq.
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        await conn.execute("INSERT INTO pgq_jobs (task) VALUES ('kept')")
+    finally:
+        await conn.close()
+    code, out, err = await alembic_cli(bin_, project, "downgrade", "base")
+    said = out + err
+    assert code != 0 and "Traceback" not in said
+    assert "FAILED: this downgrade goes below pgq's tables" in said
+    assert "`alembic -x pgq=keep downgrade base`" in said
+    assert "`alembic -x pgq=remove downgrade base`" in said
+    assert "pgq_jobs" in await pgq_relations(empty_dsn)
+    code, _, err = await alembic_cli(bin_, project, "-x", "pgq=keep", "downgrade", "base")
+    assert code == 0, err
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        assert await conn.fetchval("SELECT to_regclass('users') IS NULL")
+        assert await conn.fetchval("SELECT task FROM pgq_jobs") == "kept"
+    finally:
+        await conn.close()
+    code, _, err = await alembic_cli(bin_, project, "-x", "pgq=remove", "downgrade", "base")
+    assert code == 0, err
+    assert await pgq_relations(empty_dsn) == []

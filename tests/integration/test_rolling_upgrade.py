@@ -142,3 +142,27 @@ async def test_an_older_schema_is_refused_until_migrated(dsn: str) -> None:
         await client.enqueue("work", {"n": 1}, queue="q")
     await burst(app, dsn)
     assert done == [1]
+
+
+async def test_upgrade_on_leaves_a_newer_schema_that_serves_this_release(
+    dsn: str, conn: asyncpg.Connection
+) -> None:
+    """A project's env.py of the older release (pgq.migrate.upgrade_on) after the newer
+    release migrated: nothing to do while the schema serves it, the advice once it does
+    not."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from pgq._dsn import sqlalchemy_url
+
+    await anyio.to_thread.run_sync(apply_future, dsn)
+    engine = create_async_engine(sqlalchemy_url(dsn))
+    try:
+        async with engine.connect() as connection:
+            await connection.run_sync(migrate.upgrade_on)
+        assert await conn.fetchval("SELECT version_num FROM pgq_alembic_version") == "pgq_9999"
+        await conn.execute("UPDATE pgq_schema_compat SET min_code_revision = 'pgq_9999'")
+        async with engine.connect() as connection:
+            with pytest.raises(pgq.SchemaMismatch, match="ships revision pgq_9999 or later"):
+                await connection.run_sync(migrate.upgrade_on)
+    finally:
+        await engine.dispose()

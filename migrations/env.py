@@ -39,6 +39,7 @@ def _configure(**kwargs: object) -> None:
         version_table=VERSION_TABLE,
         compare_type=True,
         compare_server_default=True,
+        pgq_removal_asked=True,  # pgq's own environment: a downgrade here is on purpose
         **kwargs,  # type: ignore[arg-type]
     )
 

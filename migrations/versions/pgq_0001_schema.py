@@ -13,6 +13,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from pgq.migrate import require_removal_asked
+
 revision: str = "pgq_0001"
 down_revision: str | None = None
 # The label lets a project run pgq's revisions inside its own alembic environment.
@@ -187,6 +189,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Below this revision pgq is gone, jobs and all: only when asked, never as a side effect
+    # of a project's `alembic downgrade base` (the older setup, docs/migrations.md).
+    require_removal_asked(op.get_context())
     op.drop_table("pgq_queues")
     op.drop_table("pgq_producers")
     op.drop_table("pgq_leader")

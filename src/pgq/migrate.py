@@ -176,6 +176,7 @@ def _run_pgq(
         "target_metadata": metadata,
         "script": script,
         "fn": lambda rev, _context: steps(revision, rev),
+        REMOVAL_ASKED: downgrade,  # only ever called to go down when asked (-x pgq=remove)
     }
     offline = env is not None and env.is_offline_mode()
     if offline:
@@ -265,6 +266,28 @@ def _on_downgrade(env: EnvironmentContext, connection: Connection | None) -> Non
         "downgrade base`. To remove pgq on purpose, jobs and all: `alembic -x pgq=remove "
         "downgrade base`"
     )
+
+
+def require_removal_asked(context: MigrationContext) -> None:
+    """Raise unless the migration that undoes pgq's first revision (dropping its tables and
+    every job in them) was asked for: from pgq's own environment (`pgq migrate`'s,
+    :func:`downgrade`), from :func:`upgrade_on` told ``-x pgq=remove``, or, where a project's
+    alembic runs pgq's revisions (the older setup), with ``-x pgq=remove``."""
+    if context.opts.get(REMOVAL_ASKED):
+        return
+    env = context.environment_context
+    if env is not None and env.get_x_argument(as_dictionary=True).get("pgq") == REMOVE:
+        return
+    raise _refused()(
+        "this downgrade undoes pgq's first revision, dropping pgq's tables (pgq_jobs and the "
+        "rest), and pgq never drops them and their jobs as a side effect. To downgrade your "
+        "own revisions and keep pgq: `alembic downgrade YOURBRANCH@base`. To remove pgq on "
+        "purpose, jobs and all: `alembic -x pgq=remove downgrade base`"
+    )
+
+
+#: The migration context option by which pgq's own environments say a removal is asked for.
+REMOVAL_ASKED = "pgq_removal_asked"
 
 
 def _reaches_base(env: EnvironmentContext, connection: Connection | None) -> bool:

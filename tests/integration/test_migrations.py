@@ -261,3 +261,69 @@ async def test_a_project_whose_alembic_runs_pgq_gets_advice_not_a_traceback(
         assert "rename" not in again.stderr and "alembic upgrade heads" in again.stderr
     finally:
         await conn.close()
+
+
+async def test_a_shared_setups_downgrade_base_keeps_pgq_unless_told_to_remove_it(
+    tmp_path: Path, empty_dsn: str, python: str
+) -> None:
+    """The older setup (pgq's revisions in the project's script directory): `alembic
+    downgrade base` would run pgq's first revision down, dropping its tables and jobs; it is
+    refused, the whole downgrade with it, unless `-x pgq=remove` asks for that."""
+    (tmp_path / "versions").mkdir()
+    (tmp_path / "alembic.ini").write_text(
+        "[alembic]\nscript_location = %(here)s\n"
+        "version_locations = %(here)s/versions pgq:migrations/versions\npath_separator = space\n"
+    )
+    (tmp_path / "env.py").write_text(
+        textwrap.dedent(f"""\
+        import asyncio
+        from alembic import context
+        from sqlalchemy.ext.asyncio import create_async_engine
+
+        def run(conn):
+            context.configure(connection=conn)
+            with context.begin_transaction():
+                context.run_migrations()
+
+        async def main():
+            engine = create_async_engine({sqlalchemy_url(empty_dsn)!r})
+            async with engine.connect() as conn:
+                await conn.run_sync(run)
+            await engine.dispose()
+
+        asyncio.run(main())
+        """)
+    )
+    (tmp_path / "versions" / "a1_users.py").write_text(
+        "import sqlalchemy as sa\nfrom alembic import op\n"
+        "revision = 'a1'\ndown_revision = None\nbranch_labels = ('app',)\ndepends_on = None\n"
+        "def upgrade():\n    op.create_table('users', sa.Column('id', sa.Integer, primary_key=True))\n"
+        "def downgrade():\n    op.drop_table('users')\n"
+    )
+
+    async def alembic(*args: str) -> subprocess.CompletedProcess[str]:
+        out = await anyio.run_process([python, "-m", "alembic", *args], cwd=tmp_path, check=False)
+        return subprocess.CompletedProcess(
+            out.args, out.returncode, out.stdout.decode(), out.stderr.decode()
+        )
+
+    assert (await alembic("upgrade", "heads")).returncode == 0
+    refused = await alembic("downgrade", "base")
+    said = refused.stdout + refused.stderr
+    assert refused.returncode != 0 and "Traceback" not in said
+    assert "FAILED: this downgrade undoes pgq's first revision" in said
+    assert "`alembic -x pgq=remove downgrade base`" in said
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        # Rolled back whole: the project's table too.
+        assert await conn.fetchval("SELECT to_regclass('users') IS NOT NULL")
+        await check_schema(conn)
+        own = await alembic("downgrade", "app@base")
+        assert own.returncode == 0, own.stderr
+        assert await conn.fetchval("SELECT to_regclass('users') IS NULL")
+        await check_schema(conn)
+        removed = await alembic("-x", "pgq=remove", "downgrade", "base")
+        assert removed.returncode == 0, removed.stderr
+        assert await conn.fetchval("SELECT to_regclass('pgq_jobs') IS NULL")
+    finally:
+        await conn.close()

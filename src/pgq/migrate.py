@@ -39,6 +39,7 @@ __all__ = (
     "migrations_dir",
     "rename_old_ids",
     "rename_shared_ids",
+    "require_removal_asked",
     "sql_script",
     "upgrade",
     "upgrade_async",
@@ -111,6 +112,12 @@ async def upgrade_async(dsn: str | None, revision: str = "head") -> str:
     return head_revision() if revision == "head" else revision
 
 
+# What ``-x pgq=...`` may say when a downgrade goes past pgq's base.
+_KEEP, _REMOVE = "keep", "remove"
+# The migration context option by which pgq's own environments say a removal is asked for.
+_REMOVAL_ASKED = "pgq_removal_asked"
+
+
 def upgrade_on(connection: Connection | None, revision: str = "head") -> None:
     """Apply pgq's migrations from inside your own alembic ``env.py``, before yours: pgq's
     tables then come with your ``alembic upgrade head``, recorded in pgq's own version
@@ -176,7 +183,7 @@ def _run_pgq(
         "target_metadata": metadata,
         "script": script,
         "fn": lambda rev, _context: steps(revision, rev),
-        REMOVAL_ASKED: downgrade,  # only ever called to go down when asked (-x pgq=remove)
+        _REMOVAL_ASKED: downgrade,  # only ever called to go down when asked (-x pgq=remove)
     }
     offline = env is not None and env.is_offline_mode()
     if offline:
@@ -244,19 +251,15 @@ def _revision_on(connection: Connection) -> Revision:
     return found
 
 
-#: What ``-x pgq=...`` may say when a downgrade goes past pgq's base.
-KEEP, REMOVE = "keep", "remove"
-
-
 def _on_downgrade(env: EnvironmentContext, connection: Connection | None) -> None:
     """A downgrade of the project's revisions leaves pgq's alone, unless it goes past pgq's
     base: then pgq's tables, and the jobs in them, are dropped only when asked."""
     if not _reaches_base(env, connection):
         return
     choice = env.get_x_argument(as_dictionary=True).get("pgq")
-    if choice == KEEP:
+    if choice == _KEEP:
         return
-    if choice == REMOVE:
+    if choice == _REMOVE:
         _run_pgq(connection, env, "base", downgrade=True)
         return
     raise _refused()(
@@ -273,10 +276,10 @@ def require_removal_asked(context: MigrationContext) -> None:
     every job in them) was asked for: from pgq's own environment (`pgq migrate`'s,
     :func:`downgrade`), from :func:`upgrade_on` told ``-x pgq=remove``, or, where a project's
     alembic runs pgq's revisions (the older setup), with ``-x pgq=remove``."""
-    if context.opts.get(REMOVAL_ASKED):
+    if context.opts.get(_REMOVAL_ASKED):
         return
     env = context.environment_context
-    if env is not None and env.get_x_argument(as_dictionary=True).get("pgq") == REMOVE:
+    if env is not None and env.get_x_argument(as_dictionary=True).get("pgq") == _REMOVE:
         return
     raise _refused()(
         "this downgrade undoes pgq's first revision, dropping pgq's tables (pgq_jobs and the "
@@ -284,10 +287,6 @@ def require_removal_asked(context: MigrationContext) -> None:
         "own revisions and keep pgq: `alembic downgrade YOURBRANCH@base`. To remove pgq on "
         "purpose, jobs and all: `alembic -x pgq=remove downgrade base`"
     )
-
-
-#: The migration context option by which pgq's own environments say a removal is asked for.
-REMOVAL_ASKED = "pgq_removal_asked"
 
 
 def _reaches_base(env: EnvironmentContext, connection: Connection | None) -> bool:

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded test-all lint typecheck check bench soak clean chromium pgbouncer screenshots chaos node model
+.PHONY: help demo test test-embedded test-all lint typecheck check bench soak clean chromium pgbouncer patroni screenshots chaos node model
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -91,6 +91,16 @@ $(MODEL_STAMP): tests/model/package.json tests/model/package-lock.json | node
 model: node $(MODEL_STAMP) ## check the liveness model (tests/model/liveness.qnt) with Quint (a minute or two)
 	tests/model/check.sh
 
+# The high-availability test runs Debian's Patroni and etcd (started by the test, on loopback).
+patroni: ## make sure Patroni and etcd are installed (for the Patroni test in `make chaos`)
+	@{ command -v patroni && command -v patronictl && command -v etcd; } >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing patroni and etcd-server for the high-availability test"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q patroni etcd-server >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q patroni etcd-server >/dev/null; }; \
+	  else echo "the high-availability test needs Patroni and etcd: sudo apt-get install patroni etcd-server" >&2; exit 1; fi; }
+
 lint: $(STAMP) ## ruff and mypy --strict
 	$(BIN)/ruff check src tests benchmarks docs/examples migrations
 	$(BIN)/ruff format --check src tests benchmarks docs/examples migrations
@@ -119,8 +129,9 @@ soak: $(BENCH_STAMP) ## a default `pgq worker` at half the measured maximum rate
 
 CHAOS_SECONDS ?= 90
 
-chaos: $(STAMP) ## the chaos harness on a cluster of its own: every fault, then the checker (CHAOS_SECONDS=90)
+chaos: $(STAMP) patroni ## the chaos harness, every fault, then a Patroni failover and switchover (CHAOS_SECONDS=90)
 	$(BIN)/python -m tests.faults.chaos_run --seconds $(CHAOS_SECONDS) --report chaos-report.json
+	CHAOS_PATRONI_REPORT=$(CURDIR)/chaos-report.json $(BIN)/python -m pytest -s tests/faults/test_patroni.py
 
 SCREENSHOT_DSN ?= postgresql://postgres@127.0.0.1:5432/pgq_screenshots
 

@@ -75,6 +75,10 @@ class Figures:
     lost: int
     outcomes_accepted_twice: int
     effects_applied_twice: int
+    #: Jobs that completed on a later attempt (an attempt cut off by the fault fails and
+    #: is retried), and jobs rescued from a producer judged stale.
+    retried: int
+    rescued: int
     #: Seconds from the kill (or the switchover command) to the new primary accepting writes.
     to_promotion_s: float
     #: Seconds from the new primary accepting writes to the first job completed there.
@@ -297,6 +301,21 @@ async def check(
             " GROUP BY job_id HAVING count(*) > 1) t",
             ids,
         )
+        again = await conn.fetchrow(
+            "SELECT count(*) FILTER (WHERE attempt > 1) AS retried,"
+            " count(*) FILTER (WHERE errors::text LIKE '%rescued%') AS rescued"
+            " FROM pgq_jobs WHERE id = ANY($1)",
+            ids,
+        )
+        assert again is not None
+        # The counts above prove something only if every completion left both its rows.
+        unrecorded = await conn.fetchval(
+            "SELECT count(*) FROM pgq_jobs j WHERE id = ANY($1) AND state = 'completed' AND"
+            " NOT (EXISTS (SELECT 1 FROM outcomes o WHERE o.job_id = j.id)"
+            " AND EXISTS (SELECT 1 FROM effects e WHERE e.job_id = j.id))",
+            ids,
+        )
+        assert unrecorded == 0, f"{unrecorded} completed jobs lack an outcome or effect row"
     finally:
         await conn.close()
     return Figures(
@@ -304,6 +323,8 @@ async def check(
         lost=int(lost),
         outcomes_accepted_twice=int(accepted_twice),
         effects_applied_twice=int(effects_twice),
+        retried=int(again["retried"]),
+        rescued=int(again["rescued"]),
         to_promotion_s=round(writable_at - started, 2),
         writable_to_first_completion_s=round(first - writable_at, 2),
         old_primary=old,

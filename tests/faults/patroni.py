@@ -30,7 +30,7 @@ from tests.faults.workers import ROOT, free_port
 
 SCALING = ROOT / "docs" / "scaling.md"
 
-#: The node names and the hosts in the page's configuration, as the harness renames them.
+#: The nodes' names, as the page names them.
 NODES = ("db1", "db2", "db3")
 
 
@@ -84,14 +84,19 @@ class Node:
     proc: subprocess.Popen[bytes] | None = None
 
     def postmaster_pid(self) -> int | None:
+        """The node's running postmaster (None when none runs: its pid file outlives a
+        kill, and the pid in it may be another process's by now)."""
         with contextlib.suppress(OSError, ValueError, IndexError):
-            return int((self.data / "postmaster.pid").read_text().split()[0])
+            pid = int((self.data / "postmaster.pid").read_text().split()[0])
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if str(self.data).encode() in cmdline:
+                return pid
         return None
 
     def kill9(self) -> None:
         """The node dies: its Patroni and its PostgreSQL (the postmaster and every
         backend: the postmaster's process group) killed at once, nothing shut down."""
-        groups = [self.proc.pid] if self.proc is not None else []
+        groups = [self.proc.pid] if self.proc is not None and self.proc.poll() is None else []
         postmaster = self.postmaster_pid()
         if postmaster is not None:
             # Patroni starts it in a session of its own, led by a launcher that has exited
@@ -115,6 +120,9 @@ class Node:
 
 @dataclass
 class PatroniCluster:
+    """etcd and the Patroni nodes, under ``root``; every node's superuser and replication
+    user have ``password``."""
+
     root: Path
     password: str
     etcd_port: int
@@ -166,7 +174,7 @@ class PatroniCluster:
                 and all(m.get("lag", 0) == 0 for m in running if m["role"] != "leader")
             ):
                 return str(next(m["name"] for m in running if m["role"] == "leader"))
-            self._check_alive()
+            self.check_etcd()
             time.sleep(0.2)  # another process's state, polled on a deadline
         raise RuntimeError(f"the cluster did not become healthy: {self.members()}")
 
@@ -199,7 +207,7 @@ class PatroniCluster:
             if n.log_path.exists()
         )
 
-    def _check_alive(self) -> None:
+    def check_etcd(self) -> None:
         if self.etcd is not None and self.etcd.poll() is not None:
             raise RuntimeError("etcd exited: " + (self.root / "etcd.log").read_text()[-2000:])
 
@@ -297,7 +305,7 @@ def _wait_etcd(cluster: PatroniCluster) -> None:
             with urllib.request.urlopen(url, timeout=2) as reply:
                 if json.loads(reply.read()).get("health") == "true":
                     return
-        cluster._check_alive()
+        cluster.check_etcd()
         time.sleep(0.1)  # another process's state, polled on a deadline
     raise RuntimeError("etcd did not answer within 30 s")
 

@@ -1,6 +1,7 @@
 """A Patroni-managed cluster on loopback: one etcd and three PostgreSQL nodes, each node a
 `patroni` process (Debian's package) with the configuration docs/scaling.md shows, read from
-the page itself; only addresses, ports, paths and secrets are this harness's own. Everything
+the page itself; only addresses, ports, paths, secrets and a small ``shared_buffers`` are
+this harness's own. Everything
 runs as the ``postgres`` user when run as root (Patroni and initdb refuse root), is killed
 at the end, and its files removed.
 """

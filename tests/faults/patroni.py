@@ -1,9 +1,8 @@
 """A Patroni-managed cluster on loopback: one etcd and three PostgreSQL nodes, each node a
 `patroni` process (Debian's package) with the configuration docs/scaling.md shows, read from
 the page itself; only addresses, ports, paths, secrets and a small ``shared_buffers`` are
-this harness's own. Everything
-runs as the ``postgres`` user when run as root (Patroni and initdb refuse root), is killed
-at the end, and its files removed.
+this harness's own. Everything runs as the ``postgres`` user when run as root (Patroni and
+initdb refuse root), is killed at the end, and its files removed.
 """
 
 from __future__ import annotations

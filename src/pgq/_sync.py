@@ -37,6 +37,9 @@ class SyncClient:
     task names and arguments are checked and each task's defaults applied, as
     :class:`~pgq.Client` does. Behind PgBouncer in transaction mode pass
     ``pooler="transaction"`` (or set ``PGQ_POOLER``): psycopg then prepares no statement.
+    psycopg's errors come out as :class:`~pgq.DatabaseError` and its subclasses, as the
+    async client's do; after ``close()`` its calls raise :class:`~pgq.ClientClosed` until
+    it is opened again.
     """
 
     def __init__(

@@ -61,6 +61,11 @@ class Client:
     ``PGQ_POOLER``): no session state, no kept prepared statements; :meth:`wait` then polls,
     or listens through ``listen_dsn`` (``PGQ_LISTEN_DSN``), a DSN that reaches Postgres
     directly. A ``pool=`` you give must then have ``statement_cache_size=0``.
+
+    What the database or asyncpg raises under a method comes out as
+    :class:`~pgq.DatabaseError` or a subclass (``DatabaseUnavailable``,
+    ``TransactionConflict``), asyncpg's exception on ``__cause__``; before ``open()`` (on a
+    pool of its own) and after ``close()`` every method raises :class:`~pgq.ClientClosed`.
     """
 
     def __init__(

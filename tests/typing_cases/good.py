@@ -35,3 +35,12 @@ async def use(client: pgq.Client) -> None:
 def workers(dsn: str) -> None:
     pgq.Worker(app, dsn, stale_after=60, concurrency=4, retention_completed=None, log_jobs=True)
     pgq.Worker(app, dsn, queues={"emails": 2}, settings=pgq.WorkerSettings(), poll_interval=0.5)
+
+
+async def handles(client: pgq.Client) -> None:
+    try:
+        await client.get_job(1)
+    except pgq.TransactionConflict as exc:
+        assert_type(exc.sqlstate, str | None)
+    except pgq.ClientClosed as exc:
+        assert_type(exc, pgq.ClientClosed)

@@ -38,9 +38,25 @@ _ASYNCPG_ERRORS: tuple[type[Exception], ...] = (
 
 
 def _driver_errors() -> tuple[type[Exception], ...]:
-    # psycopg is optional (the sync extra): none of its errors exists before it is imported.
-    psycopg = sys.modules.get("psycopg")
-    return _ASYNCPG_ERRORS if psycopg is None else (*_ASYNCPG_ERRORS, psycopg.Error)
+    # psycopg is optional (the sync extra), and SQLAlchemy (a caller's connection= session,
+    # whose statements raise its DBAPIError) loaded only when used: none of their errors
+    # exists before they are imported.
+    found = _ASYNCPG_ERRORS
+    if (psycopg := sys.modules.get("psycopg")) is not None:
+        found = (*found, psycopg.Error)
+    if (sqlalchemy_exc := sys.modules.get("sqlalchemy.exc")) is not None:
+        found = (*found, sqlalchemy_exc.DBAPIError)
+    return found
+
+
+def _underlying(exc: BaseException) -> BaseException:
+    """The driver's exception behind ``exc``: SQLAlchemy's DBAPIError holds its DBAPI's on
+    ``orig``, which its asyncpg dialect raises from asyncpg's own."""
+    orig = getattr(exc, "orig", None)
+    if not isinstance(orig, BaseException) or isinstance(exc, _ASYNCPG_ERRORS):
+        return exc
+    cause = orig.__cause__
+    return cause if isinstance(cause, _driver_errors()) else orig
 
 
 def _unavailable(exc: BaseException) -> bool:
@@ -55,6 +71,7 @@ def _unavailable(exc: BaseException) -> bool:
 def database_error(exc: BaseException, dsn: str | None = None) -> DatabaseError:
     """pgq's error for ``exc``, a driver's (or the socket's): a conflict, the database
     unavailable, or a refusal; its message without the DSN's password."""
+    exc = _underlying(exc)
     sqlstate = getattr(exc, "sqlstate", None)
     sqlstate = sqlstate if isinstance(sqlstate, str) and sqlstate else None
     reason = scrub(str(exc).strip() or type(exc).__name__, dsn)

@@ -76,3 +76,16 @@ def test_the_new_errors_keep_the_old_catches_working() -> None:
     for name in pgq.errors.__all__:
         assert issubclass(getattr(pgq, name), pgq.PgqError), name
         assert name in pgq.errors.__doc__, f"{name} is not in the tree of errors.py"
+
+
+def test_sqlalchemys_error_for_a_callers_session_is_read_for_the_drivers() -> None:
+    from sqlalchemy.exc import DBAPIError
+
+    shutdown = asyncpg.AdminShutdownError("terminating connection")
+    adapted = RuntimeError("the dialect's adapted error")
+    adapted.__cause__ = shutdown
+    with pytest.raises(pgq.DatabaseUnavailable) as info, database_errors(DSN):
+        raise DBAPIError("SELECT 1", None, adapted)
+    assert info.value.sqlstate == "57P01"
+    cause = info.value.__cause__
+    assert isinstance(cause, DBAPIError) and cause.orig is adapted

@@ -16,12 +16,14 @@ from pgq.app import App, Backoff, JobSpec, Task
 from pgq.client import Client, QueueInfo, QueueLimits, QueueStats
 from pgq.errors import (
     AttemptSuperseded,
+    ClientClosed,
     ConfigError,
     DatabaseError,
     DatabaseUnavailable,
     PgqError,
     SchemaMismatch,
     SerializationError,
+    TransactionConflict,
     UnknownTaskError,
 )
 from pgq.job import Cancel, Discard, Job, JobContext, JobState, Retry, Snooze
@@ -35,6 +37,7 @@ __all__ = (
     "Backoff",
     "Cancel",
     "Client",
+    "ClientClosed",
     "ConfigError",
     "DatabaseError",
     "DatabaseUnavailable",
@@ -54,6 +57,7 @@ __all__ = (
     "Snooze",
     "SyncClient",
     "Task",
+    "TransactionConflict",
     "UnknownTaskError",
     "Worker",
     "WorkerSettings",

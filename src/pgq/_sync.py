@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, overload
 
+from pgq._boundary import database_errors, public_sync
 from pgq._dsn import mask_dsn, scrub
 from pgq._enqueue import _where, prepare
 from pgq._store.connections import Target
@@ -36,6 +37,9 @@ class SyncClient:
     task names and arguments are checked and each task's defaults applied, as
     :class:`~pgq.Client` does. Behind PgBouncer in transaction mode pass
     ``pooler="transaction"`` (or set ``PGQ_POOLER``): psycopg then prepares no statement.
+    psycopg's errors come out as :class:`~pgq.DatabaseError` and its subclasses, as the
+    async client's do; after ``close()`` its calls raise :class:`~pgq.ClientClosed` until
+    it is opened again.
     """
 
     def __init__(
@@ -52,15 +56,19 @@ class SyncClient:
         self._check_schema = check_schema
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def open(self) -> None:
         """Connect (and check the schema revision)."""
-        with self._lock:
+        with self._lock, database_errors(self._dsn):
+            self._closed = False
             self._connect()
 
     def close(self) -> None:
-        """Close this client's own connection."""
+        """Close this client's own connection; its calls then raise
+        :class:`~pgq.ClientClosed` until it is opened again."""
         with self._lock:
+            self._closed = True
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
@@ -128,6 +136,7 @@ class SyncClient:
         **options: Any,
     ) -> Job[R]: ...
 
+    @public_sync
     def enqueue(
         self,
         task: JobSpec[Any] | Task[Any, Any] | str,
@@ -148,6 +157,7 @@ class SyncClient:
         (job,) = self.enqueue_many([spec.with_options(**options)], connection=connection)
         return job
 
+    @public_sync
     def enqueue_chain(
         self, specs: Iterable[JobSpec[Any]], *, connection: SyncConnection | None = None
     ) -> list[Job[Any]]:
@@ -163,6 +173,7 @@ class SyncClient:
             )
             return sync.insert_chain(conn, rows)
 
+    @public_sync
     def enqueue_group(
         self,
         members: Iterable[JobSpec[Any]],
@@ -184,6 +195,7 @@ class SyncClient:
             )
             return sync.insert_group(conn, rows, last)
 
+    @public_sync
     def enqueue_many(
         self, specs: Iterable[JobSpec[Any]], *, connection: SyncConnection | None = None
     ) -> list[Job[Any]]:

@@ -14,6 +14,7 @@ import anyio
 import asyncpg
 
 from pgq import _serde
+from pgq._boundary import CLOSED, database_errors, public
 from pgq._enqueue import Plain, _where, plain_batch, prepare, prepare_plain
 from pgq._store import claims as store_claims
 from pgq._store import jobs as store_jobs
@@ -27,7 +28,7 @@ from pgq._store.revision import check_schema
 from pgq._tracing import require as require_tracing
 from pgq._tracing import send_span, sent
 from pgq.app import App, JobSpec, Task, check_queue_name
-from pgq.errors import ConfigError, SerializationError
+from pgq.errors import ClientClosed, ConfigError, SerializationError
 from pgq.job import MAX_JOB_ID, Job, JobState, R
 from pgq.settings import WorkerSettings
 
@@ -60,6 +61,11 @@ class Client:
     ``PGQ_POOLER``): no session state, no kept prepared statements; :meth:`wait` then polls,
     or listens through ``listen_dsn`` (``PGQ_LISTEN_DSN``), a DSN that reaches Postgres
     directly. A ``pool=`` you give must then have ``statement_cache_size=0``.
+
+    What the database or asyncpg raises under a method comes out as
+    :class:`~pgq.DatabaseError` or a subclass (``DatabaseUnavailable``,
+    ``TransactionConflict``), asyncpg's exception on ``__cause__``; before ``open()`` (on a
+    pool of its own) and after ``close()`` every method raises :class:`~pgq.ClientClosed`.
     """
 
     def __init__(
@@ -89,12 +95,14 @@ class Client:
         """Open the pool (unless one was given) and check the schema revision."""
         self._closed = False
         if self._pool is None:
-            self._pool = await create_pool(
-                self._dsn, min_size=1, max_size=10, **self._target.options("pgq client")
-            )
+            with database_errors(self._dsn):
+                self._pool = await create_pool(
+                    self._dsn, min_size=1, max_size=10, **self._target.options("pgq client")
+                )
         if self._check_schema:
             try:
-                await check_schema(self._pool)
+                with database_errors(self._dsn):
+                    await check_schema(self._pool)
             except BaseException:
                 await self.close()
                 raise
@@ -122,9 +130,11 @@ class Client:
 
     @property
     def pool(self) -> Pool:
-        """The asyncpg pool in use."""
+        """The asyncpg pool in use (:class:`~pgq.ClientClosed` when there is none)."""
         if self._pool is None:
-            raise ConfigError("the client is not open: use `async with pgq.Client(...)`")
+            if self._closed:
+                raise ClientClosed(CLOSED)
+            raise ClientClosed("the client is not open: use `async with pgq.Client(...)`")
         return self._pool
 
     async def _db(self, connection: AnyConnection | None) -> Db:
@@ -179,6 +189,7 @@ class Client:
         connection: AnyConnection | None = None,
     ) -> Job[R]: ...
 
+    @public
     async def enqueue(
         self,
         task: JobSpec[Any] | Task[Any, Any] | str,
@@ -218,6 +229,7 @@ class Client:
         (job,) = await self.enqueue_many([spec.with_options(**options)], connection=connection)
         return job
 
+    @public
     async def enqueue_many(
         self, specs: Iterable[JobSpec[Any]], *, connection: AnyConnection | None = None
     ) -> list[Job[Any]]:
@@ -268,6 +280,7 @@ class Client:
         except asyncpg.ProgramLimitExceededError as exc:
             raise _too_large(rows, exc) from exc
 
+    @public
     async def enqueue_chain(
         self, specs: Iterable[JobSpec[Any]], *, connection: AnyConnection | None = None
     ) -> list[Job[Any]]:
@@ -284,6 +297,7 @@ class Client:
         except asyncpg.ProgramLimitExceededError as exc:
             raise _too_large(rows, exc) from exc
 
+    @public
     async def enqueue_group(
         self,
         members: Iterable[JobSpec[Any]],
@@ -308,6 +322,7 @@ class Client:
 
     # ------------------------------------------------------------------ actions
 
+    @public
     async def cancel(self, job_id: int, *, connection: AnyConnection | None = None) -> Job | None:
         """Cancel a job. Not yet running: it becomes ``cancelled`` at once. Running: its
         worker is told (NOTIFY, or its next poll) and cancels it (an async task is
@@ -316,6 +331,7 @@ class Client:
         await self.cancel_many([_job_id(job_id)], connection=connection)
         return await self.get_job(job_id, connection=connection)
 
+    @public
     async def cancel_many(
         self, job_ids: Iterable[int], *, connection: AnyConnection | None = None
     ) -> dict[int, JobState]:
@@ -323,6 +339,7 @@ class Client:
         stay ``running`` until their worker stops them). Final jobs are left out."""
         return await store_jobs.cancel(await self._db(connection), _job_ids(job_ids))
 
+    @public
     async def retry(
         self, job_ids: Iterable[int], *, connection: AnyConnection | None = None
     ) -> list[int]:
@@ -332,15 +349,18 @@ class Client:
         key); the others are retried."""
         return await store_jobs.retry(await self._db(connection), _job_ids(job_ids))
 
+    @public
     async def pause_queue(self, name: str, *, connection: AnyConnection | None = None) -> None:
         """Stop every worker claiming from queue ``name`` (``"*"``: every queue). Persisted;
         jobs can still be enqueued; running jobs finish."""
         await store_queues.pause(await self._db(connection), _queue_or_star(name))
 
+    @public
     async def resume_queue(self, name: str, *, connection: AnyConnection | None = None) -> None:
         """Undo :meth:`pause_queue` and wake the queue's workers."""
         await store_queues.resume(await self._db(connection), _queue_or_star(name))
 
+    @public
     async def set_queue_limits(
         self,
         name: str,
@@ -369,6 +389,7 @@ class Client:
         limits = QueueLimits(concurrency, count, period, key_concurrency, key_count, key_period)
         await store_queues.set_limits(await self._db(connection), name, limits)
 
+    @public
     async def queue_limits(self, name: str) -> QueueLimits:
         """The limits stored for queue ``name`` (all None: unlimited)."""
         return await store_claims.queue_limits(self.pool, check_queue_name(name))
@@ -381,17 +402,15 @@ class Client:
     @overload
     async def wait(self, job: int, *, timeout: float | None = None) -> Job[Any]: ...  # noqa: ASYNC109
 
+    @public
     async def wait(self, job: Job[Any] | int, *, timeout: float | None = None) -> Job[Any]:  # noqa: ASYNC109
         """Wait until the job (a Job, or its id) is final (completed, discarded, cancelled)
         and return it, with its ``result`` (typed as its task's, given a typed Job) or its
         ``errors``. Driven by LISTEN (behind a transaction pooler without ``listen_dsn``:
         a read every 0.2 s). Raises TimeoutError after ``timeout`` seconds, LookupError for
-        an unknown job, ConfigError when the client is closed (or closes meanwhile)."""
+        an unknown job, :class:`~pgq.ClientClosed` when the client is closed (or closes
+        meanwhile: a wait on a caller's pool takes a LISTEN connection only while open)."""
         job_id = _job_id(job if isinstance(job, int) else job.id)
-        if self._closed:
-            # Else a wait on a caller's pool would take a LISTEN connection that no close()
-            # gives back.
-            raise ConfigError("the client is closed: wait() needs it open (`async with`)")
         if not self._target.can_listen:
             return await self._poll_until_final(job_id, timeout)
         if self._waiters is None:
@@ -419,21 +438,19 @@ class Client:
     @contextlib.contextmanager
     def _closed_during(self) -> Iterator[None]:
         """Inside a wait: what it meets once its client was closed (a pool closing, or
-        gone) is raised as the ConfigError that says so."""
+        gone) is raised as the ClientClosed that says so."""
         try:
             yield
         except Exception as exc:
-            if not self._closed or isinstance(exc, LookupError):
+            if not self._closed or isinstance(exc, LookupError | ClientClosed):
                 raise
-            if isinstance(exc, ConfigError) and str(exc) == CLOSED_DURING_WAIT:
-                raise
-            raise ConfigError(CLOSED_DURING_WAIT) from exc
+            raise ClientClosed(CLOSED_DURING_WAIT) from exc
 
     async def _poll_until_final(self, job_id: int, timeout: float | None) -> Job[Any]:  # noqa: ASYNC109
         with anyio.fail_after(timeout), self._closed_during():
             while True:
                 if self._closed:
-                    raise ConfigError(CLOSED_DURING_WAIT)
+                    raise ClientClosed(CLOSED_DURING_WAIT)
                 now = await self.get_job(job_id)
                 if now is None:
                     raise LookupError(f"no job {job_id}")
@@ -443,10 +460,12 @@ class Client:
 
     # ------------------------------------------------------------------ reads
 
+    @public
     async def get_job(self, job_id: int, *, connection: AnyConnection | None = None) -> Job | None:
         """The job with ``job_id``, or None."""
         return await store_jobs.get(await self._db(connection), _job_id(job_id))
 
+    @public
     async def list_jobs(
         self,
         *,
@@ -473,14 +492,17 @@ class Client:
             limit=limit,
         )
 
+    @public
     async def count_by_state(self, queue: str | None = None) -> dict[JobState, int]:
         """How many jobs are in each state (all queues, or one)."""
         return await store_jobs.count_by_state(self.pool, queue)
 
+    @public
     async def list_queues(self) -> list[QueueInfo]:
         """Every queue known from jobs, producers or pause settings."""
         return await store_queues.list_queues(self.pool)
 
+    @public
     async def stats(self, *, stale_after: float | None = None) -> list[QueueStats]:
         """Per queue: counts by state, oldest available job's age, last minute's throughput,
         and the jobs no live worker of the queue serves (``unrunnable``, by task: due for

@@ -4,26 +4,34 @@ The tree::
 
     PgqError
     ├── ConfigError               a setting, a DSN or a name is wrong; fix the call
-    │   └── UnknownTaskError      a task name no App registered
+    │   ├── UnknownTaskError      a task name no App registered
+    │   └── ClientClosed          a client used before open() or after close()
     ├── SerializationError        job arguments (or a result) are not JSON
     ├── AttemptSuperseded         a task settled an attempt that is no longer the job's
-    └── DatabaseError             the database could not do what pgq asked
-        ├── DatabaseUnavailable   the server does not answer, or refuses us
+    └── DatabaseError             the database refused what pgq asked (``sqlstate`` says why)
+        ├── DatabaseUnavailable   the server does not answer, refuses us or cut us off:
+        │                         the same call may succeed later
+        ├── TransactionConflict   a deadlock or serialization failure: run the transaction
+        │                         again
         └── SchemaMismatch        the pgq tables are missing or at another revision
 
-The driver's exception, when there is one, stays on ``__cause__``.
+The public calls (:class:`~pgq.Client`, :class:`~pgq.SyncClient`, ``JobContext.complete``
+and its siblings) raise only these for what the database or its driver says: the
+driver's exception stays on ``__cause__``.
 """
 
 from __future__ import annotations
 
 __all__ = (
     "AttemptSuperseded",
+    "ClientClosed",
     "ConfigError",
     "DatabaseError",
     "DatabaseUnavailable",
     "PgqError",
     "SchemaMismatch",
     "SerializationError",
+    "TransactionConflict",
     "UnknownTaskError",
 )
 
@@ -38,6 +46,12 @@ class ConfigError(PgqError, ValueError):
 
 class UnknownTaskError(ConfigError, LookupError):
     """A task name that the App in use has not registered."""
+
+
+class ClientClosed(ConfigError):
+    """A client used while it is not open: before ``open()`` (or ``async with``) when it
+    opens its own pool, after ``close()``, or closed while the call was under way. Open it
+    again (``open()``) to go on. A :class:`ConfigError`, as it always was."""
 
 
 class SerializationError(PgqError, TypeError):
@@ -64,11 +78,29 @@ class AttemptSuperseded(PgqError):
 
 
 class DatabaseError(PgqError):
-    """The database failed to do what pgq asked."""
+    """The database failed to do what pgq asked: raised as such, the server refused the
+    statement (a constraint or trigger of yours, a permission, a limit); the subclasses
+    name the conditions worth handling. ``sqlstate`` is the server's five-character code
+    (``"23505"``), None when the server gave none; the driver's exception is on
+    ``__cause__``."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
 
 
 class DatabaseUnavailable(DatabaseError, ConnectionError):
-    """The server does not answer, or refuses the connection."""
+    """The server does not answer, refuses the connection, or cannot serve now: the
+    connection was lost mid-call, the server is shutting down, is a standby (a failover
+    under way), ran out of connections or resources, or cancelled the statement. The same
+    call may succeed later. A write whose connection was lost while it committed may have
+    landed."""
+
+
+class TransactionConflict(DatabaseError):
+    """The server rolled the transaction back for a conflict with another (a deadlock, or
+    a serialization failure under ``REPEATABLE READ`` / ``SERIALIZABLE``; SQLSTATE class
+    40). Nothing of it was written: run the whole transaction again."""
 
 
 class SchemaMismatch(DatabaseError):

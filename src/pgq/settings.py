@@ -11,7 +11,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypedDict
 
 from pgq.errors import ConfigError
 
@@ -200,6 +200,38 @@ class WorkerSettings:
         if var in environ:
             return _parse(var, environ[var], f.default, f.metadata["optional"])
         return f.default
+
+
+class WorkerOverrides(TypedDict, total=False):
+    """The keywords of :class:`pgq.Worker` that override a setting: one per field of
+    :class:`WorkerSettings`, of the field's type; a keyword left out falls back to
+    ``settings=``, then its ``PGQ_*`` variable, then its default. (A test holds these and
+    the fields equal, name for name and type for type.)"""
+
+    concurrency: int
+    poll_interval: float
+    poll_only: bool
+    claim_ahead: int
+    shutdown_timeout: float
+    max_threads: int
+    schedule_interval: float
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    max_heartbeat_failures: int
+    stale_after: float
+    rescue_interval: float
+    rescue_grace: float
+    leader_ttl: float
+    retention_completed: float | None
+    retention_cancelled: float | None
+    retention_discarded: float | None
+    retention_interval: float
+    reap_after: float
+    log_jobs: bool
+    metrics: bool
+    queue_metrics: bool
+    async_commit: bool
+    tracing: bool
 
 
 def env_name(setting: str) -> str:

@@ -149,8 +149,9 @@ async def test_a_bulk_enqueue_the_server_refuses_writes_nothing_and_wakes_no_one
         )
         specs = [pgq.JobSpec("t", {"i": i}, queue="refused") for i in range(100)]
         specs[50] = pgq.JobSpec("boom", queue="refused")
-        with pytest.raises(asyncpg.RaiseError, match="no boom jobs"):
+        with pytest.raises(pgq.DatabaseError, match="no boom jobs") as info:
             await client.enqueue_many(specs)
+        assert isinstance(info.value.__cause__, asyncpg.RaiseError)
         assert sum((await client.count_by_state()).values()) == 0
         jobs = await client.enqueue_many([pgq.JobSpec("t", queue="after")] * 2)
         assert [j.state for j in jobs] == [pgq.JobState.AVAILABLE] * 2

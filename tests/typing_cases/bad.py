@@ -18,3 +18,8 @@ async def use(client: pgq.Client) -> None:
     job = await client.enqueue(send_welcome.spec(to="a@b.c"))
     done = await client.wait(job)
     done.result.upper()  # BAD: the result is None
+
+
+def run(dsn: str) -> None:
+    pgq.Worker(app, dsn, stale_afer=5)  # BAD: a misspelt setting
+    pgq.Worker(app, dsn, concurrency="4")  # BAD: a setting of the wrong type

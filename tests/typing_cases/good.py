@@ -30,3 +30,17 @@ async def use(client: pgq.Client) -> None:
     await client.enqueue_many([send_welcome.spec(to="a@b.c"), report.spec(day="monday")])
     by_name = await client.enqueue("send_welcome", {"to": "cy@example.com"})
     assert_type(by_name, pgq.Job)
+
+
+def workers(dsn: str) -> None:
+    pgq.Worker(app, dsn, stale_after=60, concurrency=4, retention_completed=None, log_jobs=True)
+    pgq.Worker(app, dsn, queues={"emails": 2}, settings=pgq.WorkerSettings(), poll_interval=0.5)
+
+
+async def handles(client: pgq.Client) -> None:
+    try:
+        await client.get_job(1)
+    except pgq.TransactionConflict as exc:
+        assert_type(exc.sqlstate, str | None)
+    except pgq.ClientClosed as exc:
+        assert_type(exc, pgq.ClientClosed)

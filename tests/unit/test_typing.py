@@ -30,3 +30,5 @@ def test_wrong_arguments_and_results_fail_type_checking() -> None:
     assert errors == expected, out
     assert 'Unexpected keyword argument "signupid"' in out
     assert 'incompatible type "int"; expected "str"' in out
+    assert 'Unexpected keyword argument "stale_afer" for "Worker"' in out
+    assert 'Argument "concurrency" to "Worker" has incompatible type "str"; expected "int"' in out

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import anyio
 
@@ -74,7 +75,7 @@ def parse_queues(values: Sequence[str], default: int | None) -> dict[str, int] |
 def run(args: argparse.Namespace) -> int:
     """Run the worker until a signal (or, with --burst, until nothing is left)."""
     app = load_app(args.app)
-    overrides = {
+    overrides: dict[str, Any] = {
         # "none"/"forever" of an optional setting; infinity given to another is refused
         name: None if value == FOREVER and optional_setting(name) else value
         for name in setting_help()

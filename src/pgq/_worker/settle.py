@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from pgq._boundary import database_errors
 from pgq._store import jobs as store_jobs
 from pgq._store import settle as store
 from pgq._store.connections import Pool, caller_connection
@@ -45,15 +46,17 @@ class Settler:
         return _raised(job, self._task, Cancel(details.get("reason", "cancelled by the task")))
 
     async def settle(self, ctx: JobContext, connection: Any, kind: str, **details: Any) -> None:
-        """Write the outcome in ``connection``'s transaction, or raise AttemptSuperseded."""
+        """Write the outcome in ``connection``'s transaction, or raise AttemptSuperseded;
+        the driver's errors come out as pgq's (a public call's, for the task)."""
         outcome = self.outcome(ctx, kind, **details)
         settle_token = uuid.uuid4()
-        conn = await caller_connection(connection)
-        state = await store.settle(
-            conn, outcome.job_id, outcome.token, settle_token, outcome.state,
-            delay_s=outcome.delay_s, error=outcome.error, result=outcome.result,
-            attempt_delta=outcome.attempt_delta,
-        )  # fmt: skip
+        with database_errors():
+            conn = await caller_connection(connection)
+            state = await store.settle(
+                conn, outcome.job_id, outcome.token, settle_token, outcome.state,
+                delay_s=outcome.delay_s, error=outcome.error, result=outcome.result,
+                attempt_delta=outcome.attempt_delta,
+            )  # fmt: skip
         self._settled(ctx, settle_token, state)
 
     def settle_sync(self, ctx: JobContext, connection: Any, kind: str, **details: Any) -> None:
@@ -62,11 +65,12 @@ class Settler:
 
         outcome = self.outcome(ctx, kind, **details)
         settle_token = uuid.uuid4()
-        state = store.settle_sync(
-            caller_connection_sync(connection), outcome.job_id, outcome.token, settle_token,
-            outcome.state, delay_s=outcome.delay_s, error=outcome.error,
-            result=outcome.result, attempt_delta=outcome.attempt_delta,
-        )  # fmt: skip
+        with database_errors():
+            state = store.settle_sync(
+                caller_connection_sync(connection), outcome.job_id, outcome.token,
+                settle_token, outcome.state, delay_s=outcome.delay_s, error=outcome.error,
+                result=outcome.result, attempt_delta=outcome.attempt_delta,
+            )  # fmt: skip
         self._settled(ctx, settle_token, state)
 
     @staticmethod

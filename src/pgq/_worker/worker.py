@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, Unpack
 
 import anyio
 import anyio.abc
@@ -55,7 +55,7 @@ from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq._worker.successor import Successor
 from pgq.app import App, check_queue_name
 from pgq.errors import ConfigError
-from pgq.settings import MAX_SETTING, WorkerSettings
+from pgq.settings import MAX_SETTING, WorkerOverrides, WorkerSettings
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -137,8 +137,9 @@ class Worker:
 
     ``queues`` maps queue names to their concurrency, or lists names (each gets
     ``concurrency``); by default every queue the App's tasks use. ``settings`` is a
-    :class:`~pgq.WorkerSettings`; every other keyword is one of its fields and overrides it,
-    and a setting given neither way falls back to its ``PGQ_*`` variable, then its default.
+    :class:`~pgq.WorkerSettings`; every other keyword is one of its fields and overrides it
+    (typed as the field is: :class:`pgq.settings.WorkerOverrides`), and a setting given
+    neither way falls back to its ``PGQ_*`` variable, then its default.
 
     ``health_port`` serves ``GET /healthz`` on ``health_host`` (loopback by default) for
     liveness probes; ``name`` defaults to ``PGQ_WORKER_NAME``, else ``host:pid``. A name
@@ -163,7 +164,7 @@ class Worker:
         metrics_registry: CollectorRegistry | None = None,
         pooler: str | None = None,
         listen_dsn: str | None = None,
-        **overrides: Any,
+        **overrides: Unpack[WorkerOverrides],
     ) -> None:
         self.app = app
         self.settings = WorkerSettings.resolve(overrides, base=settings)

@@ -105,28 +105,44 @@ async def test_a_leader_with_shorter_bounds_never_rescues_a_healthy_peer_with_lo
     await assert_exactly_once(db, ids)
 
 
-async def test_a_dead_peer_with_shorter_bounds_is_rescued_after_its_own_stale_after(
-    dsn: str, db: Conn, workers: list[WorkerProcess], tmp_path: Path
-) -> None:
-    lead = side_worker("lead", dsn, tmp_path, LONG_BOUNDS)
+async def kill_a_peer_holding_two_jobs(
+    dsn: str,
+    db: Conn,
+    workers: list[WorkerProcess],
+    tmp_path: Path,
+    lead_settings: dict[str, float],
+    peer: tuple[str, dict[str, float]],
+) -> list[int]:
+    """A leader serving only ``side``, and a peer (name, settings) holding two jobs that
+    never end on it, killed with -9; returns the jobs' ids."""
+    lead = side_worker("lead", dsn, tmp_path, lead_settings)
     workers.append(lead)
     lead.start()
     await leads(db, "lead")
-    peer = WorkerProcess("short", dsn, tmp_path, SHORT_BOUNDS, concurrency=2)
-    workers.append(peer)
-    peer.start()
-    await wait_registered(db, "short")
+    name, settings = peer
+    victim = WorkerProcess(name, dsn, tmp_path, settings, concurrency=2)
+    workers.append(victim)
+    victim.start()
+    await wait_registered(db, name)
     async with pgq.Client(dsn) as client:
         jobs = await client.enqueue_many(
-            [pgq.JobSpec("effect", {"seconds": 1.0, "hold_on": "short"}) for _ in range(2)]
+            [pgq.JobSpec("effect", {"seconds": 1.0, "hold_on": name}) for _ in range(2)]
         )
     ids = [j.id for j in jobs]
 
     async def holds_both() -> bool:
-        return await running_under(db, "short") == 2
+        return await running_under(db, name) == 2
 
     await until(holds_both, limit_s=30)
-    peer.kill9()
+    victim.kill9()
+    return ids
+
+
+async def test_a_dead_peer_with_shorter_bounds_is_rescued_after_its_own_stale_after(
+    dsn: str, db: Conn, workers: list[WorkerProcess], tmp_path: Path
+) -> None:
+    peer = ("short", SHORT_BOUNDS)
+    ids = await kill_a_peer_holding_two_jobs(dsn, db, workers, tmp_path, LONG_BOUNDS, peer)
     # Its own stale_after (3 s) and a rescue round (1 s), far from the leader's 12 s.
     await until(lambda: both_rescued(db, ids), limit_s=9)
     for entry in await rescues(db, ids):
@@ -140,25 +156,8 @@ async def test_a_dead_peer_with_shorter_bounds_is_rescued_after_its_own_stale_af
 async def test_a_killed_peer_with_longer_bounds_keeps_its_jobs_until_its_own_stale_after(
     dsn: str, db: Conn, workers: list[WorkerProcess], tmp_path: Path
 ) -> None:
-    lead = side_worker("lead", dsn, tmp_path, SHORT_BOUNDS)
-    workers.append(lead)
-    lead.start()
-    await leads(db, "lead")
-    peer = WorkerProcess("long", dsn, tmp_path, LONG_BOUNDS, concurrency=2)
-    workers.append(peer)
-    peer.start()
-    await wait_registered(db, "long")
-    async with pgq.Client(dsn) as client:
-        jobs = await client.enqueue_many(
-            [pgq.JobSpec("effect", {"seconds": 1.0, "hold_on": "long"}) for _ in range(2)]
-        )
-    ids = [j.id for j in jobs]
-
-    async def holds_both() -> bool:
-        return await running_under(db, "long") == 2
-
-    await until(holds_both, limit_s=30)
-    peer.kill9()
+    peer = ("long", LONG_BOUNDS)
+    ids = await kill_a_peer_holding_two_jobs(dsn, db, workers, tmp_path, SHORT_BOUNDS, peer)
     await until(lambda: both_rescued(db, ids), limit_s=40)
     for entry in await rescues(db, ids):
         assert entry["reason"] == "producer stale"

@@ -27,7 +27,7 @@ from pgq._worker.executor import (
     runner,
     stopped_before_start,
 )
-from pgq._worker.liveness import ProducerHealth, clock
+from pgq._worker.liveness import ProducerHealth, ProducerIdentity, clock
 from pgq._worker.outcome import Outcome
 from pgq._worker.resources import ResourceFailures
 from pgq._worker.settle import Settler
@@ -103,13 +103,14 @@ class Producer:
         claim_ahead: int = -1,
         async_commit: bool = False,
     ) -> None:
-        #: The producer's row id. Liveness alone changes it (re-registration).
-        self.id = uuid.uuid4()
+        #: Its ids: liveness alone changes them (re-registration).
+        self.identity = ProducerIdentity()
         self.queue = queue
         self.concurrency = concurrency
         self._worker_name, self._async_commit = worker_name, async_commit
-        self.health = ProducerHealth(queue, fence_after_s)
-        self.health.on_healthy, self.health.on_fenced = self.wake, self._hand_back_waiting
+        self.health = ProducerHealth(
+            queue, fence_after_s, on_healthy=self.wake, on_fenced=self._hand_back_waiting
+        )
         # At most `concurrency` jobs execute at once; claimed jobs beyond them wait here.
         self._gate = Slots(concurrency)
         self._half_slots = max(1, (concurrency + 1) // 2)
@@ -154,14 +155,8 @@ class Producer:
         self._limits_read_at, self._limits_changes = 0.0, 0
         # Set while the queue's limits hold claims back: look again soon, not after a poll.
         self._held_back = False
-        #: True while a claim is in flight, and the id it was sent under (``id`` may change).
+        #: True while a claim is in flight.
         self.fetching = False
-        self.claiming_as: uuid.UUID | None = None
-        #: Ids before re-registration whose jobs liveness may still have to adopt, and the
-        #: new id of a re-registration not yet seen to land (a try that timed out may have
-        #: committed, its jobs moved under it; the next try reuses it).
-        self.former_ids: list[uuid.UUID] = []
-        self.reregistering_as: uuid.UUID | None = None
         # Counters, reported in each heartbeat and in Worker.stats().
         self.claims_sent = self.fetches = self.claimed = 0
         self.completed = self.failed = self.rejected_outcomes = 0
@@ -242,10 +237,15 @@ class Producer:
 
     # ------------------------------------------------------------------ liveness
 
+    @property
+    def id(self) -> uuid.UUID:
+        """The producer's row id now (re-registration changes it)."""
+        return self.identity.id
+
     def beat(self) -> Beat:
         """This producer's heartbeat row as of now."""
         return Beat(
-            self.id,
+            self.identity.id,
             len(self.running),
             self.health.healthy,
             self.claimed,
@@ -255,10 +255,8 @@ class Producer:
         )
 
     def ids(self) -> list[uuid.UUID]:
-        """Every id the database may hold jobs of this producer's under: its own, its former
-        ids, and the new id of a re-registration still pending."""
-        pending = self.reregistering_as
-        return [self.id, *self.former_ids, *([pending] if pending is not None else [])]
+        """Every id the database may hold jobs of this producer's under."""
+        return self.identity.ids()
 
     def running_ids(self) -> list[int]:
         """The ids of the jobs running now."""
@@ -348,14 +346,14 @@ class Producer:
             # Shielded: a claim cut off between the server's commit and our reading of the
             # rows would leave jobs running that nobody runs (until rescued).
             started = monotonic()
-            self.claiming_as = producer_id = self.id
+            producer_id = self.identity.claim_sent()
             self.claims_sent += 1
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
                 jobs = await self._claim(limit, producer_id)
             self._claim_s = _average(self._claim_s, monotonic() - started)
         finally:
             self.fetching = False
-            self.claiming_as = None
+            self.identity.claim_ended()
         self.fetches += 1
         self.claimed += len(jobs)
         return jobs
@@ -573,7 +571,7 @@ class Producer:
     def stats(self) -> dict[str, Any]:
         """A snapshot for :meth:`pgq.Worker.stats`."""
         return {
-            "producer_id": str(self.id),
+            "producer_id": str(self.identity.id),
             "queue": self.queue,
             "healthy": self.health.healthy,
             "consecutive_failures": self.health.consecutive_failures,

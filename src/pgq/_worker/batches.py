@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from collections.abc import Callable, Mapping
 from time import monotonic
 
@@ -104,7 +105,7 @@ class BatchRunner:
         """How many claimed jobs wait for a slot now."""
         return len(self._waiting)
 
-    def knows(self, job_id: int, token: object) -> bool:
+    def knows(self, job_id: int, token: uuid.UUID | None) -> bool:
         """Whether it runs, or holds for a slot, that attempt (job and token)."""
         execution = self.running.get(job_id)
         return execution is not None and execution.ctx.job.attempt_token == token

@@ -23,7 +23,7 @@ from pgq._store.connections import Target
 from pgq._store.producers import Beat
 from pgq._worker import rescue_reports
 from pgq._worker.leader.rescuer import Rescuer
-from pgq._worker.liveness import Heartbeater, ProducerHealth
+from pgq._worker.liveness import Heartbeater, ProducerHealth, ProducerIdentity
 from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.strays import Strays
 from pgq.errors import ConfigError
@@ -637,18 +637,15 @@ class BeatingStandIn:
     database is real; the worker around it is left out)."""
 
     def __init__(self, producer_id: uuid.UUID, jobs: list[int]) -> None:
-        self.id = producer_id
+        self.identity = ProducerIdentity(producer_id)
         self.queue = "default"
         self.concurrency = 5
         self.health = ProducerHealth("default", 10.0)
-        self.claiming_as: uuid.UUID | None = None
-        self.former_ids: list[uuid.UUID] = []
-        self.reregistering_as: uuid.UUID | None = None
         self.jobs = jobs
         self.lost_jobs: set[int] = set()
 
     def beat(self) -> Beat:
-        return Beat(self.id, len(self.jobs), True, 0, 0, 0, 0)
+        return Beat(self.identity.id, len(self.jobs), True, 0, 0, 0, 0)
 
     def running_ids(self) -> list[int]:
         return list(self.jobs)
@@ -709,8 +706,8 @@ async def test_a_re_registration_that_committed_after_its_heartbeat_gave_up_is_t
         assert await conn.fetchval(owner, job) == tries[0]  # moved by the try that gave up
         assert await beats.beat() is True
     assert tries == [tries[0], tries[0]]  # tried again, under the same new id
-    assert producer.id == tries[0] and producer.lost_jobs == set()
-    assert await conn.fetchval(owner, job) == producer.id
+    assert producer.identity.id == tries[0] and producer.lost_jobs == set()
+    assert await conn.fetchval(owner, job) == producer.identity.id
     assert await conn.fetchval("SELECT count(*) FROM pgq_producers WHERE id = $1", old) == 0
 
 
@@ -778,12 +775,12 @@ async def test_a_second_re_registration_keeps_its_former_ids_rows_and_their_jobs
             await locker.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", held)
             await conn.execute("DELETE FROM pgq_producers WHERE id = $1", first)
             assert await beats.beat() is True
-            second = producer.id
-            assert producer.former_ids == [first]
+            second = producer.identity.id
+            assert producer.identity.former_ids == [first]
             # An operator deletes every row of the worker's, the former id's too.
             await conn.execute("DELETE FROM pgq_producers WHERE worker_name = 'w'")
             assert await beats.beat() is True
-            assert producer.former_ids == [first, second] and producer.lost_jobs == set()
+            assert producer.identity.former_ids == [first, second] and producer.lost_jobs == set()
             rows = "SELECT id FROM pgq_producers WHERE id = ANY($1::uuid[])"
             assert {r["id"] for r in await conn.fetch(rows, [first, second])} == {first, second}
             await lock.rollback()  # the lock goes, the job still runs, under the first id
@@ -792,8 +789,8 @@ async def test_a_second_re_registration_keeps_its_former_ids_rows_and_their_jobs
                 assert (await rescuer.run_once()).rescued == 0
             assert await beats.beat() is True  # adopts it, and lets both ids go
             owner = "SELECT producer_id FROM pgq_jobs WHERE id = $1"
-            assert await conn.fetchval(owner, held) == producer.id
-            assert producer.former_ids == []
+            assert await conn.fetchval(owner, held) == producer.identity.id
+            assert producer.identity.former_ids == []
             assert await conn.fetch(rows, [first, second]) == []
     finally:
         await locker.close()

@@ -637,16 +637,12 @@ async def test_jobs_claimed_ahead_never_run_beyond_concurrency(
 
 
 async def test_the_claim_ahead_is_sized_from_claim_and_job_times() -> None:
-    from pgq._worker.producer import AHEAD_ROUND_TRIPS, MAX_AHEAD
+    from pgq._worker.sizing import AHEAD_ROUND_TRIPS, MAX_AHEAD, AheadSizing
 
     def sized(concurrency: int, claim_s: float, job_s: float, fixed: int = -1) -> int:
-        p = Producer(
-            queue="q", concurrency=concurrency, tasks={}, pool=None,  # type: ignore[arg-type]
-            outcomes=lambda o: None, limiter=anyio.CapacityLimiter(1), poll_interval=1.0,
-            fence_after_s=1.0, claim_ahead=fixed,
-        )  # fmt: skip
-        p._claim_s = claim_s
-        p._learn(job_s)
+        p = AheadSizing(concurrency, claim_ahead=fixed)
+        p.claim_took(claim_s)
+        p.job_took(job_s)
         return p.ahead
 
     assert AHEAD_ROUND_TRIPS == 2.0
@@ -689,9 +685,9 @@ def start_claimed(producer: Producer, job_id: int) -> asyncio.Task[None]:
         attempt_token=uuid.uuid4(),
     )  # fmt: skip
     execution = Execution(job)
-    producer.running[job_id] = execution
-    execution.task = asyncio.get_running_loop().create_task(producer._run_one(execution))
-    return execution.task
+    producer.runner.admit([execution])
+    (task,) = producer.runner.spawn([execution])
+    return task
 
 
 @pytest.mark.parametrize("slot", ["free", "taken"])
@@ -701,14 +697,14 @@ async def test_a_job_cancelled_before_its_task_begins_gets_its_outcome(slot: str
     cancelled, not left running with no outcome, whether a slot is free or it must wait."""
     producer, outcomes, ran = bare_producer()
     if slot == "taken":
-        await producer._gate.acquire()
+        await producer.runner.slots.acquire()
     task = start_claimed(producer, 1)
     assert producer.cancel({1}, CANCEL) == [1]  # before the task's first step
     with anyio.fail_after(10):
         await task
     assert not task.cancelled()
     assert [o.state for o in outcomes] == ["cancelled"]
-    assert ran == [] and producer.running == {} and not producer._waiting
+    assert ran == [] and producer.running == {} and not producer.runner.waiting
 
 
 async def test_a_job_that_comes_to_wait_after_a_stop_began_is_handed_back_at_once() -> None:
@@ -716,14 +712,14 @@ async def test_a_job_that_comes_to_wait_after_a_stop_began_is_handed_back_at_onc
     wait only after it (no job duration learnt yet, so no patience) is handed back too,
     at once, instead of waiting for a slot."""
     producer, outcomes, ran = bare_producer()
-    await producer._gate.acquire()  # the one slot is taken
+    await producer.runner.slots.acquire()  # the one slot is taken
     task = start_claimed(producer, 1)
     producer.stop_fetching()  # before the job's task takes its first step
     with anyio.fail_after(10):
         await task
     assert [(o.state, o.attempt_delta) for o in outcomes] == [("available", -1)]
     assert "its worker is stopping" in (outcomes[0].error or "")
-    assert ran == [] and producer.running == {} and not producer._waiting
+    assert ran == [] and producer.running == {} and not producer.runner.waiting
 
 
 async def test_after_a_hand_back_for_want_of_a_slot_none_are_claimed_ahead_until_a_job_ends() -> (
@@ -731,17 +727,17 @@ async def test_after_a_hand_back_for_want_of_a_slot_none_are_claimed_ahead_until
 ):
     """A fixed claim_ahead too: the producer would otherwise claim the job straight back."""
     producer, outcomes, _ran = bare_producer(claim_ahead=3)
-    producer._learn(0.001)  # short jobs: a job waits MIN_PATIENCE_S for a slot
-    assert producer.ahead == 3
-    await producer._gate.acquire()
+    producer.sizing.job_took(0.001)  # short jobs: a job waits MIN_PATIENCE_S for a slot
+    assert producer.sizing.ahead == 3
+    await producer.runner.slots.acquire()
     task = start_claimed(producer, 1)
     with anyio.fail_after(10):
         await task
     assert [(o.state, o.attempt_delta) for o in outcomes] == [("available", -1)]
     assert "freed in time" in (outcomes[0].error or "")
-    assert producer.ahead == 0
-    producer._learn(0.001)  # a job ended
-    assert producer.ahead == 3
+    assert producer.sizing.ahead == 0
+    producer.sizing.job_took(0.001)  # a job ended
+    assert producer.sizing.ahead == 3
 
 
 def holding_app() -> tuple[pgq.App, list[int], anyio.Event]:

@@ -133,3 +133,95 @@ def test_the_states_have_one_definition() -> None:
     for state in JobState:
         assert f"WHEN '{state.value}' THEN {state.bit}" in UNIQUE_ACTIVE_FUNCTION
     assert {s for s in JobState if s.is_final} == FINAL_STATES
+
+
+#: Worker classes that are records, not parts: the batch runner fills in an Execution's
+#: per-job fields (its task, whether it started, why it ended) as the attempt goes.
+RECORDS = {"Execution"}
+#: The names the worker's modules give a producer and the liveness parts it holds: none of
+#: their fields is assigned from outside, whatever a record may call a field of its own.
+PART_NAMES = ("producer", "identity", "health")
+
+
+def _is_dataclass(node: ast.ClassDef) -> bool:
+    return any(
+        "dataclass" in ast.unparse(d.func if isinstance(d, ast.Call) else d)
+        for d in node.decorator_list
+    )
+
+
+def _worker_fields() -> tuple[set[str], set[str]]:
+    """The fields of the worker's parts (set by ``self.x = ...`` in a class's own methods,
+    or read through a property), and those of its records (dataclasses, RECORDS)."""
+    parts: set[str] = set()
+    records: set[str] = set()
+    for name, path in _modules().items():
+        if not name.startswith("pgq._worker"):
+            continue
+        for cls in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(cls, ast.ClassDef):
+                continue
+            record = cls.name in RECORDS or _is_dataclass(cls)
+            owned = records if record else parts
+            for stmt in cls.body:  # fields declared in the class body (dataclasses)
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    owned.add(stmt.target.id)
+            for node in ast.walk(cls):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.ctx, ast.Store)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "self"
+                ):
+                    owned.add(node.attr)
+                elif isinstance(node, ast.FunctionDef) and any(
+                    isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list
+                ):
+                    owned.add(node.name)
+    return parts, records
+
+
+def _foreign_assignments(source: str, parts: set[str], records: set[str]) -> list[str]:
+    """Assignments in ``source`` to another object's part field: through a chain
+    (``self.health.healthy = ...``), to a producer's or its liveness parts' (``producer.id
+    = ...``), or to a field only parts have."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        for target in targets:
+            for attr in ast.walk(target):
+                if not isinstance(attr, ast.Attribute) or not isinstance(attr.ctx, ast.Store):
+                    continue
+                base = attr.value
+                if isinstance(base, ast.Name) and base.id in ("self", "cls"):
+                    continue  # its own
+                if (
+                    isinstance(base, ast.Attribute)
+                    or (isinstance(base, ast.Name) and base.id.endswith(PART_NAMES))
+                    or (attr.attr in parts and attr.attr not in records)
+                ):
+                    found.append(f"line {node.lineno}: {ast.unparse(attr)}")
+    return found
+
+
+def test_no_part_of_the_worker_assigns_another_parts_fields() -> None:
+    """One part never assigns another's fields: it calls a method the owner exposes
+    (liveness re-registers a producer through its ProducerIdentity, the claim loop asks the
+    batch runner to wait for room)."""
+    parts, records = _worker_fields()
+    # The check catches what it is for.
+    reaching_in = "producer.id = new_id\nself.health.on_fenced = f\np.former_ids = []"
+    assert len(_foreign_assignments(reaching_in, parts, records)) == 3
+    assert _foreign_assignments("execution.reason = FENCED", parts, records) == []
+    offenders = [
+        f"{name} {found}"
+        for name, path in _modules().items()
+        if name.startswith("pgq._worker") or name in ("pgq.testing", "pgq.client")
+        for found in _foreign_assignments(path.read_text(), parts, records)
+    ]
+    assert offenders == []

@@ -43,7 +43,14 @@ else:  # pragma: no cover - not Linux
 class ProducerHealth:
     """One producer's standing: healthy (claims) or fenced (claims nothing)."""
 
-    def __init__(self, queue: str, fence_after_s: float) -> None:
+    def __init__(
+        self,
+        queue: str,
+        fence_after_s: float,
+        *,
+        on_healthy: Callable[[], None] | None = None,
+        on_fenced: Callable[[], None] | None = None,
+    ) -> None:
         self._queue = queue
         self._healthy = anyio.Event()
         self._healthy.set()
@@ -58,10 +65,10 @@ class ProducerHealth:
         #: ``time.time()`` of the last heartbeat that landed; None before the first.
         self.last_ok_at: float | None = None
         #: Called when the producer becomes healthy again (to claim at once).
-        self.on_healthy: Callable[[], None] = lambda: None
+        self._on_healthy = on_healthy or _nothing
         #: Called when the producer fences itself: its jobs may be rescued from then on, so
         #: those it holds unstarted are handed back, never started.
-        self.on_fenced: Callable[[], None] = lambda: None
+        self._on_fenced = on_fenced or _nothing
         #: How many times the producer fenced itself: a claim that spans a fence may bring
         #: back jobs a peer rescued meanwhile.
         self.fences = 0
@@ -121,7 +128,7 @@ class ProducerHealth:
         if not self.healthy:
             self.healthy = True
             self._healthy.set()
-            self.on_healthy()
+            self._on_healthy()
 
     def beat_failed(self, exc: BaseException, max_failures: int, running: int) -> None:
         """A heartbeat failed; the ``max_failures``-th in a row fences the producer."""
@@ -155,22 +162,91 @@ class ProducerHealth:
             self.healthy = False
             self._healthy = anyio.Event()
             self.fences += 1
-            self.on_fenced()
+            self._on_fenced()
+
+
+def _nothing() -> None:
+    pass
+
+
+class ProducerIdentity:
+    """A producer's ids, which the re-registration protocol alone changes: the id it beats
+    and claims under now, its former ids whose jobs may still need adopting, the new id of
+    a re-registration not yet seen to land (a try that timed out may have committed, its
+    jobs moved under it: the next try reuses it), and the id its claim in flight was sent
+    under. Others read them; the protocol's steps are its methods."""
+
+    __slots__ = ("_claiming_as", "_former", "_id", "_pending")
+
+    def __init__(self, producer_id: uuid.UUID | None = None) -> None:
+        self._id = producer_id if producer_id is not None else uuid.uuid4()
+        self._former: list[uuid.UUID] = []
+        self._pending: uuid.UUID | None = None
+        self._claiming_as: uuid.UUID | None = None
+
+    @property
+    def id(self) -> uuid.UUID:
+        """The producer's row id now."""
+        return self._id
+
+    @property
+    def former_ids(self) -> list[uuid.UUID]:
+        """Its ids before re-registration whose jobs may still need adopting (a copy)."""
+        return list(self._former)
+
+    @property
+    def reregistering_as(self) -> uuid.UUID | None:
+        """The new id of a re-registration not yet seen to land (None when none is)."""
+        return self._pending
+
+    @property
+    def claiming_as(self) -> uuid.UUID | None:
+        """The id its claim in flight was sent under (None when no claim is in flight)."""
+        return self._claiming_as
+
+    def ids(self) -> list[uuid.UUID]:
+        """Every id the database may hold jobs of this producer's under: its own, its former
+        ids, and the new id of a re-registration still pending."""
+        pending = self._pending
+        return [self._id, *self._former, *([pending] if pending is not None else [])]
+
+    def claim_sent(self) -> uuid.UUID:
+        """A claim goes out now: under the id it returns, until :meth:`claim_ended`."""
+        self._claiming_as = self._id
+        return self._id
+
+    def claim_ended(self) -> None:
+        """The claim in flight came back (or failed)."""
+        self._claiming_as = None
+
+    def reregister_as(self) -> uuid.UUID:
+        """The new id a re-registration is tried under: made on the first try, the same on
+        every try after it until one is seen to land."""
+        if self._pending is None:
+            self._pending = uuid.uuid4()
+        return self._pending
+
+    def reregistered(self) -> uuid.UUID:
+        """The re-registration landed: its new id is the producer's, and the old one (which
+        it returns) a former id until no job is left under it."""
+        assert self._pending is not None, "no re-registration under way"
+        old, self._id, self._pending = self._id, self._pending, None
+        self._former.append(old)
+        return old
+
+    def released(self, former_ids: Sequence[uuid.UUID]) -> None:
+        """These former ids were let go: no job is left under them, nor can one come."""
+        self._former = [i for i in self._former if i not in former_ids]
 
 
 class Beating(Protocol):
     """What the heartbeat needs of a producer."""
 
-    id: uuid.UUID
     queue: str
     concurrency: int
     health: ProducerHealth
-    #: The id its claim in flight was sent under (None when no claim is in flight).
-    claiming_as: uuid.UUID | None
-    #: Its ids before re-registration whose jobs may still need adopting.
-    former_ids: list[uuid.UUID]
-    #: The new id of its re-registration not yet seen to land (None when none is pending).
-    reregistering_as: uuid.UUID | None
+    #: Its ids, which only this module's protocol changes.
+    identity: ProducerIdentity
 
     def beat(self) -> Beat:
         """This producer's heartbeat row (its id and counters) as of now."""
@@ -242,12 +318,13 @@ class Heartbeater:
                     )
                 alive = await store.heartbeat(self._conn, self._beats())
                 for producer in self._producers:
+                    identity = producer.identity
                     # A re-registration not yet seen to land is tried again even when the
                     # old row is back: the try that timed out may have committed (and made
                     # it again), its jobs then under a new id that only this try can claim.
-                    if producer.id not in alive or producer.reregistering_as is not None:
+                    if identity.id not in alive or identity.reregistering_as is not None:
                         await self._reregister(self._conn, producer)
-                    if producer.former_ids:
+                    if identity.former_ids:
                         await self._adopt(self._conn, producer)
         except Exception as exc:  # whatever stopped it, this heartbeat did not land
             if self._conn is not None:
@@ -260,7 +337,7 @@ class Heartbeater:
         self.beats += 1
         now = time.time()
         for producer in self._producers:
-            producer.health.beat_ok(now, sent_at, alive.get(producer.id, 0.0))
+            producer.health.beat_ok(now, sent_at, alive.get(producer.identity.id, 0.0))
         return True
 
     def _beats(self) -> list[Beat]:
@@ -269,18 +346,17 @@ class Heartbeater:
         beaten by the same statement, they go stale together with the producer's own)."""
         beats = [p.beat() for p in self._producers]
         for p in self._producers:
-            for former in p.former_ids:
+            for former in p.identity.former_ids:
                 beats.append(Beat(former, 0, p.health.healthy, 0, 0, 0, 0))
         return beats
 
     async def _reregister(
         self, conn: asyncpg.Connection[asyncpg.Record], producer: Beating
     ) -> None:
-        old, beat = producer.id, producer.beat()
+        identity = producer.identity
+        old, beat = identity.id, producer.beat()
         # A try that timed out may still commit under its new id: the next one reuses it.
-        if producer.reregistering_as is None:
-            producer.reregistering_as = uuid.uuid4()
-        new_id = producer.reregistering_as
+        new_id = identity.reregister_as()
         new_beat = Beat(
             new_id, beat.running, beat.healthy, beat.claimed, beat.completed, beat.failed,
             beat.rejected_outcomes,
@@ -288,7 +364,7 @@ class Heartbeater:
         running = set(producer.running_ids())
         moved = await store.reregister(
             conn,
-            [old, *producer.former_ids],
+            [old, *identity.former_ids],
             new_beat,
             worker_id=self._worker_id,
             worker_name=self._worker_name,
@@ -301,9 +377,7 @@ class Heartbeater:
         # old id may commit after the statement above, and jobs whose rows were locked were
         # passed over: the old id stays a former one, whose jobs _adopt moves over, until
         # none is left under it and no claim under it can still be in flight.
-        producer.id = new_id
-        producer.former_ids.append(old)
-        producer.reregistering_as = None
+        identity.reregistered()
         kept = set(moved.adopted) | set(moved.passed_over)
         producer.lost(running - kept)
         self.reregistrations += 1
@@ -324,18 +398,19 @@ class Heartbeater:
         former ids are let go, and their rows deleted, once this found none left under
         them, with no claim under one of them in flight: no claim is sent under them any
         more, so none can commit under them later."""
-        former = list(producer.former_ids)
-        in_flight = producer.claiming_as
-        moved = await store.adopt(conn, producer.id, former)
+        identity = producer.identity
+        former = identity.former_ids
+        in_flight = identity.claiming_as
+        moved = await store.adopt(conn, identity.id, former)
         if not moved.passed_over:
             done = [i for i in former if i != in_flight]
             if done:
                 await store.release(conn, done)
-            producer.former_ids = [i for i in producer.former_ids if i not in done]
+                identity.released(done)
         if moved.adopted:
             log.info(
                 "producer %s (queue %s) adopted %d jobs still running under its former ids",
-                producer.id,
+                identity.id,
                 producer.queue,
                 len(moved.adopted),
             )

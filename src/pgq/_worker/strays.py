@@ -82,9 +82,16 @@ class Claimer(Protocol):
     """What the check needs of a producer."""
 
     queue: str
-    #: Claims sent so far, and whether one is in flight now.
-    claims_sent: int
-    fetching: bool
+
+    @property
+    def claims_sent(self) -> int:
+        """Claims sent so far."""
+        ...
+
+    @property
+    def fetching(self) -> bool:
+        """Whether a claim is in flight now."""
+        ...
 
     def knows(self, job_id: int, token: uuid.UUID | None) -> bool:
         """Whether it runs, or holds for a slot, that attempt."""

@@ -1,0 +1,63 @@
+"""One claim of a producer's: the statement its queue's limits call for."""
+
+from __future__ import annotations
+
+import uuid
+
+import anyio
+
+from pgq._store import claims
+from pgq._store.claims import ClaimPlan
+from pgq._store.connections import Pool
+from pgq._worker.limits import LimitsCache
+from pgq.job import Job
+
+
+class Claimer:
+    """Claims up to ``limit`` jobs of the plan's queue and tasks: in one statement on an
+    unlimited queue, under the queue's lock (usage counted) on a limited one."""
+
+    __slots__ = ("_async_commit", "_limits", "_plan", "_pool", "_worker_name")
+
+    def __init__(
+        self,
+        pool: Pool,
+        plan: ClaimPlan,
+        limits: LimitsCache,
+        *,
+        worker_name: str,
+        async_commit: bool,
+    ) -> None:
+        self._pool = pool
+        self._plan = plan
+        self._limits = limits
+        self._worker_name = worker_name
+        self._async_commit = async_commit
+
+    async def claim(self, limit: int, producer_id: uuid.UUID) -> list[Job]:
+        """Claim up to ``limit`` jobs under ``producer_id``, in claim order."""
+        now = anyio.current_time()
+        limits = await self._limits.current(now)
+        if limits.limited:
+            jobs, held_back, under_lock = await claims.claim_limited(
+                self._pool,
+                self._plan,
+                producer_id,
+                self._worker_name,
+                limit,
+                async_commit=self._async_commit,
+            )
+            self._limits.claimed_limited(held_back, under_lock)
+            return jobs
+        self._limits.claiming_unlimited()
+        jobs = await claims.claim(
+            self._pool,
+            self._plan,
+            producer_id,
+            self._worker_name,
+            limit,
+            async_commit=self._async_commit,
+        )
+        if not jobs:
+            self._limits.found_nothing(now)
+        return jobs

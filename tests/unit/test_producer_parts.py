@@ -1,0 +1,378 @@
+"""The producer's parts, each alone (no database): its identity, claim-ahead sizing, the
+queue's limits, the counters, the settle check, batch running and the claim loop. Tests
+wait on the parts' test signals, never on fixed sleeps."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import anyio
+import pytest
+
+import pgq
+from pgq._store.claims import QueueLimits
+from pgq._worker.batches import BatchRunner
+from pgq._worker.claim_loop import ClaimLoop
+from pgq._worker.claimer import Claimer
+from pgq._worker.counters import ProducerCounters
+from pgq._worker.executor import FENCED, Execution
+from pgq._worker.limits import LIMITS_REFRESH_S, LimitsCache
+from pgq._worker.liveness import ProducerHealth, ProducerIdentity
+from pgq._worker.outcome import Outcome
+from pgq._worker.resources import ResourceFailures
+from pgq._worker.settle import Settler
+from pgq._worker.settle_check import SettleCheck
+from pgq._worker.signals import Signal
+from pgq._worker.sizing import MIN_PATIENCE_S, AheadSizing
+from pgq.app import Task
+from pgq.job import Job, JobContext
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def job(job_id: int, task: str = "t") -> Job:
+    return pgq.Job(
+        job_id, "default", task, {}, pgq.JobState.RUNNING, attempt=1, attempt_token=uuid.uuid4()
+    )
+
+
+# --------------------------------------------------------------------------- signals
+
+
+async def test_a_signal_wakes_its_waiter_once_it_fired_often_enough() -> None:
+    signal = Signal()
+    reached = anyio.Event()
+
+    async def wait() -> None:
+        await signal.wait(2)
+        reached.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await anyio.wait_all_tasks_blocked()
+        signal.fire()
+        await anyio.wait_all_tasks_blocked()
+        assert not reached.is_set()
+        signal.fire()
+        with anyio.fail_after(5):
+            await reached.wait()
+    assert signal.count == 2
+    with anyio.fail_after(1):
+        await signal.wait(1)  # already past: at once
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def test_an_identity_re_registers_under_one_new_id_until_it_lands() -> None:
+    old = uuid.uuid4()
+    identity = ProducerIdentity(old)
+    assert identity.ids() == [old] and identity.reregistering_as is None
+    new = identity.reregister_as()
+    assert identity.reregister_as() == new  # a try that timed out: the next reuses it
+    assert identity.ids() == [old, new] and identity.id == old
+    assert identity.reregistered() == old
+    assert identity.id == new and identity.former_ids == [old]
+    assert identity.reregistering_as is None and identity.ids() == [new, old]
+    identity.former_ids.append(uuid.uuid4())  # a copy: the identity is not changed
+    assert identity.former_ids == [old]
+    identity.released([old])
+    assert identity.former_ids == [] and identity.ids() == [new]
+
+
+def test_an_identity_tells_the_id_its_claim_in_flight_went_under() -> None:
+    identity = ProducerIdentity()
+    assert identity.claiming_as is None
+    sent = identity.claim_sent()
+    assert sent == identity.id == identity.claiming_as
+    identity.reregister_as()
+    identity.reregistered()
+    assert identity.claiming_as == sent != identity.id  # still in flight, under the old id
+    identity.claim_ended()
+    assert identity.claiming_as is None
+
+
+# --------------------------------------------------------------------------- sizing
+
+
+def test_claim_ahead_sizing_waits_for_both_averages_and_is_reset_by_a_long_wait() -> None:
+    sizing = AheadSizing(10)
+    assert sizing.ahead == 0 and sizing.patience() is None
+    sizing.job_took(0.010)  # no claim time yet: nothing to size from
+    assert sizing.ahead == 0
+    sizing.claim_took(0.001)
+    sizing.job_took(0.010)
+    assert sizing.ahead == 2
+    assert sizing.patience() == MIN_PATIENCE_S  # four short jobs are less than the least
+    sizing.waited_too_long()
+    assert sizing.ahead == 0 and sizing.patience() is None
+    fixed = AheadSizing(10, claim_ahead=3)
+    assert fixed.ahead == 3
+    fixed.waited_too_long()
+    assert fixed.ahead == 0
+    fixed.job_took(1.0)  # a job ended: back to the fixed number
+    assert fixed.ahead == 3 and fixed.patience() == 4.0
+
+
+# --------------------------------------------------------------------------- limits
+
+
+async def test_the_limits_are_read_once_then_again_after_a_change() -> None:
+    reads: list[QueueLimits] = []
+
+    async def read() -> QueueLimits:
+        reads.append(QueueLimits(concurrency=5))
+        return reads[-1]
+
+    limits = LimitsCache(read)
+    assert not limits.unlimited and not limits.held_back
+    assert (await limits.current(0.0)).limited
+    await limits.current(1.0)
+    assert len(reads) == 1
+    limits.changed()
+    await limits.current(2.0)
+    assert len(reads) == 2
+    limits.claimed_limited(True, QueueLimits(concurrency=5))
+    assert limits.held_back
+    limits.claimed_limited(False, QueueLimits())  # cleared meanwhile, seen under the lock
+    assert limits.unlimited and not limits.held_back
+
+
+async def test_a_read_overtaken_by_a_change_is_used_once_and_not_kept() -> None:
+    limits: LimitsCache
+
+    async def read() -> QueueLimits:
+        limits.changed()  # announced while the read was out
+        return QueueLimits()
+
+    limits = LimitsCache(read)
+    assert not (await limits.current(0.0)).limited
+    assert not limits.unlimited  # not kept: read again before the next claim
+
+
+async def test_an_unlimited_claim_that_finds_nothing_reads_old_limits_again() -> None:
+    async def read() -> QueueLimits:
+        return QueueLimits()
+
+    limits = LimitsCache(read)
+    await limits.current(100.0)
+    limits.claiming_unlimited()
+    limits.found_nothing(100.0 + LIMITS_REFRESH_S / 2)
+    assert limits.unlimited
+    limits.found_nothing(100.0 + LIMITS_REFRESH_S * 2)
+    assert not limits.unlimited
+
+
+# --------------------------------------------------------------------------- counters
+
+
+def test_the_counters_count_outcomes_as_the_database_took_them() -> None:
+    counters = ProducerCounters()
+    counters.claim_sent()
+    counters.claim_returned(3)
+    j = job(1)
+    done = Outcome.of(j, "completed")
+    failed = Outcome.of(j, "retryable", error="e")
+    handed_back = Outcome.of(j, "available", error="e", attempt_delta=-1)
+    counters.counted([done, failed, handed_back], accepted=True)
+    counters.counted([done], accepted=False)
+    counters.settled("completed")
+    counters.settled("discarded")
+    counters.settled("cancelled")
+    assert counters.claims_sent == 1
+    assert counters.stats() == {
+        "fetches": 1, "claimed": 3, "completed": 2, "failed": 2, "rejected_outcomes": 1,
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- settle check
+
+
+class FakeSettler(Settler):
+    """A settler whose check answers ``state``, or raises it."""
+
+    def __init__(self, answer: str | BaseException | None) -> None:
+        super().__init__(None, None)  # type: ignore[arg-type]
+        self.answer = answer
+
+    async def committed(self, ctx: JobContext) -> str | None:
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer
+
+
+async def test_the_settle_check_answers_the_committed_state_or_none() -> None:
+    execution = Execution(job(1))
+    assert await SettleCheck({"t": FakeSettler("completed")}).committed(execution) == "completed"
+    assert await SettleCheck({"t": FakeSettler(None)}).committed(execution) is None
+    unanswered = SettleCheck({"t": FakeSettler(OSError("cut off"))})
+    assert await unanswered.committed(execution) is None  # the worker writes its own
+
+
+# --------------------------------------------------------------------------- batch running
+
+
+class Parts:
+    """A batch runner (and the parts it shares) whose attempts complete unless the test
+    holds them, and whose outcomes go to a list."""
+
+    def __init__(self, concurrency: int = 1, claim_ahead: int = -1) -> None:
+        app = pgq.App()
+
+        @app.task(name="t")
+        async def t(ctx: pgq.JobContext) -> None: ...
+
+        self.tasks: dict[str, Task] = dict(app.tasks)
+        self.outcomes: list[Outcome] = []
+        self.started: list[int] = []
+        self.release = anyio.Event()
+        self.hold = False
+        self.health = ProducerHealth("default", 3600.0, on_fenced=self.fenced)
+        self.sizing = AheadSizing(concurrency, claim_ahead)
+        self.counters = ProducerCounters()
+        self.runner = BatchRunner(
+            concurrency=concurrency,
+            tasks=self.tasks,
+            execute=self.execute,
+            settle=SettleCheck({"t": FakeSettler(None)}),
+            outcomes=self.outcomes.append,
+            limiter=anyio.CapacityLimiter(1),
+            health=self.health,
+            sizing=self.sizing,
+            counters=self.counters,
+            resources=ResourceFailures("default"),
+        )
+
+    async def execute(
+        self, task: Task, execution: Execution, limiter: anyio.CapacityLimiter
+    ) -> Outcome:
+        self.started.append(execution.ctx.job.id)
+        if self.hold:
+            await self.release.wait()
+        return Outcome.of(execution.ctx.job, "completed")
+
+    def fenced(self) -> None:
+        self.runner.cancel_waiting(FENCED)
+
+    def states(self) -> list[tuple[int, str]]:
+        return sorted((o.job_id, o.state) for o in self.outcomes)
+
+
+async def test_a_batch_runs_each_job_into_a_slot_and_says_when_none_runs() -> None:
+    parts = Parts(concurrency=2)
+    async with anyio.create_task_group() as tg:
+        parts.runner.start(tg, [job(1), job(2), job(3)])
+        assert sorted(parts.runner.running) == [1, 2, 3]  # running from the claim
+        with anyio.fail_after(5):
+            await parts.runner.wait_empty()
+    assert parts.states() == [(1, "completed"), (2, "completed"), (3, "completed")]
+    assert parts.runner.running == {} and parts.runner.slots.in_use == 0
+    assert parts.runner.handed_back.count == 0
+
+
+async def test_jobs_waiting_for_a_slot_are_handed_back_when_the_producer_fences_itself() -> None:
+    parts = Parts(concurrency=1, claim_ahead=2)
+    parts.hold = True
+    async with anyio.create_task_group() as tg:
+        parts.runner.start(tg, [job(1), job(2), job(3)])
+        await anyio.wait_all_tasks_blocked()
+        assert parts.started == [1] and parts.runner.waiting == 2
+        for _ in range(3):  # heartbeats fail: the producer fences itself
+            parts.health.beat_failed(OSError("cut off"), 3, 3)
+        with anyio.fail_after(5):
+            await parts.runner.fenced.wait(2)
+        parts.release.set()
+    assert parts.started == [1]
+    assert parts.states() == [(1, "completed"), (2, "available"), (3, "available")]
+    assert parts.runner.handed_back.count == 2
+
+
+async def test_a_stop_hands_back_the_waiting_jobs_and_lets_the_running_one_end() -> None:
+    parts = Parts(concurrency=1, claim_ahead=1)
+    parts.hold = True
+    async with anyio.create_task_group() as tg:
+        parts.runner.start(tg, [job(1), job(2)])
+        await anyio.wait_all_tasks_blocked()
+        parts.runner.stop()
+        with anyio.fail_after(5):
+            await parts.runner.handed_back.wait(1)
+        assert parts.runner.fenced.count == 0 and 1 in parts.runner.running
+        parts.release.set()
+    assert parts.states() == [(1, "completed"), (2, "available")]
+
+
+# --------------------------------------------------------------------------- claim loop
+
+
+class ScriptedClaimer(Claimer):
+    """Answers each claim with the next batch of jobs (then none), recording each limit."""
+
+    def __init__(self, batches: list[list[Job]], before: Any = None) -> None:
+        self.batches = batches
+        self.limits: list[int] = []
+        self.before = before
+
+    async def claim(self, limit: int, producer_id: uuid.UUID) -> list[Job]:
+        self.limits.append(limit)
+        if self.before is not None:
+            self.before()
+        return self.batches.pop(0) if self.batches else []
+
+
+def claim_loop(parts: Parts, claimer: Claimer, concurrency: int) -> ClaimLoop:
+    async def unlimited() -> QueueLimits:
+        return QueueLimits()
+
+    return ClaimLoop(
+        queue="default",
+        concurrency=concurrency,
+        poll_interval=3600.0,  # only a wake or a full batch claims again
+        claimer=claimer,
+        runner=parts.runner,
+        identity=ProducerIdentity(),
+        health=parts.health,
+        limits=LimitsCache(unlimited),
+        sizing=parts.sizing,
+        counters=parts.counters,
+    )
+
+
+async def test_the_claim_loop_claims_half_the_slots_and_again_after_a_full_batch() -> None:
+    parts = Parts(concurrency=4, claim_ahead=0)
+    claimer = ScriptedClaimer([[job(1), job(2)], [job(3)]])
+    loop = claim_loop(parts, claimer, concurrency=4)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(loop.run, tg)
+        with anyio.fail_after(5):
+            await loop.claims.wait(2)  # a full batch: claim again at once
+            await parts.runner.wait_empty()
+        loop.stop()
+    assert claimer.limits == [2, 2]
+    assert parts.states() == [(1, "completed"), (2, "completed"), (3, "completed")]
+    assert parts.counters.claims_sent == 2 and parts.counters.claimed == 3
+    assert not loop.fetching
+
+
+async def test_a_claim_that_spans_a_fence_is_handed_back_never_started() -> None:
+    parts = Parts(concurrency=2, claim_ahead=0)
+
+    def fence() -> None:  # the heartbeats fail while the claim is out
+        for _ in range(3):
+            parts.health.beat_failed(OSError("cut off"), 3, 0)
+
+    claimer = ScriptedClaimer([[job(1)]], before=fence)
+    loop = claim_loop(parts, claimer, concurrency=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(loop.run, tg)
+        with anyio.fail_after(5):
+            await parts.runner.fenced.wait(1)
+        assert loop.claims.count == 1  # and no claim while fenced
+        loop.stop()
+        parts.health.release()
+    assert parts.started == [] and parts.states() == [(1, "available")]

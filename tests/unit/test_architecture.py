@@ -133,3 +133,39 @@ def test_the_states_have_one_definition() -> None:
     for state in JobState:
         assert f"WHEN '{state.value}' THEN {state.bit}" in UNIQUE_ACTIVE_FUNCTION
     assert {s for s in JobState if s.is_final} == FINAL_STATES
+
+
+def test_no_statement_is_assembled_from_fragments() -> None:
+    """Every statement exists whole in a ``.sql`` file: the module reading them joins no
+    text (no ``+``, f-string, ``%`` or ``.format``/``.join``/``.replace``), and no code
+    edits or joins a named statement."""
+    from pgq._store import sql
+
+    assert all(type(s) is str for s in sql.STATEMENTS.values())
+    loader = SRC / "_store" / "sql" / "__init__.py"
+    for node in ast.walk(ast.parse(loader.read_text())):
+        assert not isinstance(node, ast.JoinedStr), node.lineno
+        if isinstance(node, ast.BinOp):
+            assert not isinstance(node.op, ast.Add | ast.Mod), node.lineno
+        if isinstance(node, ast.Attribute):
+            assert node.attr not in ("format", "join", "replace"), node.lineno
+
+    def is_statement(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sql"
+            and node.attr in sql.STATEMENTS
+        )
+
+    glued = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.BinOp)
+                and (is_statement(node.left) or is_statement(node.right))
+            ) or (isinstance(node, ast.FormattedValue) and is_statement(node.value)):
+                glued.append(f"{name}:{node.lineno}")
+            elif isinstance(node, ast.Attribute) and is_statement(node.value):
+                glued.append(f"{name}:{node.lineno}")  # sql.X.replace(...), sql.X.format(...)
+    assert glued == []

@@ -19,8 +19,8 @@ from pgq._store import claims as store_claims
 from pgq._store import jobs as store_jobs
 from pgq._store import queues as store_queues
 from pgq._store.claims import QueueLimits
+from pgq._store.codec import NewJob
 from pgq._store.connections import Connection, Db, Pool, Target, caller_connection, create_pool
-from pgq._store.jobs import NewJob
 from pgq._store.listen import CLOSED_DURING_WAIT, DoneWaiters
 from pgq._store.queues import QueueInfo, QueueStats
 from pgq._store.revision import check_schema

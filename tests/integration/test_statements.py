@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from pgq._store import sql
+from pgq._store import codec, sql
 
 pytestmark = pytest.mark.anyio
 
@@ -36,3 +36,17 @@ async def test_every_named_statement_prepares(
         except asyncpg.PostgresError as e:
             failed[name] = f"{type(e).__name__}: {e}"
     assert failed == {}
+
+
+async def test_job_rows_have_the_codec_columns(
+    conn: asyncpg.Connection[asyncpg.Record],
+) -> None:
+    """Rows of whole jobs have Job's fields (but ``duplicate``, which no row holds) as
+    columns, in order; claims have the codec's claim columns."""
+    whole = tuple(f for f in codec.FIELDS if f != "duplicate")
+    for name in codec.JOB_STATEMENTS:
+        prepared = await conn.prepare(sql.STATEMENTS[name])
+        assert tuple(a.name for a in prepared.get_attributes()) == whole, name
+    for name in ("CLAIM_JOBS", "CLAIM_LIMITED", "CLAIM_KEYED"):
+        prepared = await conn.prepare(sql.STATEMENTS[name])
+        assert tuple(a.name for a in prepared.get_attributes()) == codec.CLAIM_COLUMNS, name

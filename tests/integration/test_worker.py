@@ -67,7 +67,7 @@ async def test_runs_jobs_with_their_args_and_stores_results(client: pgq.Client, 
 async def test_a_task_sees_its_job_as_stored_every_column_read(
     client: pgq.Client, dsn: str, concurrency: int | None, key_concurrency: int | None
 ) -> None:
-    # The claim returns fewer columns, read by position (rows.jobs_from_claim); a read by id
+    # The claim returns fewer columns, read by position (codec.jobs_from_claim); a read by id
     # reads them all by name (job_from_row). Every column set to a value of its own: they
     # must agree, whichever statement claims (plain, under the queue's limits, per key).
     app = pgq.App()

@@ -169,3 +169,26 @@ def test_no_statement_is_assembled_from_fragments() -> None:
             elif isinstance(node, ast.Attribute) and is_statement(node.value):
                 glued.append(f"{name}:{node.lineno}")  # sql.X.replace(...), sql.X.format(...)
     assert glued == []
+
+
+#: Modules that build a Job not from a row, each for a reason of its own.
+JOB_BUILDERS_ELSEWHERE = {
+    # A rescue's report to the hooks: the job as far as the rescue knows it, not re-read.
+    "pgq._worker.rescue_reports",
+    # pgq.testing runs a task in memory, without a database: the job is made up.
+    "pgq.testing",
+}
+
+
+def test_one_module_builds_jobs_from_rows() -> None:
+    """Every Job the store returns is made in pgq._store.codec (rows, claims, enqueues)."""
+    builders = set()
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "Job"
+            ):
+                builders.add(name)
+    assert builders == {"pgq._store.codec", *JOB_BUILDERS_ELSEWHERE}

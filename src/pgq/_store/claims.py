@@ -10,8 +10,8 @@ from datetime import datetime
 from typing import Protocol
 
 from pgq._store import sql
+from pgq._store.codec import RowLike, jobs_from_claim
 from pgq._store.connections import Connection, Db, Pool
-from pgq._store.rows import RowLike, jobs_from_claim
 from pgq.job import Job
 
 

@@ -13,87 +13,14 @@ import anyio
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from pgq import _serde
 from pgq._store import sql
+from pgq._store.codec import NewJob, RowLike, copied_plain, enqueued, job_from_row, vanished_holder
 from pgq._store.connections import Connection, Db, Pool, Record
-from pgq._store.rows import RowLike, job_from_row
 from pgq.errors import ConfigError
 from pgq.job import Job, JobState
 
 #: The partial unique index that holds unique keys (schema.py).
 UNIQUE_INDEX = "pgq_jobs_unique_idx"
-
-
-@dataclass(slots=True)
-class NewJob:
-    """One job to enqueue, checked and serialized: what every enqueue path writes."""
-
-    queue: str
-    task: str
-    args: dict[str, Any]
-    args_json: str
-    priority: int
-    max_attempts: int | None
-    run_at: datetime | None
-    delay_s: float | None
-    tags: list[str]
-    metadata: dict[str, Any]
-    metadata_json: str
-    unique_key: str | None
-    unique_states: int | None
-    limit_key: str | None = None
-    #: The parents' ids (distinct, in the order given), None without dependencies.
-    depends_on: tuple[int, ...] | None = None
-    on_parent_failure: str = "cancel"
-
-    def values(self) -> tuple[Any, ...]:
-        """The parameters of one row of the enqueue statements (tags as JSON text: SQL
-        arrays of arrays cannot be ragged)."""
-        return (
-            self.queue,
-            self.task,
-            self.args_json,
-            self.priority,
-            self.max_attempts,
-            self.run_at,
-            self.delay_s,
-            _serde.dumps(self.tags, "tags") if self.tags else "[]",
-            self.metadata_json,
-            self.unique_key,
-            self.unique_states,
-            self.limit_key,
-        )
-
-    def job(
-        self, job_id: int, state: JobState, scheduled_at: datetime, created_at: datetime
-    ) -> Job:
-        """The job this became, as stored under ``job_id``."""
-        # Positional, in Job's field order: half the cost of keywords, per job.
-        return Job(
-            job_id,
-            self.queue,
-            self.task,
-            self.args,
-            state,
-            self.priority,
-            0,  # attempt
-            self.max_attempts,
-            scheduled_at,
-            None,  # attempted_at
-            None,  # finalized_at
-            created_at,
-            None,  # producer_id
-            [],  # errors
-            self.tags,
-            self.metadata,
-            None,  # result
-            self.unique_key,
-            False,  # duplicate
-            None,  # attempt_token
-            None,  # attempted_by
-            self.limit_key,
-            list(self.depends_on) if self.depends_on is not None else None,
-        )
 
 
 async def insert(conn: Connection, rows: list[NewJob]) -> list[Job]:
@@ -139,15 +66,13 @@ def dependent_job(row: NewJob, rec: RowLike, holder: RowLike | None) -> Job:
             "them until their dependents are enqueued; nothing was enqueued"
         )
     if rec["id"] is None:  # the unique key is taken
-        if holder is not None:
-            job = job_from_row(holder)
-        else:
-            job = Job(
-                0, row.queue, row.task, row.args, JobState.COMPLETED, unique_key=row.unique_key
-            )
+        if holder is None:
+            # Unlike a batch's, a dependent's duplicate reports no metadata of its own.
+            return vanished_holder(row, row.unique_key, metadata={})
+        job = job_from_row(holder)
         job.duplicate = True
         return job
-    return row.job(rec["id"], JobState(rec["state"]), rec["scheduled_at"], rec["created_at"])
+    return enqueued(row, rec["id"], JobState(rec["state"]), rec["scheduled_at"], rec["created_at"])
 
 
 async def insert_chain(conn: Connection, rows: list[NewJob]) -> list[Job]:
@@ -217,7 +142,7 @@ def assemble(
             claimed.add(key)
         rec = next(inserted)
         jobs.append(
-            row.job(rec["id"], JobState(rec["state"]), rec["scheduled_at"], rec["created_at"])
+            enqueued(row, rec["id"], JobState(rec["state"]), rec["scheduled_at"], rec["created_at"])
         )
     return jobs, duplicates
 
@@ -232,15 +157,12 @@ def fill_duplicates(
     existing = {r["unique_key"]: r for r in holders}
     for i, key in duplicates:
         held = existing.get(key)
-        if held is not None:
-            job = job_from_row(held)
-        else:
+        if held is None:
             # The holder finished (and left the unique states) between our insert and this
             # read: report the key as skipped with what we know.
-            job = Job(
-                0, rows[i].queue, rows[i].task, rows[i].args, JobState.COMPLETED,
-                metadata=rows[i].metadata, unique_key=key,
-            )  # fmt: skip
+            jobs[i] = vanished_holder(rows[i], key)
+            continue
+        job = job_from_row(held)
         job.duplicate = True
         jobs[i] = job
 
@@ -466,17 +388,12 @@ def copy_records(
 def copied_jobs(rows: list[NewJob], ids: Sequence[int], now: datetime, plain: bool) -> list[Job]:
     """The jobs the COPY of :func:`copy_records` wrote."""
     if not plain:
-        return [r.job(job_id, *_schedule(r, now), now) for job_id, r in zip(ids, rows, strict=True)]
+        return [
+            enqueued(r, job_id, *_schedule(r, now), now)
+            for job_id, r in zip(ids, rows, strict=True)
+        ]
     available = JobState.AVAILABLE
-    # NewJob.job, inlined: the fields a plain row has, positionally, in Job's order.
-    return [
-        Job(
-            job_id, r.queue, r.task, r.args, available, r.priority, 0, r.max_attempts,
-            now, None, None, now, None, [], r.tags, r.metadata, None, None, False, None,
-            None, None, None,
-        )
-        for job_id, r in zip(ids, rows, strict=True)
-    ]  # fmt: skip
+    return [copied_plain(r, job_id, available, now) for job_id, r in zip(ids, rows, strict=True)]
 
 
 async def get(db: Db, job_id: int) -> Job | None:

@@ -11,8 +11,8 @@ from psycopg import RawCursor
 from psycopg.rows import dict_row
 
 from pgq._store import sql
+from pgq._store.codec import NewJob
 from pgq._store.jobs import (
-    NewJob,
     assemble,
     chain_after,
     copied_jobs,

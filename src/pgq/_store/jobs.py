@@ -23,6 +23,25 @@ from pgq.job import Job, JobState
 UNIQUE_INDEX = "pgq_jobs_unique_idx"
 
 
+def by_copy(rows: Sequence[NewJob], own_connection: bool) -> bool:
+    """Whether ``rows`` are written by COPY rather than an INSERT: a batch without unique
+    keys or parents, on pgq's own connection (COPY's binary format relies on the
+    connection's jsonb codec, which a caller's may have replaced). The one decision of the
+    asynchronous and synchronous clients alike."""
+    return (
+        own_connection
+        and len(rows) > 1
+        and all(r.unique_key is None and r.depends_on is None for r in rows)
+    )
+
+
+async def write(conn: Connection, rows: list[NewJob], *, own_connection: bool) -> list[Job]:
+    """Enqueue ``rows`` on ``conn`` by COPY or INSERT (see :func:`by_copy`)."""
+    if by_copy(rows, own_connection):
+        return await copy(conn, rows)
+    return await insert(conn, rows)
+
+
 async def insert(conn: Connection, rows: list[NewJob]) -> list[Job]:
     """Enqueue ``rows`` with one INSERT; a row whose unique key is taken comes back as the
     job holding it, marked ``duplicate``. Works on any connection, in its transaction.

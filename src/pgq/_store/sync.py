@@ -14,6 +14,7 @@ from pgq._store import sql
 from pgq._store.codec import NewJob
 from pgq._store.jobs import (
     assemble,
+    by_copy,
     chain_after,
     copied_jobs,
     copy_plan,
@@ -53,6 +54,13 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
             else []
         )
     require_current(read_revision(own, shared, bool(tables["has_jobs"])))
+
+
+def write(conn: psycopg.Connection[Any], rows: list[NewJob], *, own_connection: bool) -> list[Job]:
+    """Enqueue ``rows`` on ``conn`` by COPY or INSERT (see ``jobs.by_copy``)."""
+    if by_copy(rows, own_connection):
+        return copy(conn, rows)
+    return insert(conn, rows)
 
 
 def insert(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:

@@ -17,7 +17,7 @@ held equal to their source by tests.
 from __future__ import annotations
 
 import re
-from importlib.resources import files
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 #: Notification channels.
@@ -71,12 +71,13 @@ def parse(text: str) -> dict[str, str]:
 
 def _load() -> dict[str, str]:
     found: dict[str, str] = {}
-    for resource in sorted(files(__name__).iterdir(), key=lambda r: r.name):
-        if resource.name.endswith(".sql"):
-            named = parse(resource.read_text(encoding="utf-8"))
-            if found.keys() & named.keys():
-                raise ValueError("statements named twice", sorted(found.keys() & named.keys()))
-            found.update(named)
+    # Read beside this module (not through importlib.resources, whose imports, zipfile and
+    # tempfile among them, would add objects every full garbage collection walks).
+    for path in sorted(Path(__file__).parent.glob("*.sql")):
+        named = parse(path.read_text(encoding="utf-8"))
+        if found.keys() & named.keys():
+            raise ValueError("statements named twice", sorted(found.keys() & named.keys()))
+        found.update(named)
     return found
 
 

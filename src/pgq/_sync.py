@@ -211,14 +211,10 @@ class SyncClient:
             return []
         try:
             if connection is not None:
-                return sync.insert(sync.caller_connection_sync(connection), rows)
+                caller = sync.caller_connection_sync(connection)
+                return sync.write(caller, rows, own_connection=False)
             with self._lock:
-                conn = self._connect()
-                if len(rows) > 1 and all(
-                    r.unique_key is None and r.depends_on is None for r in rows
-                ):
-                    return sync.copy(conn, rows)
-                return sync.insert(conn, rows)
+                return sync.write(self._connect(), rows, own_connection=True)
         except psycopg.errors.ProgramLimitExceeded as exc:
             largest = max(range(len(rows)), key=lambda i: len(rows[i].args_json))
             raise SerializationError(

@@ -23,7 +23,7 @@ from pgq.job import JobContext, Snooze
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from pgq._store.jobs import NewJob
+    from pgq._store.codec import NewJob
 
 #: The metadata key that carries an enqueue's trace context.
 METADATA_KEY = "pgq_trace"

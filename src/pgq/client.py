@@ -20,8 +20,8 @@ from pgq._store import claims as store_claims
 from pgq._store import jobs as store_jobs
 from pgq._store import queues as store_queues
 from pgq._store.claims import QueueLimits
+from pgq._store.codec import NewJob
 from pgq._store.connections import Connection, Db, Pool, Target, caller_connection, create_pool
-from pgq._store.jobs import NewJob
 from pgq._store.listen import CLOSED_DURING_WAIT, DoneWaiters
 from pgq._store.queues import QueueInfo, QueueStats
 from pgq._store.revision import check_schema
@@ -270,13 +270,10 @@ class Client:
     async def _insert(self, rows: list[NewJob], connection: AnyConnection | None) -> list[Job[Any]]:
         try:
             if connection is not None:
-                return await store_jobs.insert(await caller_connection(connection), rows)
-            async with self.pool.acquire() as conn:
-                if len(rows) > 1 and all(
-                    r.unique_key is None and r.depends_on is None for r in rows
-                ):
-                    return await store_jobs.copy(conn, rows)
-                return await store_jobs.insert(conn, rows)
+                conn = await caller_connection(connection)
+                return await store_jobs.write(conn, rows, own_connection=False)
+            async with self.pool.acquire() as own:
+                return await store_jobs.write(own, rows, own_connection=True)
         except asyncpg.ProgramLimitExceededError as exc:
             raise _too_large(rows, exc) from exc
 

@@ -67,7 +67,7 @@ async def test_runs_jobs_with_their_args_and_stores_results(client: pgq.Client, 
 async def test_a_task_sees_its_job_as_stored_every_column_read(
     client: pgq.Client, dsn: str, concurrency: int | None, key_concurrency: int | None
 ) -> None:
-    # The claim returns fewer columns, read by position (rows.jobs_from_claim); a read by id
+    # The claim returns fewer columns, read by position (codec.jobs_from_claim); a read by id
     # reads them all by name (job_from_row). Every column set to a value of its own: they
     # must agree, whichever statement claims (plain, under the queue's limits, per key).
     app = pgq.App()
@@ -1061,7 +1061,7 @@ async def test_a_claim_updates_its_jobs_through_the_primary_key_not_a_table_scan
         "INSERT INTO pgq_jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, 30000)"
     )
     await conn.execute("VACUUM ANALYZE pgq_jobs")
-    args = ("default", ["noop"], 500, uuid.uuid4(), [None], [3], "w")
+    args = ("default", ["noop"], 500, uuid.uuid4(), [None], [3], "w", False)
     plan_json = await conn.fetchval("EXPLAIN (FORMAT JSON) " + sql.CLAIM_JOBS, *args)
     assert "Seq Scan" not in plan_json and "Hash" not in plan_json, plan_json
     # Claim order (priority, then schedule time, then id) differs from id order here.
@@ -1105,22 +1105,25 @@ async def test_outcome_writes_find_their_jobs_by_id_while_the_statistics_lag(
     outcomes = (ids, tokens, ["completed"] * n, [None] * n, [None] * n, [None] * n, [0] * n)
     statements = {
         # Each outcome statement as it is written first, and again passing over locked rows.
-        "COMPLETE_JOBS": (sql.COMPLETE_JOBS, (*outcomes, False, "50ms")),
-        "COMPLETE_JOBS skipping": (sql.COMPLETE_JOBS, (*outcomes, True, None)),
-        "COMPLETE_SUCCESSES": (sql.COMPLETE_SUCCESSES, (ids, tokens, ["1"] * n, [], False, "50ms")),
+        "COMPLETE_JOBS": (sql.COMPLETE_JOBS, (*outcomes, False, False, "50ms")),
+        "COMPLETE_JOBS skipping": (sql.COMPLETE_JOBS, (*outcomes, True, True, None)),
+        "COMPLETE_SUCCESSES": (
+            sql.COMPLETE_SUCCESSES,
+            (ids, tokens, ["1"] * n, [], False, False, "50ms"),
+        ),
         "COMPLETE_SUCCESSES skipping": (
             sql.COMPLETE_SUCCESSES,
-            (ids, tokens, ["1"] * n, [], True, None),
+            (ids, tokens, ["1"] * n, [], True, True, None),
         ),
         "COMPLETE_SUCCESSES_NO_RESULT": (
             sql.COMPLETE_SUCCESSES_NO_RESULT,
-            (ids, tokens, [], False, "50ms"),
+            (ids, tokens, [], False, False, "50ms"),
         ),
         "COMPLETE_SUCCESSES_NO_RESULT skipping": (
             sql.COMPLETE_SUCCESSES_NO_RESULT,
-            (ids, tokens, [], True, None),
+            (ids, tokens, [], True, True, None),
         ),
-        "FAIL_ATTEMPT": (sql.FAIL_ATTEMPT, (ids[0], tokens[0], error)),
+        "FAIL_ATTEMPT": (sql.FAIL_ATTEMPT, (ids[0], tokens[0], error, True)),
         "SETTLE_ATTEMPT": (
             sql.SETTLE_ATTEMPT,
             (ids[0], tokens[0], uuid.uuid4(), "completed", None, None, None, 0),
@@ -1133,9 +1136,13 @@ async def test_outcome_writes_find_their_jobs_by_id_while_the_statistics_lag(
         assert "pgq_jobs_pkey" in plan_json, (name, plan_json)
     # The fence still holds in that form: the written jobs are running no more, and a second
     # write of the same attempts changes nothing.
-    written = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [], False, None)
+    written = await conn.fetchrow(
+        sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [], False, False, None
+    )
     assert written is not None and sorted(written["ids"]) == ids
-    again = await conn.fetchrow(sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [], True, None)
+    again = await conn.fetchrow(
+        sql.COMPLETE_SUCCESSES_NO_RESULT, ids, tokens, [], True, False, None
+    )
     assert again is not None and again["ids"] == [] and again["passed_over"] == []
 
 

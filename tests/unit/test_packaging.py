@@ -1,4 +1,5 @@
-"""The wheel ships what a user needs: the migrations inside the package, and py.typed."""
+"""The wheel ships what a user needs: the migrations inside the package, the statements
+(``.sql`` files), and py.typed."""
 
 import subprocess
 import sys
@@ -34,5 +35,7 @@ def test_wheel_contains_the_migrations(tmp_path: Path) -> None:
         "pgq/migrations/versions/pgq_0002_lifecycle.py",
         "pgq/migrations/versions/pgq_0003_attempt_token.py",
         "pgq/migrations/versions/pgq_0004_operator.py",
+        "pgq/_store/sql/claims.sql",
+        "pgq/_store/sql/outcomes.sql",
     ):
         assert expected in names

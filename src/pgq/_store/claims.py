@@ -10,8 +10,8 @@ from datetime import datetime
 from typing import Protocol
 
 from pgq._store import sql
+from pgq._store.codec import RowLike, jobs_from_claim
 from pgq._store.connections import Connection, Db, Pool
-from pgq._store.rows import RowLike, jobs_from_claim
 from pgq.job import Job
 
 
@@ -38,7 +38,7 @@ async def claim(
     """Claim up to ``limit`` available jobs of ``plan.queue`` for ``producer_id`` of worker
     ``worker_name``; with ``async_commit``, committed without waiting for the WAL's flush."""
     rows = await db.fetch(
-        sql.CLAIM_JOBS_ASYNC if async_commit else sql.CLAIM_JOBS,
+        sql.CLAIM_JOBS,
         plan.queue,
         plan.tasks,
         limit,
@@ -46,6 +46,7 @@ async def claim(
         plan.timeouts,
         plan.max_attempts,
         worker_name,
+        async_commit,
     )
     return jobs_from_claim(rows, plan.queue, producer_id, worker_name)
 
@@ -140,17 +141,17 @@ async def claim_limited(
             rooms = await _key_rooms(conn, plan.queue, limits, budget)
             keys_held = rooms.held
             rows = await conn.fetch(
-                sql.CLAIM_KEYED_ASYNC if async_commit else sql.CLAIM_KEYED,
+                sql.CLAIM_KEYED,
                 plan.queue,
                 *args,
                 rooms.keys,
                 rooms.rooms,
                 rooms.keyless,
                 KEYLESS_SEARCH,
+                async_commit,
             )
         else:
-            claim = sql.CLAIM_LIMITED_ASYNC if async_commit else sql.CLAIM_LIMITED
-            rows = await conn.fetch(claim, plan.queue, *args)
+            rows = await conn.fetch(sql.CLAIM_LIMITED, plan.queue, *args, async_commit)
         if rows and (limits.rate_count is not None or limits.key_rate_count is not None):
             window = max(period, limits.key_rate_period_s or 0.0)
             await conn.execute(sql.LOG_STARTS, plan.queue, [r["limit_key"] for r in rows], window)
@@ -243,16 +244,25 @@ async def complete_successes(
     # One row, its ids in one array: a row per job would cost a record each to build and
     # read. Without results, no array of NULLs.
     if results.count(None) == len(results):
-        lean = (
-            sql.COMPLETE_SUCCESSES_NO_RESULT_ASYNC
-            if async_commit
-            else sql.COMPLETE_SUCCESSES_NO_RESULT
-        )
-        row = await db.fetchrow(lean, ids, tokens, payload, skip_locked, _wait(lock_wait_ms))
-    else:
-        full = sql.COMPLETE_SUCCESSES_ASYNC if async_commit else sql.COMPLETE_SUCCESSES
         row = await db.fetchrow(
-            full, ids, tokens, results, payload, skip_locked, _wait(lock_wait_ms)
+            sql.COMPLETE_SUCCESSES_NO_RESULT,
+            ids,
+            tokens,
+            payload,
+            skip_locked,
+            async_commit,
+            _wait(lock_wait_ms),
+        )
+    else:
+        row = await db.fetchrow(
+            sql.COMPLETE_SUCCESSES,
+            ids,
+            tokens,
+            results,
+            payload,
+            skip_locked,
+            async_commit,
+            _wait(lock_wait_ms),
         )
     assert row is not None
     return Written(dict.fromkeys(row[0], "completed"), row[1])
@@ -269,7 +279,7 @@ async def write_outcomes(
     """Write outcomes of any kind (a state written may be ``cancelled`` where a cancel
     request turned a retry or hand-back)."""
     rows = await db.fetch(
-        sql.COMPLETE_JOBS_ASYNC if async_commit else sql.COMPLETE_JOBS,
+        sql.COMPLETE_JOBS,
         [o.job_id for o in outcomes],
         [o.token for o in outcomes],
         [o.state for o in outcomes],
@@ -278,6 +288,7 @@ async def write_outcomes(
         [o.result for o in outcomes],
         [o.attempt_delta for o in outcomes],
         skip_locked,
+        async_commit,
         _wait(lock_wait_ms),
     )
     return Written(
@@ -301,8 +312,7 @@ async def fail_attempt(
 ) -> bool:
     """Record the attempt as failed with ``error`` (an error entry); returns whether the
     fence let it through."""
-    statement = sql.FAIL_ATTEMPT_ASYNC if async_commit else sql.FAIL_ATTEMPT
-    return await db.fetchrow(statement, job_id, token, error) is not None
+    return await db.fetchrow(sql.FAIL_ATTEMPT, job_id, token, error, async_commit) is not None
 
 
 async def cancel_requested(db: Db, running: list[int]) -> set[int]:

@@ -13,8 +13,8 @@ import asyncpg
 from pgq._store import jobs as store_jobs
 from pgq._store import sql
 from pgq._store.claims import QueueLimits, limits_from_row
+from pgq._store.codec import job_from_row
 from pgq._store.connections import Db, Pool
-from pgq._store.rows import job_from_row
 from pgq.job import Job, JobState
 
 #: Jobs one bulk statement acts on at most: short transactions, few locks at a time.

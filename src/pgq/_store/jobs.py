@@ -6,159 +6,50 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import anyio
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from pgq import _serde
-from pgq._store import sql
+from pgq._store import enqueue, sql
+from pgq._store.codec import NewJob, job_from_row
 from pgq._store.connections import Connection, Db, Pool, Record
-from pgq._store.rows import RowLike, job_from_row
-from pgq.errors import ConfigError
+from pgq._store.enqueue import AsyncpgDriver, copied_jobs, copy_plan, copy_records, run
 from pgq.job import Job, JobState
 
 #: The partial unique index that holds unique keys (schema.py).
 UNIQUE_INDEX = "pgq_jobs_unique_idx"
 
 
-@dataclass(slots=True)
-class NewJob:
-    """One job to enqueue, checked and serialized: what every enqueue path writes."""
+def by_copy(rows: Sequence[NewJob], own_connection: bool) -> bool:
+    """Whether ``rows`` are written by COPY rather than an INSERT: a batch without unique
+    keys or parents, on pgq's own connection (COPY's binary format relies on the
+    connection's jsonb codec, which a caller's may have replaced). The one decision of the
+    asynchronous and synchronous clients alike."""
+    return (
+        own_connection
+        and len(rows) > 1
+        and all(r.unique_key is None and r.depends_on is None for r in rows)
+    )
 
-    queue: str
-    task: str
-    args: dict[str, Any]
-    args_json: str
-    priority: int
-    max_attempts: int | None
-    run_at: datetime | None
-    delay_s: float | None
-    tags: list[str]
-    metadata: dict[str, Any]
-    metadata_json: str
-    unique_key: str | None
-    unique_states: int | None
-    limit_key: str | None = None
-    #: The parents' ids (distinct, in the order given), None without dependencies.
-    depends_on: tuple[int, ...] | None = None
-    on_parent_failure: str = "cancel"
 
-    def values(self) -> tuple[Any, ...]:
-        """The parameters of one row of the enqueue statements (tags as JSON text: SQL
-        arrays of arrays cannot be ragged)."""
-        return (
-            self.queue,
-            self.task,
-            self.args_json,
-            self.priority,
-            self.max_attempts,
-            self.run_at,
-            self.delay_s,
-            _serde.dumps(self.tags, "tags") if self.tags else "[]",
-            self.metadata_json,
-            self.unique_key,
-            self.unique_states,
-            self.limit_key,
-        )
-
-    def job(
-        self, job_id: int, state: JobState, scheduled_at: datetime, created_at: datetime
-    ) -> Job:
-        """The job this became, as stored under ``job_id``."""
-        # Positional, in Job's field order: half the cost of keywords, per job.
-        return Job(
-            job_id,
-            self.queue,
-            self.task,
-            self.args,
-            state,
-            self.priority,
-            0,  # attempt
-            self.max_attempts,
-            scheduled_at,
-            None,  # attempted_at
-            None,  # finalized_at
-            created_at,
-            None,  # producer_id
-            [],  # errors
-            self.tags,
-            self.metadata,
-            None,  # result
-            self.unique_key,
-            False,  # duplicate
-            None,  # attempt_token
-            None,  # attempted_by
-            self.limit_key,
-            list(self.depends_on) if self.depends_on is not None else None,
-        )
+async def write(conn: Connection, rows: list[NewJob], *, own_connection: bool) -> list[Job]:
+    """Enqueue ``rows`` on ``conn`` by COPY or INSERT (see :func:`by_copy`)."""
+    if by_copy(rows, own_connection):
+        return await copy(conn, rows)
+    return await insert(conn, rows)
 
 
 async def insert(conn: Connection, rows: list[NewJob]) -> list[Job]:
-    """Enqueue ``rows`` with one INSERT; a row whose unique key is taken comes back as the
-    job holding it, marked ``duplicate``. Works on any connection, in its transaction.
-    Rows with dependencies are written one statement each, in one transaction."""
-    if any(r.depends_on is not None for r in rows):
-        async with conn.transaction():
-            return [await _insert_one(conn, r) for r in rows]
-    statement, params = insert_statement(rows)
-    jobs, duplicates = assemble(rows, await conn.fetch(statement, *params))
-    if duplicates:
-        holders = await conn.fetch(sql.EXISTING_UNIQUE, [k for _, k in duplicates])
-        fill_duplicates(rows, jobs, duplicates, holders)
-    return [j for j in jobs if j is not None]
-
-
-async def _insert_one(conn: Connection, row: NewJob) -> Job:
-    if row.depends_on is None:
-        (job,) = await insert(conn, [row])
-        return job
-    rec = await conn.fetchrow(
-        sql.ENQUEUE_DEPENDENT, *row.values(), list(row.depends_on), row.on_parent_failure
-    )
-    assert rec is not None  # one row, always
-    return dependent_job(row, rec, await _holder(conn, row, rec))
-
-
-async def _holder(conn: Connection, row: NewJob, rec: RowLike) -> RowLike | None:
-    if rec["id"] is not None or rec["found"] < len(row.depends_on or ()):
-        return None
-    holders = await conn.fetch(sql.EXISTING_UNIQUE, [row.unique_key])
-    return holders[0] if holders else None
-
-
-def dependent_job(row: NewJob, rec: RowLike, holder: RowLike | None) -> Job:
-    """The job ``ENQUEUE_DEPENDENT`` wrote (or the one holding its unique key)."""
-    parents = row.depends_on or ()
-    if rec["found"] < len(parents):
-        raise ConfigError(
-            f"depends_on names jobs that do not exist (of {list(parents)}, "
-            f"{len(parents) - rec['found']} not found): enqueue the parents first, and keep "
-            "them until their dependents are enqueued; nothing was enqueued"
-        )
-    if rec["id"] is None:  # the unique key is taken
-        if holder is not None:
-            job = job_from_row(holder)
-        else:
-            job = Job(
-                0, row.queue, row.task, row.args, JobState.COMPLETED, unique_key=row.unique_key
-            )
-        job.duplicate = True
-        return job
-    return row.job(rec["id"], JobState(rec["state"]), rec["scheduled_at"], rec["created_at"])
+    """Enqueue ``rows`` with one INSERT (see ``enqueue.insert``), in ``conn``'s transaction."""
+    return await run(AsyncpgDriver(conn), enqueue.insert(rows))
 
 
 async def insert_chain(conn: Connection, rows: list[NewJob]) -> list[Job]:
     """Enqueue ``rows``, each depending on the one before, in one transaction."""
-    jobs: list[Job] = []
-    async with conn.transaction():
-        for row in rows:
-            if jobs:
-                chain_after(row, jobs[-1])
-            jobs.append(await _insert_one(conn, row))
-    return jobs
+    return await run(AsyncpgDriver(conn), enqueue.insert_chain(rows))
 
 
 async def insert_group(
@@ -166,83 +57,7 @@ async def insert_group(
 ) -> tuple[list[Job], Job]:
     """Enqueue ``members`` and ``callback``, which depends on all of them, in one
     transaction."""
-    if not members:
-        raise ConfigError("a group needs at least one member")
-    async with conn.transaction():
-        jobs = await insert(conn, members)
-        group_after(callback, jobs)
-        return jobs, await _insert_one(conn, callback)
-
-
-def chain_after(row: NewJob, previous: Job) -> None:
-    """Make ``row`` depend on ``previous`` too."""
-    row.depends_on = tuple(dict.fromkeys([*(row.depends_on or ()), previous.id]))
-
-
-def group_after(callback: NewJob, members: list[Job]) -> None:
-    """Make ``callback`` depend on every member (first) and its own parents."""
-    callback.depends_on = tuple(
-        dict.fromkeys([*(j.id for j in members), *(callback.depends_on or ())])
-    )
-
-
-def insert_statement(rows: list[NewJob]) -> tuple[str, list[Any]]:
-    """The INSERT for ``rows`` and its parameters: scalars for one row, arrays for more."""
-    if len(rows) == 1:
-        return sql.ENQUEUE_ONE, list(rows[0].values())
-    columns = [list(col) for col in zip(*(r.values() for r in rows), strict=True)]
-    keyed = any(r.unique_key is not None for r in rows)
-    return (sql.ENQUEUE_KEYED if keyed else sql.ENQUEUE_PLAIN), columns
-
-
-def assemble(
-    rows: list[NewJob], inserted_rows: Sequence[RowLike]
-) -> tuple[list[Job | None], list[tuple[int, str]]]:
-    """The jobs the INSERT wrote, in the order given, with a gap (and its key) for each row
-    whose unique key was taken."""
-    inserted = iter(inserted_rows)
-    inserted_keys = {r["unique_key"] for r in inserted_rows if r["unique_key"] is not None}
-    claimed: set[str] = set()
-    jobs: list[Job | None] = []
-    duplicates: list[tuple[int, str]] = []
-    for i, row in enumerate(rows):
-        key = row.unique_key
-        # Inserted rows come back in input order (ids follow it); a key's first holder in
-        # this batch is the one inserted, the rest are duplicates.
-        if key is not None and (key in claimed or key not in inserted_keys):
-            duplicates.append((i, key))
-            jobs.append(None)
-            continue
-        if key is not None:
-            claimed.add(key)
-        rec = next(inserted)
-        jobs.append(
-            row.job(rec["id"], JobState(rec["state"]), rec["scheduled_at"], rec["created_at"])
-        )
-    return jobs, duplicates
-
-
-def fill_duplicates(
-    rows: list[NewJob],
-    jobs: list[Job | None],
-    duplicates: list[tuple[int, str]],
-    holders: Sequence[RowLike],
-) -> None:
-    """Fill each gap with the job holding its key (``EXISTING_UNIQUE`` rows)."""
-    existing = {r["unique_key"]: r for r in holders}
-    for i, key in duplicates:
-        held = existing.get(key)
-        if held is not None:
-            job = job_from_row(held)
-        else:
-            # The holder finished (and left the unique states) between our insert and this
-            # read: report the key as skipped with what we know.
-            job = Job(
-                0, rows[i].queue, rows[i].task, rows[i].args, JobState.COMPLETED,
-                metadata=rows[i].metadata, unique_key=key,
-            )  # fmt: skip
-        job.duplicate = True
-        jobs[i] = job
+    return await run(AsyncpgDriver(conn), enqueue.insert_group(members, callback))
 
 
 async def copy(conn: Connection, rows: list[NewJob]) -> list[Job]:
@@ -410,73 +225,6 @@ async def _commit_building(
         raise
     await committing  # a cancel landing here reaches the COMMIT too (awaiting a task does)
     return jobs
-
-
-def copy_plan(rows: list[NewJob]) -> tuple[bool, dict[str, datetime | None]]:
-    """Whether every job is due now without tags or metadata (COPY then writes six columns
-    and leaves the rest to their defaults), and per queue its earliest job (None: now)."""
-    due: dict[str, datetime | None] = {}
-    plain = True
-    for r in rows:
-        if r.run_at is None and not r.delay_s:
-            due[r.queue] = None
-            plain = plain and not r.tags and not r.metadata and r.limit_key is None
-            continue
-        plain = False
-        if r.run_at is not None:
-            earliest = due.get(r.queue, r.run_at)
-            if earliest is not None:
-                due[r.queue] = min(earliest, r.run_at)
-    return plain, due
-
-
-def _schedule(r: NewJob, now: datetime) -> tuple[JobState, datetime]:
-    """The state and ``scheduled_at`` a COPY writes for ``r`` at ``now``."""
-    if r.run_at is not None:
-        scheduled_at = r.run_at
-    elif r.delay_s:
-        scheduled_at = now + timedelta(seconds=r.delay_s)
-    else:
-        scheduled_at = now
-    return (JobState.SCHEDULED if scheduled_at > now else JobState.AVAILABLE), scheduled_at
-
-
-def copy_records(
-    rows: list[NewJob], ids: Sequence[int], now: datetime, plain: bool
-) -> list[tuple[Any, ...]]:
-    """The records a COPY writes (ids from ALLOCATE_JOBS, ``now`` its clock): of a plain
-    batch (see :func:`copy_plan`), six columns each."""
-    if plain:
-        return [
-            (job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts)
-            for job_id, r in zip(ids, rows, strict=True)
-        ]
-    records: list[tuple[Any, ...]] = []
-    for job_id, r in zip(ids, rows, strict=True):
-        state, scheduled_at = _schedule(r, now)
-        records.append(
-            (
-                job_id, r.queue, r.task, r.args_json, r.priority, r.max_attempts,
-                state.value, scheduled_at, r.tags, r.metadata_json, r.limit_key,
-            )
-        )  # fmt: skip
-    return records
-
-
-def copied_jobs(rows: list[NewJob], ids: Sequence[int], now: datetime, plain: bool) -> list[Job]:
-    """The jobs the COPY of :func:`copy_records` wrote."""
-    if not plain:
-        return [r.job(job_id, *_schedule(r, now), now) for job_id, r in zip(ids, rows, strict=True)]
-    available = JobState.AVAILABLE
-    # NewJob.job, inlined: the fields a plain row has, positionally, in Job's order.
-    return [
-        Job(
-            job_id, r.queue, r.task, r.args, available, r.priority, 0, r.max_attempts,
-            now, None, None, now, None, [], r.tags, r.metadata, None, None, False, None,
-            None, None, None,
-        )
-        for job_id, r in zip(ids, rows, strict=True)
-    ]  # fmt: skip
 
 
 async def get(db: Db, job_id: int) -> Job | None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pgq._store import sql
+from pgq._store.codec import RowLike
 from pgq._store.connections import Db
-from pgq._store.rows import RowLike
 
 
 @dataclass(frozen=True, slots=True)

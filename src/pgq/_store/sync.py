@@ -1,9 +1,11 @@
-"""The same enqueue for synchronous code, on psycopg (3): the statements of ``sql`` run as
-they are (a raw cursor takes PostgreSQL's own ``$1`` placeholders), the jobs are put
-together by the same functions as the async path."""
+"""The same enqueue for synchronous code, on psycopg (3): the plans of ``enqueue`` run on a
+:class:`PsycopgDriver`, their statements as they are (a raw cursor takes PostgreSQL's own
+``$1`` placeholders), the jobs put together by the same functions as the async path."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
@@ -11,19 +13,10 @@ import psycopg
 from psycopg import RawCursor
 from psycopg.rows import dict_row
 
-from pgq._store import sql
-from pgq._store.jobs import (
-    NewJob,
-    assemble,
-    chain_after,
-    copied_jobs,
-    copy_plan,
-    copy_records,
-    dependent_job,
-    fill_duplicates,
-    group_after,
-    insert_statement,
-)
+from pgq._store import enqueue, sql
+from pgq._store.codec import NewJob
+from pgq._store.enqueue import run_sync
+from pgq._store.jobs import by_copy
 from pgq._store.revision import SHARED_IDS, is_unknown, read_revision, require_current
 from pgq.errors import ConfigError
 from pgq.job import Job
@@ -61,72 +54,64 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
     require_current(found)
 
 
+def write(conn: psycopg.Connection[Any], rows: list[NewJob], *, own_connection: bool) -> list[Job]:
+    """Enqueue ``rows`` on ``conn`` by COPY or INSERT (see ``jobs.by_copy``)."""
+    if by_copy(rows, own_connection):
+        return copy(conn, rows)
+    return insert(conn, rows)
+
+
+class PsycopgDriver:
+    """``enqueue.SyncDriver`` over a psycopg connection (pgq's own, or a caller's)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.conn = conn
+
+    def fetch(self, statement: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        with cursor(self.conn) as cur:
+            return cur.execute(statement, params).fetchall()
+
+    def fetchrow(self, statement: str, params: Sequence[Any]) -> dict[str, Any] | None:
+        with cursor(self.conn) as cur:
+            return cur.execute(statement, params).fetchone()
+
+    def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None:
+        # psycopg writes the rows in COPY's text format.
+        with (
+            cursor(self.conn) as cur,
+            cur.copy(sql.COPY_JOBS_PLAIN if plain else sql.COPY_JOBS_FULL) as copier,
+        ):
+            for record in records:
+                copier.write_row(record)
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        return self.conn.transaction()
+
+
 def insert(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
     """Enqueue ``rows`` with one INSERT, in the connection's transaction (see
-    ``jobs.insert``)."""
-    if any(r.depends_on is not None for r in rows):
-        with conn.transaction():
-            return [_insert_one(conn, r) for r in rows]
-    statement, params = insert_statement(rows)
-    with cursor(conn) as cur:
-        jobs, duplicates = assemble(rows, cur.execute(statement, params).fetchall())
-        if duplicates:
-            holders = cur.execute(sql.EXISTING_UNIQUE, [[k for _, k in duplicates]]).fetchall()
-            fill_duplicates(rows, jobs, duplicates, holders)
-    return [j for j in jobs if j is not None]
-
-
-def _insert_one(conn: psycopg.Connection[Any], row: NewJob) -> Job:
-    if row.depends_on is None:
-        (job,) = insert(conn, [row])
-        return job
-    with cursor(conn) as cur:
-        params = [*row.values(), list(row.depends_on), row.on_parent_failure]
-        rec = cur.execute(sql.ENQUEUE_DEPENDENT, params).fetchone()
-        assert rec is not None  # one row, always
-        holder = None
-        if rec["id"] is None and rec["found"] == len(row.depends_on):
-            holder = cur.execute(sql.EXISTING_UNIQUE, [[row.unique_key]]).fetchone()
-    return dependent_job(row, rec, holder)
+    ``enqueue.insert``)."""
+    return run_sync(PsycopgDriver(conn), enqueue.insert(rows))
 
 
 def insert_chain(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
-    """Enqueue ``rows``, each depending on the one before (see ``jobs.insert_chain``)."""
-    jobs: list[Job] = []
-    with conn.transaction():
-        for row in rows:
-            if jobs:
-                chain_after(row, jobs[-1])
-            jobs.append(_insert_one(conn, row))
-    return jobs
+    """Enqueue ``rows``, each depending on the one before (see ``enqueue.insert_chain``)."""
+    return run_sync(PsycopgDriver(conn), enqueue.insert_chain(rows))
 
 
 def insert_group(
     conn: psycopg.Connection[Any], members: list[NewJob], callback: NewJob
 ) -> tuple[list[Job], Job]:
-    """Enqueue ``members`` and ``callback`` after them (see ``jobs.insert_group``)."""
-    if not members:
-        raise ConfigError("a group needs at least one member")
-    with conn.transaction():
-        jobs = insert(conn, members)
-        group_after(callback, jobs)
-        return jobs, _insert_one(conn, callback)
+    """Enqueue ``members`` and ``callback`` after them (see ``enqueue.insert_group``)."""
+    return run_sync(PsycopgDriver(conn), enqueue.insert_group(members, callback))
 
 
 def copy(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
-    """Enqueue keyless ``rows`` with COPY, in a transaction of its own (see ``jobs.copy``)."""
-    plain, due = copy_plan(rows)
-    with conn.transaction(), cursor(conn) as cur:
-        allocated = cur.execute(
-            sql.ALLOCATE_JOBS, [len(rows), list(due), list(due.values())]
-        ).fetchone()
-        assert allocated is not None
-        ids, now = allocated["ids"], allocated["now"]
-        jobs = copied_jobs(rows, ids, now, plain)
-        with cur.copy(sql.COPY_JOBS_PLAIN if plain else sql.COPY_JOBS_FULL) as copier:
-            for record in copy_records(rows, ids, now, plain):
-                copier.write_row(record)
-    return jobs
+    """Enqueue keyless ``rows`` with COPY, in a transaction of its own (see
+    ``enqueue.copy``)."""
+    return run_sync(PsycopgDriver(conn), enqueue.copy(rows))
 
 
 def caller_connection_sync(connection: Any) -> psycopg.Connection[Any]:

@@ -4,6 +4,7 @@ extras), used from outside pgq's source tree."""
 from __future__ import annotations
 
 import os
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -55,9 +56,9 @@ async def test_an_applications_suite_runs_with_the_installed_plugin(
     """docs/testing.md's example, copied out of the source tree, run by the wheel's
     plugin (found through its entry point)."""
     suite = tmp_path / "app_tests"
-    suite.mkdir()
-    for name in ("signup.py", "test_signup.py", "conftest.py"):
-        (suite / name).write_text((ROOT / "docs" / "examples" / "testing" / name).read_text())
+    shutil.copytree(
+        ROOT / "docs" / "examples" / "testing", suite, ignore=shutil.ignore_patterns("__pycache__")
+    )
     out = await anyio.run_process(
         [str(installed / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
         cwd=suite,
@@ -65,7 +66,7 @@ async def test_an_applications_suite_runs_with_the_installed_plugin(
         check=False,
     )
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
-    assert b"3 passed" in out.stdout
+    assert b"4 passed" in out.stdout
 
 
 async def test_typed_enqueue_and_the_sync_client_from_the_wheel(

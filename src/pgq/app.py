@@ -2,28 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import random
 import re
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, Generic, Protocol, overload
 
+import anyio
 from typing_extensions import ParamSpec, TypeVar
 
 from pgq import _serde
 from pgq._cron import TimeSchedule, make_schedule
 from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
 from pgq.errors import ConfigError, UnknownTaskError
-from pgq.job import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_SECONDS, Job, JobContext, JobState
+from pgq.job import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    LIFESPAN_STATE,
+    MAX_SECONDS,
+    Job,
+    JobContext,
+    JobState,
+)
 
 #: A task's parameters after the context, and its result.
 P = ParamSpec("P", default=...)
 R = TypeVar("R", default=Any)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+_L = TypeVar("_L", bound="Callable[[], contextlib.AbstractAsyncContextManager[Any]]")
+
+#: What ``@app.lifespan`` takes: an async context manager factory taking no argument.
+Lifespan = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
@@ -91,6 +105,7 @@ class Task(Generic[P, R]):
         "_positional",
         "_required",
         "_var_keyword",
+        "app",
         "backoff",
         "fn",
         "is_async",
@@ -151,6 +166,8 @@ class Task(Generic[P, R]):
         #: The argument whose value is a job's limit key unless the enqueue gives one.
         self.limit_key_arg = limit_key_arg
         self.is_async = inspect.iscoroutinefunction(fn)
+        #: The App the task is registered on (None for a Task made on its own).
+        self.app: App | None = None
         self._read_signature()
         if limit_key_arg is not None and not (limit_key_arg in self._names or self._var_keyword):
             raise ConfigError(
@@ -350,6 +367,58 @@ class App:
         self._tasks: dict[str, Task] = {}
         self.hooks = Hooks()
         self.schedules: list[Schedule] = []
+        self._lifespan: Lifespan | None = None
+
+    def lifespan(self, fn: _L) -> _L:
+        """Register the worker's lifespan: an async context manager (e.g. made with
+        ``contextlib.asynccontextmanager``) entered once when a worker starts and left when
+        it stops, whatever the way (a signal, the end of ``--burst``, leaving ``async
+        with``, a start-up that fails after it). What it yields, tasks read with
+        ``ctx.state(Type)``::
+
+            @app.lifespan
+            @contextlib.asynccontextmanager
+            async def resources() -> AsyncIterator[Resources]:
+                async with httpx.AsyncClient() as http:
+                    yield Resources(http)
+
+        ``pgq worker``, an embedded :class:`~pgq.Worker`, ``testing.drain`` and
+        ``testing.run_task`` run it. One per App."""
+        if self._lifespan is not None:
+            raise ConfigError("this App has a lifespan already; register one, which may nest")
+        if not callable(fn):
+            raise ConfigError(f"@app.lifespan takes an async context manager, got {fn!r}")
+        self._lifespan = fn
+        return fn
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Enter the lifespan (if any) and make its value what ``ctx.state`` returns in the
+        jobs run inside; the worker and pgq.testing run jobs inside this."""
+        if self._lifespan is None:
+            yield
+            return
+        manager = self._lifespan()
+        if not isinstance(manager, contextlib.AbstractAsyncContextManager):
+            raise ConfigError(
+                f"the lifespan {self._lifespan!r} returned {manager!r}, not an async context "
+                "manager: decorate it with @contextlib.asynccontextmanager"
+            )
+        value = await manager.__aenter__()
+        token = LIFESPAN_STATE.set(value)
+        try:
+            yield
+        except BaseException as exc:
+            LIFESPAN_STATE.reset(token)
+            # Shielded: a worker leaving on an error (its task group cancelled) still
+            # closes what its lifespan opened.
+            with anyio.CancelScope(shield=True):
+                if not await manager.__aexit__(type(exc), exc, exc.__traceback__):
+                    raise
+        else:
+            LIFESPAN_STATE.reset(token)
+            with anyio.CancelScope(shield=True):
+                await manager.__aexit__(None, None, None)
 
     def middleware(self, fn: Middleware) -> Middleware:
         """Register middleware around every job of this App, outermost first::
@@ -491,6 +560,7 @@ class App:
             )
             if task.name in self._tasks:
                 raise ConfigError(f"task {task.name!r} is registered twice; pass name= to one")
+            task.app = self
             self._tasks[task.name] = task
             return task
 

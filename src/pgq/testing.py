@@ -17,6 +17,7 @@ import socket
 import tempfile
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -346,12 +347,13 @@ async def run_task(
     **kwargs: P.kwargs,
 ) -> R:
     """Call ``task``'s function as a worker would, with a real :class:`~pgq.JobContext`
-    (attempt 1, no database): plain ``def`` tasks in a thread. Returns its result; whatever
+    (attempt 1, no database), inside its App's lifespan: plain ``def`` tasks in a thread. Returns its result; whatever
     it raises (``pgq.Retry`` included) propagates."""
     spec = task.spec(*args, **kwargs)
     job: Job[R] = Job(0, task.queue, task.name, dict(spec.args), JobState.RUNNING, attempt=1)
-    ctx = JobContext(job)
-    if task.is_async:
-        result: R = await task.fn(ctx, **job.args)
-        return result
-    return await anyio.to_thread.run_sync(lambda: task.fn(ctx, **job.args))
+    async with task.app.running() if task.app is not None else nullcontext():
+        ctx = JobContext(job)
+        if task.is_async:
+            result: R = await task.fn(ctx, **job.args)
+            return result
+        return await anyio.to_thread.run_sync(lambda: task.fn(ctx, **job.args))

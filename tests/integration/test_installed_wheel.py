@@ -98,6 +98,27 @@ async def test_typed_enqueue_and_the_sync_client_from_the_wheel(
     assert lines[1] == "1 emails scheduled"
 
 
+async def test_a_burst_worker_from_the_wheel_runs_the_lifespan(
+    installed: Path, dsn: str, tmp_path: Path
+) -> None:
+    """docs/examples/lifespan.py under the wheel's `pgq worker --burst`: opened once,
+    tasks reach it through ctx.state, closed at the end."""
+    shutil.copy(ROOT / "docs" / "examples" / "lifespan.py", tmp_path)
+    enqueue = [str(installed / "pgq"), "enqueue", "greet", "--dsn", dsn, "--args"]
+    await anyio.run_process([*enqueue, '{"name": "ada"}'], cwd=tmp_path)
+    await anyio.run_process([*enqueue, '{"name": "bob"}'], cwd=tmp_path)
+    out = await anyio.run_process(
+        [str(installed / "pgq"), "worker", "lifespan:app", "--dsn", dsn, "--burst"],
+        cwd=tmp_path,
+    )
+    lines = out.stdout.decode().splitlines()
+    assert lines[0] == "lifespan: opened"
+    assert lines[1] in (
+        "lifespan: closed after greeting ada, bob",
+        "lifespan: closed after greeting bob, ada",
+    )
+
+
 USER_ENV = """\
 import asyncio
 

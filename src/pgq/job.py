@@ -291,11 +291,13 @@ class JobContext:
 
     @property
     def log(self) -> JobLogger:
-        """A logger whose records carry ``job_id``, ``task`` and ``attempt``."""
+        """A logger whose records carry ``job_id``, ``task``, ``queue`` and ``attempt``
+        (fields of ``pgq.logs.JsonFormatter``'s lines)."""
         if self._log is None:
             job = self.job
             self._log = JobLogger(
-                _task_logger, {"job_id": job.id, "task": job.task, "attempt": job.attempt}
+                _task_logger,
+                {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempt},
             )
         return self._log
 

@@ -3,6 +3,7 @@ extras), used from outside pgq's source tree."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import textwrap
@@ -27,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bin/ folder of a fresh venv where the built wheel is installed with its sync
-    extra, pytest and alembic (what an application's own environment would hold)."""
+    """The bin/ folder of a fresh venv where the built wheel is installed with its sync and
+    otel extras, OpenTelemetry's SDK, pytest and alembic (what an application's own
+    environment would hold)."""
     import subprocess
     import sys
 
@@ -43,7 +45,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([python, "-m", "venv", str(base / "venv")], check=True)
     bin_ = base / "venv" / "bin"
     subprocess.run(
-        [str(bin_ / "pip"), "install", "--quiet", f"{wheel}[sync]", "pytest"],
+        [
+            str(bin_ / "pip"),
+            "install",
+            "--quiet",
+            f"{wheel}[sync,otel]",
+            "opentelemetry-sdk",
+            "pytest",
+        ],
         check=True,
         capture_output=True,
     )
@@ -117,6 +126,43 @@ async def test_a_burst_worker_from_the_wheel_runs_the_lifespan(
         "lifespan: closed after greeting ada, bob",
         "lifespan: closed after greeting bob, ada",
     )
+
+
+async def test_json_logs_and_console_traces_from_the_wheels_worker(
+    installed: Path, dsn: str, tmp_path: Path
+) -> None:
+    """docs/examples/observed.py as docs/observability.md runs it: ctx.log's line is JSON
+    with the job's fields, and --tracing exports the attempt's span from OTEL_* variables
+    (no opentelemetry-instrument)."""
+    shutil.copy(ROOT / "docs" / "examples" / "observed.py", tmp_path)
+    pgq_ = str(installed / "pgq")
+    await anyio.run_process(
+        [pgq_, "enqueue", "charge", "--queue", "billing", "--args", '{"amount": 5}', "--dsn", dsn],
+        cwd=tmp_path,
+    )
+    out = await anyio.run_process(
+        [pgq_, "--log-format", "json", "worker", "observed:app", "--tracing", "--burst"],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PGQ_DSN": dsn,
+            "OTEL_TRACES_EXPORTER": "console",
+            "OTEL_SERVICE_NAME": "billing",
+        },
+    )
+    lines = [json.loads(line) for line in out.stderr.decode().splitlines()]
+    (charging,) = [line for line in lines if line["logger"] == "pgq.task"]
+    assert charging["message"] == "[job 1 charge#1] charging 5"
+    assert {k: charging[k] for k in ("job_id", "task", "queue", "attempt")} == {
+        "job_id": 1,
+        "task": "charge",
+        "queue": "billing",
+        "attempt": 1,
+    }
+    span = json.loads(out.stdout.decode())
+    assert span["name"] == "process billing" and span["kind"] == "SpanKind.CONSUMER"
+    assert span["attributes"]["messaging.message.id"] == "1"
+    assert span["resource"]["attributes"]["service.name"] == "billing"
 
 
 USER_ENV = """\

@@ -492,7 +492,9 @@ class Worker:
         running = sum(len(p.running) for p in producers)
         if running:
             log.warning(
-                "cancelling %d jobs still running at shutdown; they will be retried", running
+                "cancelling %d jobs still running at shutdown; they are handed back available, "
+                "those attempts not counted",
+                running,
             )
             for producer in producers:
                 producer.cancel_running(SHUTDOWN)

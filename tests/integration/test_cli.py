@@ -52,10 +52,10 @@ async def test_enqueue_then_burst_worker(python: str, dsn: str, tmp_path: Path) 
         env={"PGQ_DSN": dsn},
     )
     assert out.returncode == 0, out.stderr
-    header, *rows = out.stdout.splitlines()
+    header, *made = out.stdout.splitlines()
     assert header.split() == ["id", "state", "queue", "task"]
-    assert [row.split()[1:] for row in rows] == [["available", "work", "touch"]] * 3
-    ids = [int(row.split()[0]) for row in rows]
+    assert [line.split()[1:] for line in made] == [["available", "work", "touch"]] * 3
+    ids = [int(line.split()[0]) for line in made]
     run = pgq_cmd(
         python,
         "worker",

@@ -15,7 +15,7 @@ from typing import Any, Concatenate, Generic, Protocol, overload
 import anyio
 from typing_extensions import ParamSpec, TypeVar
 
-from pgq import _serde
+from pgq import _argtypes, _serde
 from pgq._cron import TimeSchedule, make_schedule
 from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
 from pgq.errors import ConfigError, UnknownTaskError
@@ -100,6 +100,7 @@ class Task(Generic[P, R]):
     and its result (``R``): ``task.spec(...)`` is checked by a type checker like a call."""
 
     __slots__ = (
+        "_checks",
         "_exact",
         "_names",
         "_positional",
@@ -183,6 +184,17 @@ class Task(Generic[P, R]):
                 f"task {self.name!r}: its first parameter receives the JobContext; declare "
                 "it, e.g. `async def task(ctx: pgq.JobContext, ...)`"
             )
+        hints = _argtypes.resolved_hints(self.fn)
+        first = hints.get(params[0].name, Any)
+        if first is not Any and not (
+            isinstance(first, type)
+            and (issubclass(first, JobContext) or issubclass(JobContext, first))
+        ):
+            raise ConfigError(
+                f"task {self.name!r}: the first parameter receives the JobContext, so "
+                f"{params[0].name} cannot be {_argtypes.describe(first)}; declare it "
+                "`ctx: pgq.JobContext` and the job's arguments after it"
+            )
         rest = params[1:]
         odd = [p.name for p in rest if p.kind in (_POSITIONAL_ONLY, _VAR_POSITIONAL)]
         if odd:
@@ -200,9 +212,26 @@ class Task(Generic[P, R]):
         self._exact = (
             self._names if self._names == self._required and not self._var_keyword else None
         )
+        #: (name, check, expected type) of each argument whose annotation JSON can carry.
+        self._checks = _argtypes.checks_of(self.fn, [p.name for p in named])
 
     def argument_problem(self, args: Mapping[str, Any]) -> str | None:
-        """Why ``args`` cannot be this task's keyword arguments, or None when they can."""
+        """Why ``args`` cannot be this task's keyword arguments (their names, and their
+        values against the annotations JSON can carry), or None when they can."""
+        problem = self.names_problem(args)
+        if problem is not None or not self._checks:
+            return problem
+        for name, check, expected in self._checks:
+            if name in args and not check(args[name]):
+                return (
+                    f"task {self.name!r}: argument {name} must be {expected}, got "
+                    f"{_argtypes.shown(args[name])}"
+                )
+        return None
+
+    def names_problem(self, args: Mapping[str, Any]) -> str | None:
+        """Why ``args`` cannot be this task's keyword arguments by their names alone (what a
+        worker checks before it runs a job), or None when they can."""
         if args.__class__ is _serde.UndecodableArgs:
             return args.problem
         keys = args.keys()

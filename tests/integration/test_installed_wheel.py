@@ -98,13 +98,20 @@ async def test_typed_enqueue_and_the_sync_client_from_the_wheel(
                 client.enqueue("send", {{"too": 1}})
             except pgq.ConfigError as exc:
                 print("refused:", exc)
+            try:
+                client.enqueue("send", {{"to": 1}})
+            except pgq.ConfigError as exc:
+                print("refused:", exc)
         print(job.id, job.queue, job.state)
         """)
     )
     out = await anyio.run_process([str(installed / "python"), str(script)], cwd=tmp_path)
     lines = out.stdout.decode().splitlines()
     assert lines[0].startswith("refused: task 'send' takes no argument too")
-    assert lines[1] == "1 emails scheduled"
+    assert lines[1] == (
+        "refused: task 'send': argument to must be str, got int 1; nothing was enqueued"
+    )
+    assert lines[2] == "1 emails scheduled"
 
 
 async def test_a_burst_worker_from_the_wheel_runs_the_lifespan(

@@ -189,8 +189,11 @@ def test_two_sessions_with_the_same_pid_share_a_server(server_dsn: str, tmp_path
         suite.mkdir()
         (suite / "conftest.py").write_text(SHARED_SERVER_CONFTEST)
         (suite / "test_shared.py").write_text(SHARED_SERVER_TEST)
+        if me == "b":
+            (suite / "pytest.ini").write_text("[pytest]\npgq_db_prefix = ci_b\n")
         env = {
             **os.environ,
+            "PGQ_TEST_DB_PREFIX": "not_this_one",  # the option, then the ini setting, win
             "PGQ_TEST_DSN": server_dsn,
             "ME": str(tmp_path / f"{me}.json"),
             "OTHER": str(tmp_path / f"{other}.json"),
@@ -211,14 +214,16 @@ def test_two_sessions_with_the_same_pid_share_a_server(server_dsn: str, tmp_path
         assert run.returncode == 0, out
         assert "1 passed" in out
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
-    assert a["template"].startswith("ci_a_") and b["template"].startswith("pgq_")
+    assert a["template"].startswith("ci_a_") and b["template"].startswith("ci_b_")
     assert a["dsn"] != b["dsn"]
 
 
 async def test_the_test_database_never_drops_what_it_did_not_make(
-    pgq_database: testing.TestDatabase, server_dsn: str
+    pgq_database: testing.TestDatabase, server_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A name already taken on the server is an error, not a database dropped and remade."""
+    monkeypatch.setenv("PGQ_TEST_DB_PREFIX", "from_env")
+    assert testing.TestDatabase(server_dsn).name_base.startswith("from_env_")
     mine = testing.TestDatabase(server_dsn, prefix="pgq_foreign")
     taken = f"{mine.name_base}_0"
     conn = await asyncpg.connect(server_dsn)

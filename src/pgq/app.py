@@ -7,22 +7,20 @@ import dataclasses
 import inspect
 import random
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Concatenate, Generic, Protocol, overload
 
-import anyio
 from typing_extensions import ParamSpec, TypeVar
 
-from pgq import _argtypes, _serde
+from pgq import _argtypes, _lifespan, _serde
 from pgq._cron import TimeSchedule, make_schedule
 from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
 from pgq.errors import ConfigError, UnknownTaskError
 from pgq.job import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_QUEUE,
-    LIFESPAN_STATE,
     MAX_SECONDS,
     Job,
     JobContext,
@@ -35,9 +33,6 @@ R = TypeVar("R", default=Any)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _L = TypeVar("_L", bound="Callable[[], contextlib.AbstractAsyncContextManager[Any]]")
-
-#: What ``@app.lifespan`` takes: an async context manager factory taking no argument.
-Lifespan = Callable[[], contextlib.AbstractAsyncContextManager[Any]]
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
@@ -396,7 +391,7 @@ class App:
         self._tasks: dict[str, Task] = {}
         self.hooks = Hooks()
         self.schedules: list[Schedule] = []
-        self._lifespan: Lifespan | None = None
+        self._lifespan: _lifespan.Lifespan | None = None
 
     def lifespan(self, fn: _L) -> _L:
         """Register the worker's lifespan: an async context manager (e.g. made with
@@ -420,34 +415,10 @@ class App:
         self._lifespan = fn
         return fn
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
+    def running(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Enter the lifespan (if any) and make its value what ``ctx.state`` returns in the
         jobs run inside; the worker and pgq.testing run jobs inside this."""
-        if self._lifespan is None:
-            yield
-            return
-        manager = self._lifespan()
-        if not isinstance(manager, contextlib.AbstractAsyncContextManager):
-            raise ConfigError(
-                f"the lifespan {self._lifespan!r} returned {manager!r}, not an async context "
-                "manager: decorate it with @contextlib.asynccontextmanager"
-            )
-        value = await manager.__aenter__()
-        token = LIFESPAN_STATE.set(value)
-        try:
-            yield
-        except BaseException as exc:
-            LIFESPAN_STATE.reset(token)
-            # Shielded: a worker leaving on an error (its task group cancelled) still
-            # closes what its lifespan opened.
-            with anyio.CancelScope(shield=True):
-                if not await manager.__aexit__(type(exc), exc, exc.__traceback__):
-                    raise
-        else:
-            LIFESPAN_STATE.reset(token)
-            with anyio.CancelScope(shield=True):
-                await manager.__aexit__(None, None, None)
+        return _lifespan.running(self._lifespan)
 
     def middleware(self, fn: Middleware) -> Middleware:
         """Register middleware around every job of this App, outermost first::

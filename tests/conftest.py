@@ -22,7 +22,8 @@ from pgq.testing import TestDatabase
 for _var in list(os.environ):
     if (
         _var.startswith(("PGQ_", "PG"))
-        and _var not in ("PGQ_TEST_DSN", "PGQ_TEST_EMBEDDED", "PGQ_TEST_EMBEDDED_DIR")
+        and _var
+        not in ("PGQ_TEST_DSN", "PGQ_TEST_EMBEDDED", "PGQ_TEST_EMBEDDED_DIR", "PGQ_TEST_DB_PREFIX")
     ) or _var == "DATABASE_URL":
         del os.environ[_var]
 

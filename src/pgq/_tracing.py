@@ -8,12 +8,17 @@ Attributes follow OpenTelemetry's messaging semantic conventions (``messaging.sy
 queue, ``messaging.message.id`` for the job id), with ``pgq.task``, ``pgq.attempt`` and
 ``pgq.worker`` beside them. Spans go to the global tracer provider: configure the SDK (and
 an exporter) in the application; without one they cost next to nothing and go nowhere.
+``pgq worker --tracing`` sets one up from ``OTEL_*`` variables when the SDK is installed
+and nothing configured one (:func:`configure_from_env`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from pgq import _serde
@@ -28,6 +33,8 @@ if TYPE_CHECKING:
 #: The metadata key that carries an enqueue's trace context.
 METADATA_KEY = "pgq_trace"
 SYSTEM = "pgq"
+
+log = logging.getLogger("pgq.worker")
 
 
 def require() -> None:
@@ -130,3 +137,47 @@ def attempt_middleware(worker_name: str) -> Middleware:
                 raise
 
     return trace_attempt
+
+
+def configure_from_env() -> Any:
+    """For ``pgq worker --tracing``: when no tracer provider is set yet (none from
+    ``opentelemetry-instrument`` or the application) and the OpenTelemetry SDK is installed,
+    set one up from the ``OTEL_*`` variables (``OTEL_TRACES_EXPORTER``, default ``otlp``;
+    ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, and the exporter's own). Returns
+    the provider to shut down at exit (which flushes its spans), or None when it set none."""
+    require()
+    from opentelemetry import trace
+
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return None  # configured already: leave it
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log.warning(
+            "--tracing: no OpenTelemetry SDK installed, so spans go nowhere; install "
+            "opentelemetry-sdk and an exporter (configured by OTEL_* variables), or run "
+            "under opentelemetry-instrument"
+        )
+        return None
+    names = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+    exporters = []
+    for name in (n.strip() for n in names.split(",")):
+        if name in ("", "none"):
+            continue
+        found = entry_points(group="opentelemetry_traces_exporter", name=name)
+        if not found:
+            raise ConfigError(
+                f"OTEL_TRACES_EXPORTER={names}: no exporter {name!r} is installed (otlp: "
+                "pip install opentelemetry-exporter-otlp; console comes with the SDK)"
+            )
+        exporters.append(next(iter(found)).load()())
+    if not exporters:
+        return None
+    provider = TracerProvider(resource=Resource.create())
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    log.info("tracing: spans exported to %s (OTEL_TRACES_EXPORTER)", names)
+    return provider

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import random
@@ -13,17 +14,25 @@ from typing import Any, Concatenate, Generic, Protocol, overload
 
 from typing_extensions import ParamSpec, TypeVar
 
-from pgq import _serde
+from pgq import _argtypes, _lifespan, _serde
 from pgq._cron import TimeSchedule, make_schedule
 from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
 from pgq.errors import ConfigError, UnknownTaskError
-from pgq.job import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE, MAX_SECONDS, Job, JobContext, JobState
+from pgq.job import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    MAX_SECONDS,
+    Job,
+    JobContext,
+    JobState,
+)
 
 #: A task's parameters after the context, and its result.
 P = ParamSpec("P", default=...)
 R = TypeVar("R", default=Any)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
+_L = TypeVar("_L", bound="Callable[[], contextlib.AbstractAsyncContextManager[Any]]")
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 _TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
@@ -86,11 +95,13 @@ class Task(Generic[P, R]):
     and its result (``R``): ``task.spec(...)`` is checked by a type checker like a call."""
 
     __slots__ = (
+        "_checks",
         "_exact",
         "_names",
         "_positional",
         "_required",
         "_var_keyword",
+        "app",
         "backoff",
         "fn",
         "is_async",
@@ -151,6 +162,8 @@ class Task(Generic[P, R]):
         #: The argument whose value is a job's limit key unless the enqueue gives one.
         self.limit_key_arg = limit_key_arg
         self.is_async = inspect.iscoroutinefunction(fn)
+        #: The App the task is registered on (None for a Task made on its own).
+        self.app: App | None = None
         self._read_signature()
         if limit_key_arg is not None and not (limit_key_arg in self._names or self._var_keyword):
             raise ConfigError(
@@ -165,6 +178,17 @@ class Task(Generic[P, R]):
             raise ConfigError(
                 f"task {self.name!r}: its first parameter receives the JobContext; declare "
                 "it, e.g. `async def task(ctx: pgq.JobContext, ...)`"
+            )
+        hints = _argtypes.resolved_hints(self.fn)
+        first = hints.get(params[0].name, Any)
+        if first is not Any and not (
+            isinstance(first, type)
+            and (issubclass(first, JobContext) or issubclass(JobContext, first))
+        ):
+            raise ConfigError(
+                f"task {self.name!r}: the first parameter receives the JobContext, so "
+                f"{params[0].name} cannot be {_argtypes.describe(first)}; declare it "
+                "`ctx: pgq.JobContext` and the job's arguments after it"
             )
         rest = params[1:]
         odd = [p.name for p in rest if p.kind in (_POSITIONAL_ONLY, _VAR_POSITIONAL)]
@@ -183,9 +207,26 @@ class Task(Generic[P, R]):
         self._exact = (
             self._names if self._names == self._required and not self._var_keyword else None
         )
+        #: (name, check, expected type) of each argument whose annotation JSON can carry.
+        self._checks = _argtypes.checks_of(self.fn, [p.name for p in named])
 
     def argument_problem(self, args: Mapping[str, Any]) -> str | None:
-        """Why ``args`` cannot be this task's keyword arguments, or None when they can."""
+        """Why ``args`` cannot be this task's keyword arguments (their names, and their
+        values against the annotations JSON can carry), or None when they can."""
+        problem = self.names_problem(args)
+        if problem is not None or not self._checks:
+            return problem
+        for name, check, expected in self._checks:
+            if name in args and not check(args[name]):
+                return (
+                    f"task {self.name!r}: argument {name} must be {expected}, got "
+                    f"{_argtypes.shown(args[name])}"
+                )
+        return None
+
+    def names_problem(self, args: Mapping[str, Any]) -> str | None:
+        """Why ``args`` cannot be this task's keyword arguments by their names alone (what a
+        worker checks before it runs a job), or None when they can."""
         if args.__class__ is _serde.UndecodableArgs:
             return args.problem
         keys = args.keys()
@@ -350,6 +391,34 @@ class App:
         self._tasks: dict[str, Task] = {}
         self.hooks = Hooks()
         self.schedules: list[Schedule] = []
+        self._lifespan: _lifespan.Lifespan | None = None
+
+    def lifespan(self, fn: _L) -> _L:
+        """Register the worker's lifespan: an async context manager (e.g. made with
+        ``contextlib.asynccontextmanager``) entered once when a worker starts and left when
+        it stops, whatever the way (a signal, the end of ``--burst``, leaving ``async
+        with``, a start-up that fails after it). What it yields, tasks read with
+        ``ctx.state(Type)``::
+
+            @app.lifespan
+            @contextlib.asynccontextmanager
+            async def resources() -> AsyncIterator[Resources]:
+                async with httpx.AsyncClient() as http:
+                    yield Resources(http)
+
+        ``pgq worker``, an embedded :class:`~pgq.Worker`, ``testing.drain`` and
+        ``testing.run_task`` run it. One per App."""
+        if self._lifespan is not None:
+            raise ConfigError("this App has a lifespan already; register one, which may nest")
+        if not callable(fn):
+            raise ConfigError(f"@app.lifespan takes an async context manager, got {fn!r}")
+        self._lifespan = fn
+        return fn
+
+    def running(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Enter the lifespan (if any) and make its value what ``ctx.state`` returns in the
+        jobs run inside; the worker and pgq.testing run jobs inside this."""
+        return _lifespan.running(self._lifespan)
 
     def middleware(self, fn: Middleware) -> Middleware:
         """Register middleware around every job of this App, outermost first::
@@ -491,6 +560,7 @@ class App:
             )
             if task.name in self._tasks:
                 raise ConfigError(f"task {task.name!r} is registered twice; pass name= to one")
+            task.app = self
             self._tasks[task.name] = task
             return task
 

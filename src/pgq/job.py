@@ -7,6 +7,7 @@ import enum
 import logging
 import uuid
 from collections.abc import Iterable, Mapping, MutableMapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, Protocol
@@ -17,6 +18,13 @@ from pgq.errors import ConfigError
 
 #: The result type of a job's task.
 R = TypeVar("R", default=Any)
+
+_S = TypeVar("_S")
+
+#: The value the App's lifespan yielded, for the jobs a worker (or pgq.testing) runs inside
+#: it; each worker's tasks inherit it from the task that entered the lifespan.
+LIFESPAN_STATE: ContextVar[object] = ContextVar("pgq_lifespan_state")
+_NO_STATE = object()
 
 #: The queue of a task that names none.
 DEFAULT_QUEUE = "default"
@@ -225,10 +233,12 @@ class JobContext:
     """What a task receives first: its job, a logger bound to it, cancellation state, and the
     means to settle its attempt inside its own transaction (:meth:`complete` and siblings)."""
 
-    __slots__ = ("_cancel", "_log", "_parents", "_settled", "_settler", "job")
+    __slots__ = ("_cancel", "_log", "_parents", "_settled", "_settler", "_state", "job")
 
     def __init__(self, job: Job, settler: Settling | None = None) -> None:
         self.job = job
+        # Read here, in the worker's task: a plain def task reads it later from a thread.
+        self._state = LIFESPAN_STATE.get(_NO_STATE)
         # None until set: most jobs have no parents, and a running job holds the fewest
         # objects (each one more for the garbage collector to walk while it runs).
         self._parents: list[Job] | None = None
@@ -281,13 +291,33 @@ class JobContext:
 
     @property
     def log(self) -> JobLogger:
-        """A logger whose records carry ``job_id``, ``task`` and ``attempt``."""
+        """A logger whose records carry ``job_id``, ``task``, ``queue`` and ``attempt``
+        (fields of ``pgq.logs.JsonFormatter``'s lines)."""
         if self._log is None:
             job = self.job
             self._log = JobLogger(
-                _task_logger, {"job_id": job.id, "task": job.task, "attempt": job.attempt}
+                _task_logger,
+                {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempt},
             )
         return self._log
+
+    def state(self, kind: type[_S]) -> _S:
+        """What the App's lifespan (``@app.lifespan``) yielded, checked to be a ``kind``:
+        the worker's engine, HTTP client or model, opened once per worker.
+        ``ctx.state(Resources).http`` is typed as ``Resources`` says."""
+        value = self._state
+        if value is _NO_STATE:
+            raise ConfigError(
+                "ctx.state(): no lifespan is running; register one with @app.lifespan "
+                "(it runs around pgq worker, an embedded Worker, testing.drain and "
+                "testing.run_task)"
+            )
+        if not isinstance(value, kind):
+            raise TypeError(
+                f"ctx.state({kind.__name__}): the lifespan yielded a "
+                f"{type(value).__name__}, not a {kind.__name__}"
+            )
+        return value
 
     @property
     def cancel_requested(self) -> bool:

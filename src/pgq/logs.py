@@ -39,9 +39,14 @@ def printable(text: str, *, newlines: bool = False) -> str:
     return text.translate(_ESCAPES_KEEPING_NEWLINES if newlines else _ESCAPES)
 
 
+#: The job's fields a task's own lines (``ctx.log``) carry as record attributes.
+_JOB_FIELDS = ("job_id", "task", "queue", "attempt")
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``time`` (UTC, ISO 8601), ``level``, ``logger``,
-    ``message``, the record's ``pgq`` fields, and ``exception`` when there is one."""
+    ``message``, the record's ``pgq`` fields (a task's ``ctx.log`` lines: ``job_id``,
+    ``task``, ``queue``, ``attempt``), and ``exception`` when there is one."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -53,6 +58,10 @@ class JsonFormatter(logging.Formatter):
         fields = getattr(record, "pgq", None)
         if isinstance(fields, dict):
             out.update({k: v for k, v in fields.items() if k not in out})
+        else:
+            for name in _JOB_FIELDS:
+                if name in record.__dict__ and name not in out:
+                    out[name] = record.__dict__[name]
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False, default=str)

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
+import secrets
 import socket
 import tempfile
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,9 +49,6 @@ __all__ = (
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_counter = itertools.count()
-
-
 # --------------------------------------------------------------------------- databases
 
 
@@ -60,24 +60,64 @@ class TestDatabase:
     an embedded server (``pip install 'pgq-async[embedded]'``) whose data stays in
     ``PGQ_TEST_EMBEDDED_DIR`` (default: a folder in the system's temporary directory).
     Databases are copies of a template migrated once, so each costs a few milliseconds.
+
+    Their names are ``<prefix>_<token>_...``: ``prefix`` (default ``pgq``, else
+    ``PGQ_TEST_DB_PREFIX``) and a random token of this object's own, so suites sharing a
+    server (CI containers whose process ids repeat) never meet; only databases this object
+    created are ever dropped. ``setup`` runs once on the template after pgq's migrations,
+    with its DSN: the application's own migrations.
     """
 
     __test__ = False  # not a test class, whatever pytest's naming rules say
 
-    def __init__(self, server_dsn: str, embedded: Any = None) -> None:
+    def __init__(
+        self,
+        server_dsn: str,
+        embedded: Any = None,
+        *,
+        prefix: str | None = None,
+        setup: Callable[[str], None] | None = None,
+    ) -> None:
         self.server_dsn = server_dsn
         self._embedded = embedded
         self._template: str | None = None
+        self._setup = setup
+        prefix = prefix or os.environ.get("PGQ_TEST_DB_PREFIX") or "pgq"
+        if not re.fullmatch(r"[a-z_][a-z0-9_]{0,29}", prefix):
+            raise ConfigError(
+                f"test database prefix {prefix!r}: use up to 30 lower-case letters, digits "
+                "and underscores, not starting with a digit"
+            )
+        #: What every database of this object's is named after: ``<prefix>_<random token>``.
+        self.name_base = f"{prefix}_{secrets.token_hex(6)}"
+        self._created: set[str] = set()
+        self._counter = itertools.count()
+
+    @staticmethod
+    def choice() -> str:
+        """Which server :meth:`start` would use, and why, in a sentence (for pytest's header)."""
+        explicit = os.environ.get("PGQ_TEST_DSN")
+        if explicit:
+            return f"the server of PGQ_TEST_DSN ({_redacted(explicit)})"
+        if os.environ.get("PGQ_TEST_EMBEDDED") != "1" and _port_open("127.0.0.1", 5432):
+            user = os.environ.get("PGUSER", "postgres")
+            return (
+                f"the server answering at 127.0.0.1:5432, as user {user} (PGQ_TEST_DSN unset; "
+                "set it, or PGQ_TEST_EMBEDDED=1, to choose another)"
+            )
+        return "an embedded server (PGQ_TEST_DSN unset, nothing at 127.0.0.1:5432)"
 
     @classmethod
-    def start(cls) -> TestDatabase:
+    def start(
+        cls, *, prefix: str | None = None, setup: Callable[[str], None] | None = None
+    ) -> TestDatabase:
         """Find (or start) the server; blocking."""
         explicit = os.environ.get("PGQ_TEST_DSN")
         if explicit:
-            return cls(explicit)
+            return cls(explicit, prefix=prefix, setup=setup)
         if os.environ.get("PGQ_TEST_EMBEDDED") != "1" and _port_open("127.0.0.1", 5432):
             user = os.environ.get("PGUSER", "postgres")
-            return cls(f"postgresql://{user}@127.0.0.1:5432/postgres")
+            return cls(f"postgresql://{user}@127.0.0.1:5432/postgres", prefix=prefix, setup=setup)
         try:
             with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
                 warnings.simplefilter("ignore")
@@ -93,44 +133,53 @@ class TestDatabase:
         )
         data.mkdir(parents=True, exist_ok=True)
         server = pgserver.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
-        return cls(server.get_uri(), server)
+        return cls(server.get_uri(), server, prefix=prefix, setup=setup)
 
     def dsn_of(self, database: str) -> str:
         """The server's DSN, pointing at ``database``."""
         return urlunsplit(urlsplit(self.server_dsn)._replace(path="/" + database))
 
     def template(self) -> str:
-        """The name of a database migrated to head, made on first use."""
+        """The name of a database migrated to head (and by ``setup``), made on first use."""
         if self._template is None:
-            name = f"pgq_template_{os.getpid()}"
-            anyio.run(self._admin, name, None)
+            name = f"{self.name_base}_template"
+            anyio.run(self._create, name, None)
             migrate.upgrade(self.dsn_of(name))
+            if self._setup is not None:
+                self._setup(self.dsn_of(name))
             self._template = name
         return self._template
 
     def create(self, *, migrated: bool = True) -> str:
         """A new database of its own (migrated, unless told otherwise); returns its DSN."""
-        name = f"pgq_t_{os.getpid()}_{next(_counter)}"
-        anyio.run(self._admin, name, self.template() if migrated else None)
+        name = f"{self.name_base}_{next(self._counter)}"
+        anyio.run(self._create, name, self.template() if migrated else None)
         return self.dsn_of(name)
 
     def drop(self, dsn: str) -> None:
-        """Drop a database made by :meth:`create`."""
-        anyio.run(self._drop, urlsplit(dsn).path.lstrip("/"))
+        """Drop a database made by :meth:`create` (any other name is refused)."""
+        name = urlsplit(dsn).path.lstrip("/")
+        if name not in self._created:
+            raise ConfigError(f"database {name!r} was not created by this TestDatabase")
+        anyio.run(self._drop, name)
 
     def close(self) -> None:
-        """Drop the template, and stop an embedded server."""
-        if self._template is not None:
-            anyio.run(self._drop, self._template)
-            self._template = None
+        """Drop what is left of the databases made here, the template last, and stop an
+        embedded server."""
+        template, self._template = self._template, None
+        for name in sorted(self._created - {template}):
+            anyio.run(self._drop, name)
+        if template is not None:
+            anyio.run(self._drop, template)
         if self._embedded is not None:
             self._embedded.cleanup()
 
-    async def _admin(self, name: str, template: str | None) -> None:
+    async def _create(self, name: str, template: str | None) -> None:
+        # CREATE fails on a name taken: never drop one first, it may be another suite's.
         conn = await asyncpg.connect(self.server_dsn)
         try:
-            await admin.drop_database(conn, name)
             await admin.create_database(conn, name, template)
+            self._created.add(name)
         finally:
             await conn.close()
 
@@ -138,8 +187,16 @@ class TestDatabase:
         conn = await asyncpg.connect(self.server_dsn)
         try:
             await admin.drop_database(conn, name)
+            self._created.discard(name)
         finally:
             await conn.close()
+
+
+def _redacted(dsn: str) -> str:
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
 
 
 def _port_open(host: str, port: int) -> bool:
@@ -290,12 +347,13 @@ async def run_task(
     **kwargs: P.kwargs,
 ) -> R:
     """Call ``task``'s function as a worker would, with a real :class:`~pgq.JobContext`
-    (attempt 1, no database): plain ``def`` tasks in a thread. Returns its result; whatever
+    (attempt 1, no database), inside its App's lifespan: plain ``def`` tasks in a thread. Returns its result; whatever
     it raises (``pgq.Retry`` included) propagates."""
     spec = task.spec(*args, **kwargs)
     job: Job[R] = Job(0, task.queue, task.name, dict(spec.args), JobState.RUNNING, attempt=1)
-    ctx = JobContext(job)
-    if task.is_async:
-        result: R = await task.fn(ctx, **job.args)
-        return result
-    return await anyio.to_thread.run_sync(lambda: task.fn(ctx, **job.args))
+    async with task.app.running() if task.app is not None else nullcontext():
+        ctx = JobContext(job)
+        if task.is_async:
+            result: R = await task.fn(ctx, **job.args)
+            return result
+        return await anyio.to_thread.run_sync(lambda: task.fn(ctx, **job.args))

@@ -52,8 +52,10 @@ async def test_enqueue_then_burst_worker(python: str, dsn: str, tmp_path: Path) 
         env={"PGQ_DSN": dsn},
     )
     assert out.returncode == 0, out.stderr
-    ids = [int(line.split("\t")[0]) for line in out.stdout.splitlines()]
-    assert len(ids) == 3
+    header, *made = out.stdout.splitlines()
+    assert header.split() == ["id", "state", "queue", "task"]
+    assert [line.split()[1:] for line in made] == [["available", "work", "touch"]] * 3
+    ids = [int(line.split()[0]) for line in made]
     run = pgq_cmd(
         python,
         "worker",
@@ -309,7 +311,7 @@ INTERRUPTED = "interrupted by worker shutdown"
 
 
 async def _worker_with_a_running_job(
-    python: str, dsn: str, tmp_path: Path, shutdown_timeout: str
+    python: str, dsn: str, tmp_path: Path, shutdown_timeout: str, *flags: str
 ) -> tuple[subprocess.Popen[str], int]:
     (tmp_path / "slow_tasks.py").write_text(SLOW_APP)
     async with pgq.Client(dsn) as client:
@@ -325,6 +327,7 @@ async def _worker_with_a_running_job(
             dsn,
             "--shutdown-timeout",
             shutdown_timeout,
+            *flags,
         ],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
@@ -365,6 +368,48 @@ async def test_sigterm_stops_gracefully_and_leaves_nothing_running(
     assert proc.returncode == 0
     assert "SIGTERM: stopping gracefully" in err
     assert await _state_after(dsn, job_id) == ("available", 0, 0, INTERRUPTED)
+
+
+async def test_an_interrupted_attempt_is_logged_and_shown_alike(
+    python: str, dsn: str, tmp_path: Path
+) -> None:
+    """The log line and `pgq jobs show` agree: attempt 1 was not counted, 0 of 20 are."""
+    import signal
+
+    proc, job_id = await _worker_with_a_running_job(python, dsn, tmp_path, "0.2", "--log-jobs")
+    proc.send_signal(signal.SIGTERM)
+    _, err = await anyio.to_thread.run_sync(proc.communicate, None, 30)
+    assert proc.returncode == 0, err
+    assert "they are handed back available, those attempts not counted" in err
+    assert (
+        f"job {job_id} (slow, queue default) attempt 1 of 20 not counted (0 of 20 counted), "
+        f"the job available again: {INTERRUPTED}"
+    ) in err
+    shown = pgq_cmd(python, "jobs", "show", str(job_id), "--dsn", dsn, cwd=tmp_path)
+    assert (
+        f"  attempts      0 of 20 counted; attempt 1 not counted: {INTERRUPTED}\n" in shown.stdout
+    )
+
+
+async def test_a_reader_that_leaves_ends_the_output_quietly(
+    python: str, dsn: str, client: pgq.Client, tmp_path: Path
+) -> None:
+    """`pgq jobs list --json | head -1`: no BrokenPipeError traceback, SIGPIPE's status."""
+    await client.enqueue_many([pgq.JobSpec("t", {"pad": "x" * 500})] * 400)
+    proc = subprocess.Popen(  # noqa: ASYNC220 - a real process; its pipe is read in a thread
+        [python, "-m", "pgq", "jobs", "list", "--json", "--limit", "400", "--dsn", dsn],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert await anyio.to_thread.run_sync(proc.stdout.readline) == "[\n"
+    proc.stdout.close()  # as `head` does once it has its lines
+    err = await anyio.to_thread.run_sync(proc.stderr.read)
+    proc.stderr.close()
+    assert await anyio.to_thread.run_sync(proc.wait, 30) == 141
+    assert err == ""
 
 
 async def test_a_second_sigint_stops_at_once(python: str, dsn: str, tmp_path: Path) -> None:

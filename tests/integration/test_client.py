@@ -299,21 +299,28 @@ async def test_a_batch_of_task_specs_is_written_as_returned_and_wakes_its_queues
     assert {j.queue for j in jobs[::2]} == {"qb"} and {j.queue for j in jobs[1::2]} == {"qa"}
 
 
-@pytest.mark.parametrize("bad", ["arguments", "unserializable"])
+@pytest.mark.parametrize("bad", ["arguments", "types", "unserializable"])
 async def test_a_bad_spec_late_in_a_batch_of_task_specs_writes_nothing_and_wakes_no_one(
     client: pgq.Client, conn: Conn, dsn: str, bad: str
 ) -> None:
     """Job 700 of 1,000 fails to prepare after the batch's transaction has begun and its
     ids were drawn: it raises naming the job, nothing is written, no one is woken, and no
     connection is left in the transaction."""
-    _, a, _ = _two_queues_app()
+    app, a, _ = _two_queues_app()
     specs = [a.spec(i=i) for i in range(1000)]
+    error: type[Exception] = ConfigError
     if bad == "arguments":
         specs[700] = pgq.JobSpec(a, {"x": 1})
-        error: type[Exception] = ConfigError
         match = "job 700: task 'a' takes no argument x"
+    elif bad == "types":
+        specs[700] = pgq.JobSpec(a, {"i": "7"})
+        match = "job 700: task 'a': argument i must be int, got str '7'; nothing was enqueued"
     else:
-        specs[700] = pgq.JobSpec(a, {"i": datetime.now()})
+
+        @app.task(queue="qa")
+        async def untyped(ctx: pgq.JobContext, i: object) -> None: ...
+
+        specs[700] = pgq.JobSpec(untyped, {"i": datetime.now()})
         error, match = SerializationError, "job 700: .*is of type datetime"
     async with job_notes(dsn) as notes:
         with pytest.raises(error, match=match):

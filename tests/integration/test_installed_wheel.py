@@ -3,7 +3,9 @@ extras), used from outside pgq's source tree."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -26,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bin/ folder of a fresh venv where the built wheel is installed with its sync
-    extra, pytest and alembic (what an application's own environment would hold)."""
+    """The bin/ folder of a fresh venv where the built wheel is installed with its sync and
+    otel extras, OpenTelemetry's SDK, pytest and alembic (what an application's own
+    environment would hold)."""
     import subprocess
     import sys
 
@@ -42,7 +45,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([python, "-m", "venv", str(base / "venv")], check=True)
     bin_ = base / "venv" / "bin"
     subprocess.run(
-        [str(bin_ / "pip"), "install", "--quiet", f"{wheel}[sync]", "pytest"],
+        [
+            str(bin_ / "pip"),
+            "install",
+            "--quiet",
+            f"{wheel}[sync,otel]",
+            "opentelemetry-sdk",
+            "pytest",
+        ],
         check=True,
         capture_output=True,
     )
@@ -55,9 +65,9 @@ async def test_an_applications_suite_runs_with_the_installed_plugin(
     """docs/testing.md's example, copied out of the source tree, run by the wheel's
     plugin (found through its entry point)."""
     suite = tmp_path / "app_tests"
-    suite.mkdir()
-    for name in ("signup.py", "test_signup.py", "conftest.py"):
-        (suite / name).write_text((ROOT / "docs" / "examples" / "testing" / name).read_text())
+    shutil.copytree(
+        ROOT / "docs" / "examples" / "testing", suite, ignore=shutil.ignore_patterns("__pycache__")
+    )
     out = await anyio.run_process(
         [str(installed / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
         cwd=suite,
@@ -65,7 +75,7 @@ async def test_an_applications_suite_runs_with_the_installed_plugin(
         check=False,
     )
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
-    assert b"3 passed" in out.stdout
+    assert b"4 passed" in out.stdout
 
 
 async def test_typed_enqueue_and_the_sync_client_from_the_wheel(
@@ -88,13 +98,78 @@ async def test_typed_enqueue_and_the_sync_client_from_the_wheel(
                 client.enqueue("send", {{"too": 1}})
             except pgq.ConfigError as exc:
                 print("refused:", exc)
+            try:
+                client.enqueue("send", {{"to": 1}})
+            except pgq.ConfigError as exc:
+                print("refused:", exc)
         print(job.id, job.queue, job.state)
         """)
     )
     out = await anyio.run_process([str(installed / "python"), str(script)], cwd=tmp_path)
     lines = out.stdout.decode().splitlines()
     assert lines[0].startswith("refused: task 'send' takes no argument too")
-    assert lines[1] == "1 emails scheduled"
+    assert lines[1] == (
+        "refused: task 'send': argument to must be str, got int 1; nothing was enqueued"
+    )
+    assert lines[2] == "1 emails scheduled"
+
+
+async def test_a_burst_worker_from_the_wheel_runs_the_lifespan(
+    installed: Path, dsn: str, tmp_path: Path
+) -> None:
+    """docs/examples/lifespan.py under the wheel's `pgq worker --burst`: opened once,
+    tasks reach it through ctx.state, closed at the end."""
+    shutil.copy(ROOT / "docs" / "examples" / "lifespan.py", tmp_path)
+    enqueue = [str(installed / "pgq"), "enqueue", "greet", "--dsn", dsn, "--args"]
+    await anyio.run_process([*enqueue, '{"name": "ada"}'], cwd=tmp_path)
+    await anyio.run_process([*enqueue, '{"name": "bob"}'], cwd=tmp_path)
+    out = await anyio.run_process(
+        [str(installed / "pgq"), "worker", "lifespan:app", "--dsn", dsn, "--burst"],
+        cwd=tmp_path,
+    )
+    lines = out.stdout.decode().splitlines()
+    assert lines[0] == "lifespan: opened"
+    assert lines[1] in (
+        "lifespan: closed after greeting ada, bob",
+        "lifespan: closed after greeting bob, ada",
+    )
+
+
+async def test_json_logs_and_console_traces_from_the_wheels_worker(
+    installed: Path, dsn: str, tmp_path: Path
+) -> None:
+    """docs/examples/observed.py as docs/observability.md runs it: ctx.log's line is JSON
+    with the job's fields, and --tracing exports the attempt's span from OTEL_* variables
+    (no opentelemetry-instrument)."""
+    shutil.copy(ROOT / "docs" / "examples" / "observed.py", tmp_path)
+    pgq_ = str(installed / "pgq")
+    await anyio.run_process(
+        [pgq_, "enqueue", "charge", "--queue", "billing", "--args", '{"amount": 5}', "--dsn", dsn],
+        cwd=tmp_path,
+    )
+    out = await anyio.run_process(
+        [pgq_, "--log-format", "json", "worker", "observed:app", "--tracing", "--burst"],
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PGQ_DSN": dsn,
+            "OTEL_TRACES_EXPORTER": "console",
+            "OTEL_SERVICE_NAME": "billing",
+        },
+    )
+    lines = [json.loads(line) for line in out.stderr.decode().splitlines()]
+    (charging,) = [line for line in lines if line["logger"] == "pgq.task"]
+    assert charging["message"] == "[job 1 charge#1] charging 5"
+    assert {k: charging[k] for k in ("job_id", "task", "queue", "attempt")} == {
+        "job_id": 1,
+        "task": "charge",
+        "queue": "billing",
+        "attempt": 1,
+    }
+    span = json.loads(out.stdout.decode())
+    assert span["name"] == "process billing" and span["kind"] == "SpanKind.CONSUMER"
+    assert span["attributes"]["messaging.message.id"] == "1"
+    assert span["resource"]["attributes"]["service.name"] == "billing"
 
 
 USER_ENV = """\

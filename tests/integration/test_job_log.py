@@ -13,6 +13,7 @@ import anyio
 import pytest
 
 import pgq
+import pgq.testing
 from pgq._worker.joblog import JobLog
 from pgq.logs import JsonFormatter
 from tests.integration.test_liveness import FAST
@@ -163,6 +164,24 @@ def test_the_json_formatter_keeps_exceptions_and_odd_values() -> None:
     out = json.loads(JsonFormatter().format(record))
     assert out["message"] == "failed <x>" and out["job_id"] == 5 and out["when"] == "/tmp"
     assert "RuntimeError: boom" in out["exception"]
+
+
+async def test_a_tasks_own_lines_carry_the_jobs_fields_in_json(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """docs/observability.md: ctx.log's lines are JSON objects with the job's fields."""
+    app = pgq.App()
+
+    @app.task(queue="billing")
+    async def charge(ctx: pgq.JobContext, amount: int) -> None:
+        ctx.log.info("charging %d", amount)
+
+    with caplog.at_level(logging.INFO, logger="pgq.task"):
+        await pgq.testing.run_task(charge, 5)
+    (record,) = [r for r in caplog.records if r.name == "pgq.task"]
+    out = json.loads(JsonFormatter().format(record))
+    assert out["message"] == "[job 0 charge#1] charging 5"
+    assert (out["job_id"], out["task"], out["queue"], out["attempt"]) == (0, "charge", "billing", 1)
 
 
 async def test_a_bad_log_format_is_refused(dsn: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 import anyio
+import asyncpg
 import pytest
 
 import pgq
@@ -129,7 +131,7 @@ def test_an_applications_suite_runs_with_the_plugin(server_dsn: str, tmp_path: P
     plugin arrives through its entry point and finds the server from PGQ_TEST_DSN."""
     env = {**os.environ, "PGQ_TEST_DSN": server_dsn}
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "docs/examples/testing"],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "docs/examples/testing"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -137,7 +139,109 @@ def test_an_applications_suite_runs_with_the_plugin(server_dsn: str, tmp_path: P
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "3 passed" in out.stdout
+    assert "4 passed" in out.stdout
+    assert "pgq: tests use the server of PGQ_TEST_DSN" in out.stdout
+
+
+SHARED_SERVER_CONFTEST = """\
+import os
+
+os.getpid = lambda: 4242  # two CI containers: their own PID namespaces, the same pid
+"""
+
+SHARED_SERVER_TEST = """\
+import json
+import os
+import time
+from pathlib import Path
+
+import anyio
+import asyncpg
+
+
+async def count_jobs(dsn):
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval("SELECT count(*) FROM pgq_jobs")
+    finally:
+        await conn.close()
+
+
+def test_side_by_side(pgq_database, pgq_dsn):
+    me, other = Path(os.environ["ME"]), Path(os.environ["OTHER"])
+    me.write_text(json.dumps({"dsn": pgq_dsn, "template": pgq_database.template()}))
+    deadline = time.monotonic() + 60
+    while not other.exists():  # both sessions hold their template at once
+        assert time.monotonic() < deadline, "the other session never started"
+        time.sleep(0.05)
+    later = pgq_database.create()  # from this session's template, still there
+    assert anyio.run(count_jobs, pgq_dsn) == anyio.run(count_jobs, later) == 0
+    pgq_database.drop(later)
+"""
+
+
+def test_two_sessions_with_the_same_pid_share_a_server(server_dsn: str, tmp_path: Path) -> None:
+    """Two suites at once on one server, their process ids alike (two containers): names
+    cannot collide, neither drops the other's databases, both pass."""
+    runs = []
+    for me, other in (("a", "b"), ("b", "a")):
+        suite = tmp_path / me
+        suite.mkdir()
+        (suite / "conftest.py").write_text(SHARED_SERVER_CONFTEST)
+        (suite / "test_shared.py").write_text(SHARED_SERVER_TEST)
+        if me == "b":
+            (suite / "pytest.ini").write_text("[pytest]\npgq_db_prefix = ci_b\n")
+        env = {
+            **os.environ,
+            "PGQ_TEST_DB_PREFIX": "not_this_one",  # the option, then the ini setting, win
+            "PGQ_TEST_DSN": server_dsn,
+            "ME": str(tmp_path / f"{me}.json"),
+            "OTHER": str(tmp_path / f"{other}.json"),
+        }
+        args = ["--pgq-db-prefix", "ci_a"] if me == "a" else []
+        runs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                cwd=suite,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    for run in runs:
+        out, _ = run.communicate(timeout=120)
+        assert run.returncode == 0, out
+        assert "1 passed" in out
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    assert a["template"].startswith("ci_a_") and b["template"].startswith("ci_b_")
+    assert a["dsn"] != b["dsn"]
+
+
+async def test_the_test_database_never_drops_what_it_did_not_make(
+    pgq_database: testing.TestDatabase, server_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name already taken on the server is an error, not a database dropped and remade."""
+    monkeypatch.setenv("PGQ_TEST_DB_PREFIX", "from_env")
+    assert testing.TestDatabase(server_dsn).name_base.startswith("from_env_")
+    mine = testing.TestDatabase(server_dsn, prefix="pgq_foreign")
+    taken = f"{mine.name_base}_0"
+    conn = await asyncpg.connect(server_dsn)
+    try:
+        await conn.execute(f'CREATE DATABASE "{taken}"')
+        try:
+            with pytest.raises(asyncpg.DuplicateDatabaseError):
+                await anyio.to_thread.run_sync(lambda: mine.create(migrated=False))
+            with pytest.raises(pgq.ConfigError, match="not created by this TestDatabase"):
+                mine.drop(mine.dsn_of(taken))
+            await anyio.to_thread.run_sync(mine.close)
+            assert await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", taken)
+        finally:
+            await conn.execute(f'DROP DATABASE "{taken}"')
+    finally:
+        await conn.close()
+    with pytest.raises(pgq.ConfigError, match="prefix"):
+        testing.TestDatabase(server_dsn, prefix="Bad-Prefix")
 
 
 async def test_the_test_database_makes_databases_of_their_own(

@@ -124,3 +124,16 @@ async def test_without_tracing_no_span_and_no_context_in_the_job(
         stored = await client.get_job(job.id)
     assert stored is not None and "pgq_trace" not in stored.metadata
     assert by_name(spans, "send billing") == [] and by_name(spans, "process billing") == []
+
+
+def test_the_cli_leaves_a_configured_provider_alone(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`pgq worker --tracing` under opentelemetry-instrument (or an app that set its own
+    provider) sets up nothing of its own."""
+    from pgq._tracing import configure_from_env
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    before = trace.get_tracer_provider()
+    assert configure_from_env() is None
+    assert trace.get_tracer_provider() is before

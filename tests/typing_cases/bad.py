@@ -23,3 +23,8 @@ async def use(client: pgq.Client) -> None:
 def run(dsn: str) -> None:
     pgq.Worker(app, dsn, stale_afer=5)  # BAD: a misspelt setting
     pgq.Worker(app, dsn, concurrency="4")  # BAD: a setting of the wrong type
+
+
+@app.task
+async def reads_state(ctx: pgq.JobContext) -> int:
+    return ctx.state(str)  # BAD: the state asked for is a str

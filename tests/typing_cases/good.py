@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import assert_type
 
 import pgq
@@ -44,3 +47,21 @@ async def handles(client: pgq.Client) -> None:
         assert_type(exc.sqlstate, str | None)
     except pgq.ClientClosed as exc:
         assert_type(exc, pgq.ClientClosed)
+
+
+@dataclass
+class Resources:
+    greeting: str
+
+
+@app.lifespan
+@contextlib.asynccontextmanager
+async def resources() -> AsyncIterator[Resources]:
+    yield Resources("hello")
+
+
+@app.task
+async def greet(ctx: pgq.JobContext, name: str) -> str:
+    res = ctx.state(Resources)
+    assert_type(res, Resources)
+    return f"{res.greeting} {name}"

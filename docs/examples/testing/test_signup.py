@@ -3,6 +3,7 @@ installed (pgq's suite runs this file in a pytest of its own)."""
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 import signup
 
@@ -33,6 +34,14 @@ async def test_drain_runs_delayed_jobs_and_retries_without_waiting(
     (job,) = result.completed
     assert job.result == "welcomed bob@example.com" and job.attempt == 2
     assert signup.sent == ["bob@example.com"]
+
+
+async def test_the_applications_tables_are_there(pgq_dsn: str) -> None:
+    conn = await asyncpg.connect(pgq_dsn)  # migrated by conftest.py's pgq_template_setup
+    try:
+        await conn.execute("INSERT INTO users (email) VALUES ('ada@example.com')")
+    finally:
+        await conn.close()
 
 
 async def test_a_task_called_directly() -> None:

@@ -21,6 +21,28 @@ from pgq.logs import JsonFormatter, TextFormatter
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pgq`` console script (and of ``python -m pgq``)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, where a reader that left is caught, not at exit
+        return code
+    except BrokenPipeError:
+        return _reader_left()
+    except BaseExceptionGroup as group:
+        if group.split(BrokenPipeError)[1] is not None:
+            raise
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """stdout's reader left (``pgq jobs list --json | head``): stop quietly, as a program
+    killed by SIGPIPE would, and keep Python from failing again on flushing at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13  # the shell's status for SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.log_format not in ("text", "json"):  # from PGQ_LOG_FORMAT, which argparse trusts

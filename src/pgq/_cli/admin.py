@@ -25,6 +25,7 @@ from pgq.app import JobSpec, check_queue_name
 from pgq.client import Client
 from pgq.errors import ConfigError
 from pgq.job import JobState
+from pgq.logs import printable
 from pgq.settings import WorkerSettings
 
 
@@ -103,7 +104,10 @@ async def enqueue(args: argparse.Namespace) -> int:
     return emit(
         args,
         [{"id": j.id, "state": j.state.value, "queue": j.queue, "task": j.task} for j in jobs],
-        lambda: "\n".join(f"{j.id}\t{j.state}\t{j.queue}\t{j.task}" for j in jobs),
+        lambda: render_table(
+            ("id", "state", "queue", "task"),
+            [(str(j.id), j.state.value, j.queue, printable(j.task)) for j in jobs],
+        ),
     )
 
 

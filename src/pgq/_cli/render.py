@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from pgq import _serde
-from pgq.job import Job
+from pgq.job import Job, JobState
 from pgq.logs import printable
 
 
@@ -78,12 +78,27 @@ def ids(values: Sequence[int]) -> str:
     return ", ".join(map(str, values)) or "none"
 
 
+def attempts_line(job: Job) -> str:
+    """The attempts counted, and the last one when it was handed back uncounted (a
+    shutdown interrupted it): in the words of the worker's log line."""
+    line = f"{job.attempt} of {job.max_attempts or 'the task default'} counted"
+    last = job.errors[-1] if job.errors else None
+    if (
+        job.state is JobState.AVAILABLE
+        and last is not None
+        and isinstance(last.get("attempt"), int)
+        and last["attempt"] > job.attempt
+    ):
+        line += f"; attempt {last['attempt']} not counted: {last.get('message')}"
+    return printable(line)
+
+
 def show_job(job: Job) -> str:
     """One job in full: options, times, result, every error with its traceback."""
     lines = [
         f"job {job.id}  {job.task}  [{job.state.value}]",
         f"  queue         {job.queue} (priority {job.priority})",
-        f"  attempt       {job.attempt} of {job.max_attempts or 'the task default'}",
+        f"  attempts      {attempts_line(job)}",
         f"  args          {_args_shown(job.args)}",
         f"  created       {when(job.created_at)}",
         f"  scheduled     {when(job.scheduled_at)}",

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 
 from pgq._gc import GC_THRESHOLD, tune_gc
+from pgq._tracing import configure_from_env
 from pgq._worker.worker import Worker
 from pgq.app import App
 from pgq.errors import ConfigError
@@ -107,7 +108,12 @@ def run(args: argparse.Namespace) -> int:
             await worker.run(burst=args.burst)
             tg.cancel_scope.cancel()
 
-    anyio.run(main, backend_options=backend_options)
+    provider = configure_from_env() if worker.settings.tracing else None
+    try:
+        anyio.run(main, backend_options=backend_options)
+    finally:
+        if provider is not None:
+            provider.shutdown()  # the spans still batched, exported
     return 0
 
 

@@ -222,7 +222,7 @@ async def _run(
             await _finished(hooks, execution, outcome, None)
             return outcome
     started = monotonic()
-    problem = task.argument_problem(job.args)
+    problem = task.names_problem(job.args)  # values were checked at enqueue
     if problem is not None:
         # Enqueued by name with arguments the task does not take (a stale producer of
         # jobs): no retry can fix that.

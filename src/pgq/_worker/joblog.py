@@ -88,6 +88,13 @@ class JobLog:
             return logging.WARNING, f"{head} failed, will retry: {message}"
         if state is JobState.CANCELLED:
             return logging.INFO, f"{head} cancelled: {message}"
+        if state is JobState.AVAILABLE and error:
+            # Handed back (a shutdown): the database counts the attempt off again, and
+            # `pgq jobs show` says the same words.
+            counted = f"{job.attempt - 1}{of} counted"
+            return (
+                logging.INFO if self._log_jobs else None
+            ), f"{head} not counted ({counted}), the job available again: {message}"
         return (logging.INFO if self._log_jobs else None), f"{head} -> {state}: {message}"
 
     def _allow(self, task: str, state: JobState | None) -> bool:

@@ -275,8 +275,9 @@ class Worker:
     ) -> None:
         self._pool = pool
         try:
-            parts = self._parts = self._build(pool)
-            await self._serve(pool, parts, burst, task_status)
+            async with self.app.running():  # the App's lifespan, around every job it runs
+                parts = self._parts = self._build(pool)
+                await self._serve(pool, parts, burst, task_status)
         finally:
             self._pool = None
             with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
@@ -491,7 +492,9 @@ class Worker:
         running = sum(len(p.running) for p in producers)
         if running:
             log.warning(
-                "cancelling %d jobs still running at shutdown; they will be retried", running
+                "cancelling %d jobs still running at shutdown; they are handed back available, "
+                "those attempts not counted",
+                running,
             )
             for producer in producers:
                 producer.cancel_running(SHUTDOWN)

@@ -127,6 +127,26 @@ def for_asyncpg(dsn: str | None) -> AsyncpgDsn:
     return AsyncpgDsn(base + ("?" + "&".join(kept) if kept else ""), timeout, tuple(dropped))
 
 
+def each_host(dsn: str) -> list[str]:
+    """``dsn`` once per host it lists in its address (``postgresql://u@db1,db2:5433/app``
+    gives ``postgresql://u@db1/app`` and ``postgresql://u@db2:5433/app``), in order; a DSN
+    of one host (or of none, or with hosts in its query) as it is.
+
+    libpq gives each host its own ``connect_timeout``; asyncpg gives the whole list one
+    budget, which a silent first host (a machine powered off drops the SYN) spends alone.
+    Trying the hosts one by one restores libpq's rule."""
+    match = _SCHEME.match(dsn)
+    if match is None:
+        return [dsn]
+    rest = dsn[match.end() :]
+    end = min((i for i in (rest.find(c) for c in "/?#") if i != -1), default=len(rest))
+    user, at, hosts = rest[:end].rpartition("@")
+    if "," not in hosts:
+        return [dsn]
+    head = dsn[: match.end()] + user + at
+    return [head + host + rest[end:] for host in hosts.split(",") if host]
+
+
 def _connect_timeout(dsn: str, value: str) -> float:
     """libpq's ``connect_timeout``: whole seconds, at least 2; 0 or less waits
     indefinitely (returned as 0)."""

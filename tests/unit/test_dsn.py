@@ -1,6 +1,6 @@
 import pytest
 
-from pgq._dsn import mask_dsn, normalize_dsn, resolve_dsn, sqlalchemy_url
+from pgq._dsn import each_host, mask_dsn, normalize_dsn, resolve_dsn, sqlalchemy_url
 from pgq.errors import ConfigError
 
 
@@ -183,3 +183,21 @@ def test_libpq_options_that_demand_a_guarantee_asyncpg_cannot_give_are_refused(
 
     with pytest.raises(ConfigError, match=f"{option.split('=')[0]} is a libpq option asyncpg"):
         for_asyncpg(f"postgresql://u:pw@h/db?sslmode=require&{option}")
+
+
+@pytest.mark.parametrize(
+    ("dsn", "hosts"),
+    [
+        ("postgresql://u:p@db1,db2:5433/app?sslmode=require",
+         ["postgresql://u:p@db1/app?sslmode=require",
+          "postgresql://u:p@db2:5433/app?sslmode=require"]),
+        ("postgresql://[::1]:5432,127.0.0.1/app",
+         ["postgresql://[::1]:5432/app", "postgresql://127.0.0.1/app"]),
+        ("postgresql://a%40b:p,w@h1,h2",
+         ["postgresql://a%40b:p,w@h1", "postgresql://a%40b:p,w@h2"]),
+        ("postgresql://u@db1:5432/app", ["postgresql://u@db1:5432/app"]),
+        ("postgresql:///app?host=/run/postgresql", ["postgresql:///app?host=/run/postgresql"]),
+    ],
+)  # fmt: skip
+def test_each_host_splits_a_host_list_keeping_the_rest(dsn: str, hosts: list[str]) -> None:
+    assert each_host(dsn) == hosts

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from pgq._dsn import for_asyncpg, mask_dsn, normalize_dsn, resolve_dsn, scrub
+from pgq._dsn import each_host, for_asyncpg, mask_dsn, normalize_dsn, resolve_dsn, scrub
 from pgq.errors import ConfigError, DatabaseUnavailable
 
 if TYPE_CHECKING:
@@ -196,6 +196,38 @@ def _refused_setting(dsn: str | None, exc: asyncpg.PostgresError) -> ConfigError
 _SETTING_ERRORS = (asyncpg.UndefinedObjectError, asyncpg.InvalidParameterValueError)
 
 
+#: The ``target_session_attrs`` under which a DSN's hosts are tried one at a time; any
+#: other (``prefer-standby``: a choice among all the hosts) goes to asyncpg whole.
+_ONE_HOST_AT_A_TIME = frozenset({None, "read-write", "primary", "any"})
+#: A host that failed in one of these ways is passed over for the next, as libpq does.
+_NEXT_HOST_ERRORS: tuple[type[Exception], ...] = (
+    *CONNECTION_ERRORS,
+    asyncpg.TargetServerAttributeNotMatched,
+)
+
+
+async def _connect_each_host(
+    dsn: str | None = None, **kwargs: Any
+) -> asyncpg.Connection[asyncpg.Record]:
+    """``asyncpg.connect``, with each host of a multi-host DSN given the whole ``timeout``
+    in turn (libpq's rule) rather than one budget for the list, which a silent first host
+    would spend alone. Raises what the last host raised."""
+    hosts = each_host(dsn) if dsn is not None else []
+    attrs = kwargs.get("target_session_attrs") or _session_attrs(dsn)
+    if len(hosts) < 2 or attrs not in _ONE_HOST_AT_A_TIME:
+        conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(dsn, **kwargs)
+        return conn
+    for host in hosts[:-1]:
+        try:
+            conn = await asyncpg.connect(host, **kwargs)
+        except _NEXT_HOST_ERRORS as exc:
+            log.debug("%s: %s; trying the next host", mask_dsn(host), type(exc).__name__)
+        else:
+            return conn
+    conn = await asyncpg.connect(hosts[-1], **kwargs)
+    return conn
+
+
 async def connect(
     dsn: str | None, *, timeout_s: float | None = None, **kwargs: Any
 ) -> asyncpg.Connection[asyncpg.Record]:
@@ -203,9 +235,7 @@ async def connect(
     and a DSN the server or asyncpg refuses into ConfigError."""
     target, timeout = _for_asyncpg(dsn, timeout_s)
     try:
-        conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(
-            target, timeout=timeout, **kwargs
-        )
+        conn = await _connect_each_host(target, timeout=timeout, **kwargs)
     except _connect_errors as exc:
         raise _unavailable(dsn, exc) from exc
     except _SETTING_ERRORS as exc:
@@ -354,7 +384,12 @@ async def create_pool(
     kwargs["init"] = setup
     try:
         pool = await asyncpg.create_pool(
-            target, min_size=min_size, max_size=max_size, timeout=timeout, **kwargs
+            target,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=timeout,
+            connect=_connect_each_host,
+            **kwargs,
         )
     except _connect_errors as exc:
         raise _unavailable(dsn, exc) from exc

@@ -8,11 +8,12 @@ Every public name is here. Modules whose names start with ``_`` are internals th
 change without notice; ``pgq.migrate`` and ``pgq.schema`` are public too.
 """
 
+from pgq._backoff import Backoff
 from pgq._gc import tune_gc
 from pgq._hooks import JobEvent
 from pgq._sync import SyncClient
 from pgq._worker.worker import Worker
-from pgq.app import App, Backoff, JobSpec, Task
+from pgq.app import App, JobSpec, Task
 from pgq.client import Client, QueueInfo, QueueLimits, QueueStats
 from pgq.errors import (
     AttemptSuperseded,

@@ -13,8 +13,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgq import _serde
+from pgq._names import check_queue_name, check_task_name
 from pgq._store.codec import NewJob
-from pgq.app import INT4_MAX, INT4_MIN, App, JobSpec, Task, check_queue_name, check_task_name
+from pgq.app import INT4_MAX, INT4_MIN, App, JobSpec, Task
 from pgq.errors import ConfigError, SerializationError
 from pgq.job import DEFAULT_QUEUE, Job, JobState, unique_mask
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import random
-import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -15,8 +13,10 @@ from typing import Any, Concatenate, Generic, Protocol, overload
 from typing_extensions import ParamSpec, TypeVar
 
 from pgq import _argtypes, _lifespan, _serde
+from pgq._backoff import Backoff
 from pgq._cron import TimeSchedule, make_schedule
 from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
+from pgq._names import check_queue_name, check_task_name
 from pgq.errors import ConfigError, UnknownTaskError
 from pgq.job import (
     DEFAULT_MAX_ATTEMPTS,
@@ -33,57 +33,6 @@ R = TypeVar("R", default=Any)
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _L = TypeVar("_L", bound="Callable[[], contextlib.AbstractAsyncContextManager[Any]]")
-
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
-_TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:\-]*")
-
-
-def check_queue_name(name: object) -> str:
-    """Return ``name`` if it is a valid queue name, else raise :class:`ConfigError`."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > 128:
-        raise ConfigError(
-            f"invalid queue name {name!r}: use 1 to 128 letters, digits, '_', '.' or '-', "
-            "not starting with '.' or '-'"
-        )
-    return name
-
-
-def check_task_name(name: object) -> str:
-    """Return ``name`` if it is a valid task name, else raise :class:`ConfigError`."""
-    if not isinstance(name, str) or not _TASK_NAME.fullmatch(name) or len(name) > 255:
-        raise ConfigError(
-            f"invalid task name {name!r}: use 1 to 255 letters, digits, '_', '.', ':' or '-'"
-        )
-    return name
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential backoff with jitter: ``base_s * 2**(attempt-1)``, capped at ``max_s``,
-    then spread by ``±jitter`` (a fraction) so failed jobs do not retry in lockstep."""
-
-    base_s: float = 1.0
-    max_s: float = 3600.0
-    jitter: float = 0.1
-
-    def __post_init__(self) -> None:
-        numbers = (self.base_s, self.max_s, self.jitter)
-        if (
-            any(isinstance(x, bool) or not isinstance(x, int | float) for x in numbers)
-            or not 0 <= self.base_s <= self.max_s <= MAX_SECONDS
-            or not 0 <= self.jitter < 1
-        ):
-            raise ConfigError(
-                f"invalid backoff {self!r}: need numbers with 0 <= base_s <= max_s <= "
-                f"{MAX_SECONDS:g} (seconds) and 0 <= jitter < 1"
-            )
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait before the attempt after ``attempt`` (which failed)."""
-        raw = min(self.max_s, self.base_s * 2.0 ** min(max(attempt - 1, 0), 60))
-        spread = (rng or random).uniform(-self.jitter, self.jitter)
-        return max(0.0, raw * (1.0 + spread))
-
 
 #: The range of the jobs' integer columns (priority, max_attempts).
 INT4_MIN, INT4_MAX = -(2**31), 2**31 - 1

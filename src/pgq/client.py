@@ -16,6 +16,7 @@ import asyncpg
 from pgq import _serde
 from pgq._boundary import CLOSED, database_errors, public
 from pgq._enqueue import Plain, _where, plain_batch, prepare, prepare_plain
+from pgq._names import check_queue_name
 from pgq._store import claims as store_claims
 from pgq._store import jobs as store_jobs
 from pgq._store import queues as store_queues
@@ -27,7 +28,7 @@ from pgq._store.queues import QueueInfo, QueueStats
 from pgq._store.revision import check_schema
 from pgq._tracing import require as require_tracing
 from pgq._tracing import send_span, sent
-from pgq.app import App, JobSpec, Task, check_queue_name
+from pgq.app import App, JobSpec, Task
 from pgq.errors import ClientClosed, ConfigError, SerializationError
 from pgq.job import MAX_JOB_ID, Job, JobState, R
 from pgq.settings import WorkerSettings

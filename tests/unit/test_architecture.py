@@ -289,7 +289,6 @@ def test_one_module_builds_jobs_from_rows() -> None:
 #: Modules still past the limit, each to be split: take a module off once it is under.
 OVER_THE_LIMIT = {
     "pgq._worker.worker",  # builds, runs and stops every part: ~560 lines of code
-    "pgq.app",  # the App, Task, JobSpec, Backoff and schedules: the schedules are its next part
 }
 
 

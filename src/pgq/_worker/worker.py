@@ -21,6 +21,7 @@ import anyio.abc
 
 from pgq import _metrics
 from pgq._gc import untuned_note
+from pgq._names import check_queue_name
 from pgq._store import producers as store_producers
 from pgq._store.connections import (
     DATABASE_ERRORS,
@@ -53,7 +54,7 @@ from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.stoppable import Stoppable
 from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq._worker.successor import Successor
-from pgq.app import App, check_queue_name
+from pgq.app import App
 from pgq.errors import ConfigError
 from pgq.settings import MAX_SETTING, WorkerOverrides, WorkerSettings
 

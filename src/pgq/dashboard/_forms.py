@@ -10,8 +10,8 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 
 from pgq import _serde
+from pgq._names import check_queue_name, check_task_name
 from pgq._store.inspect import JobFilter
-from pgq.app import check_queue_name, check_task_name
 from pgq.dashboard._security import MAX_BODY_BYTES
 from pgq.errors import ConfigError, SerializationError
 from pgq.job import MAX_JOB_ID, JobState

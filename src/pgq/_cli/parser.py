@@ -135,6 +135,17 @@ def _worker(sub: Any) -> None:
         help="address the health endpoint binds (default 127.0.0.1)",
     )
     p.add_argument(
+        "--processes",
+        type=processes,
+        metavar="N|auto",
+        default=os.environ.get("PGQ_PROCESSES") or "1",  # a string: checked by the type
+        help="run N worker processes under one supervisor (auto: one per CPU this process "
+        "may use), each with this App and these settings, named NAME-1..N under --name "
+        "NAME; a crashed one is restarted; the supervisor owns --health-port. A flag only "
+        "(not a pgq.Worker keyword): an embedded worker is one process. Default 1: this "
+        "process is the worker; env PGQ_PROCESSES",
+    )
+    p.add_argument(
         "--event-loop",
         choices=("auto", "uvloop", "asyncio"),
         default=os.environ.get("PGQ_EVENT_LOOP", "auto"),
@@ -372,6 +383,32 @@ def _whole(lowest: int, highest: int) -> Callable[[str], int]:
 _job_id = _whole(1, MAX_JOB_ID)
 _port = _whole(1, 65535)
 _health_port = _whole(0, 65535)
+
+
+def processes(text: str) -> int:
+    """``--processes``: a whole number >= 1, or ``auto``: the CPUs this process may run on
+    (its affinity mask, as ``os.process_cpu_count()`` counts them)."""
+    if text.strip().lower() == "auto":
+        return usable_cpus()
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of processes >= 1, or auto, got {text!r}"
+        )
+    return value
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may use: its affinity where the platform has one."""
+    counter = getattr(os, "process_cpu_count", None)  # Python 3.13
+    if counter is not None:
+        return int(counter() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def _host_list(text: str | None) -> list[str] | None:

@@ -14,6 +14,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from pgq._worker.worker import Worker
 
 log = logging.getLogger("pgq.cli")
@@ -21,6 +23,8 @@ log = logging.getLogger("pgq.cli")
 #: ``INDEX,FD,HEALTH``: set by the supervisor for each child, private to pgq (the child's
 #: number from 1, its end of the link, 1 when the supervisor serves a health port).
 ENV = "_PGQ_SUPERVISED"
+#: What the supervisor sends down the link: stop gracefully, stop now.
+STOP, STOP_NOW = b"s", b"n"
 
 
 @dataclass(frozen=True)
@@ -44,20 +48,34 @@ class Link:
             self.sock.sendall(json.dumps(message).encode() + b"\n")
 
     async def serve(self, worker: Worker) -> None:
-        """Report the start, then stop the worker gracefully if the supervisor goes away."""
-        await worker.started.wait()
-        self.report(started=True, health_port=worker.health_port, name=worker.name)
+        """Report the start; stop the worker when the supervisor says so (as one signal
+        would: a worker signalled directly too, by a service manager that signals the
+        whole group, stops no sooner), and gracefully when the supervisor goes away."""
         self.sock.setblocking(False)
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                data = await loop.sock_recv(self.sock, 256)
-            except OSError:
-                data = b""
-            if not data:
-                log.warning("worker %s: its supervisor has gone; stopping", worker.name)
-                worker.stop()
-                return
+        async with anyio.create_task_group() as tg:
+
+            async def report_start() -> None:
+                await worker.started.wait()
+                message = {"started": True, "health_port": worker.health_port}
+                await loop.sock_sendall(self.sock, json.dumps(message).encode() + b"\n")
+
+            tg.start_soon(report_start)
+            while True:
+                try:
+                    data = await loop.sock_recv(self.sock, 64)
+                except OSError:
+                    data = b""
+                if not data:
+                    log.warning("worker %s: its supervisor has gone; stopping", worker.name)
+                    worker.stop()
+                    break
+                if STOP_NOW in data:
+                    log.warning("worker %s: stopping now, as its supervisor asks", worker.name)
+                    worker.stop(now=True)
+                elif STOP in data:
+                    log.info("worker %s: stopping gracefully, as its supervisor asks", worker.name)
+                    worker.stop()
 
 
 def link_from_env() -> Link | None:

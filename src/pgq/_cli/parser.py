@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from pgq._cli.supervisor import process_count
 from pgq.job import MAX_JOB_ID, JobState
 from pgq.settings import env_name, optional_setting, parse_optional_seconds, setting_help
 
@@ -136,7 +137,7 @@ def _worker(sub: Any) -> None:
     )
     p.add_argument(
         "--processes",
-        type=processes,
+        type=process_count,
         metavar="N|auto",
         default=os.environ.get("PGQ_PROCESSES") or "1",  # a string: checked by the type
         help="run N worker processes under one supervisor (auto: one per CPU this process "
@@ -383,32 +384,6 @@ def _whole(lowest: int, highest: int) -> Callable[[str], int]:
 _job_id = _whole(1, MAX_JOB_ID)
 _port = _whole(1, 65535)
 _health_port = _whole(0, 65535)
-
-
-def processes(text: str) -> int:
-    """``--processes``: a whole number >= 1, or ``auto``: the CPUs this process may run on
-    (its affinity mask, as ``os.process_cpu_count()`` counts them)."""
-    if text.strip().lower() == "auto":
-        return usable_cpus()
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"expected a whole number of processes >= 1, or auto, got {text!r}"
-        )
-    return value
-
-
-def usable_cpus() -> int:
-    """How many CPUs this process may use: its affinity where the platform has one."""
-    counter = getattr(os, "process_cpu_count", None)  # Python 3.13
-    if counter is not None:
-        return int(counter() or 1)
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
 
 
 def _host_list(text: str | None) -> list[str] | None:

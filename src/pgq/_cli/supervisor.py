@@ -3,15 +3,17 @@
 Each child is ``python -m pgq`` with the supervisor's own arguments, so the App's import
 path and every setting (flags and ``PGQ_*`` variables alike) are the same by construction;
 an environment variable (:data:`pgq._cli.child.ENV`) tells it its number and hands it its
-end of a socket pair, the link. A child says over the link when it has started; when the
-supervisor goes away, the link closes and the child stops gracefully. Children run in
-their own session, so a terminal's Ctrl-C reaches the supervisor alone, which forwards it.
+end of a socket pair, the link. A child says over the link when it has started; the
+supervisor asks it to stop over the link, so a child that a service manager or a terminal's
+Ctrl-C also signalled directly counts one stop, not two; when the supervisor goes away, the
+link closes and the child stops gracefully.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -44,6 +46,9 @@ FIRST_DELAY, MAX_DELAY, RESET_AFTER = 0.5, 30.0, 60.0
 #: Restarts in a row that failed before the worker started, after which the supervisor
 #: gives up (and on its first start, any such failure: a wrong App, a bad setting).
 MAX_START_FAILURES = 8
+#: How a child the stop reached before it started may end: killed by SIGTERM or SIGINT, or
+#: interrupted (130) while it imported the App.
+_STOPPED_EARLY = (-signal.SIGTERM, -signal.SIGINT, 130)
 
 
 @dataclass
@@ -61,6 +66,20 @@ class Child:
     last_status: int | None = None
     restarts: int = 0
 
+    link: socket.socket | None = None
+
+    def stop(self, *, now: bool) -> None:
+        """Ask the child to stop: over the link once it has started (a signal it also got
+        from a service manager then counts once), else with SIGTERM (nothing runs yet)."""
+        if not self.running:
+            return
+        assert self.process is not None
+        if self.started and self.link is not None:
+            with contextlib.suppress(OSError):
+                self.link.send(child_link.STOP_NOW if now else child_link.STOP)
+                return
+        self.process.send_signal(signal.SIGTERM)
+
     @property
     def pid(self) -> int | None:
         """Its process id (None before its first start)."""
@@ -70,6 +89,32 @@ class Child:
     def running(self) -> bool:
         """Whether its process is alive now."""
         return self.process is not None and self.process.returncode is None
+
+
+def process_count(text: str) -> int:
+    """``--processes``: a whole number >= 1, or ``auto``: the CPUs this process may run on
+    (its affinity mask, as ``os.process_cpu_count()`` counts them)."""
+    if text.strip().lower() == "auto":
+        return usable_cpus()
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of processes >= 1, or auto, got {text!r}"
+        )
+    return value
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may use: its affinity where the platform has one."""
+    counter = getattr(os, "process_cpu_count", None)  # Python 3.13
+    if counter is not None:
+        return int(counter() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def run(args: argparse.Namespace, argv: Sequence[str], overrides: dict[str, Any]) -> int:
@@ -146,9 +191,7 @@ class Supervisor:
         """Stop every child gracefully, killing those still running past their
         ``shutdown_timeout`` and a margin (``now``: as a second signal stops a worker)."""
         for c in self.children:
-            if c.running:
-                assert c.process is not None
-                c.process.send_signal(signal.SIGTERM)
+            c.stop(now=now)
         self._stopping.set()
         seconds = STOP_MARGIN if now else self._settings.shutdown_timeout + STOP_MARGIN
         if self._tg is not None and math.isfinite(seconds):
@@ -198,24 +241,25 @@ class Supervisor:
                 stderr=None,
                 env=env,
                 pass_fds=(theirs.fileno(),),
-                start_new_session=True,  # Ctrl-C reaches the supervisor only
             )
         finally:
             theirs.close()
+        c.link = ours
         c.spawned_at = time.monotonic()
         if self._base_name is None:
             c.name = _name(None, c.index, c.process.pid)
         if self._stopping.is_set():  # the stop came while it was being started
-            c.process.send_signal(signal.SIGTERM)
+            c.stop(now=False)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._listen, c, ours)
                 code = await c.process.wait()
                 tg.cancel_scope.cancel()
         finally:
+            c.link = None
             ours.close()
-        if code == -signal.SIGTERM and self._stopping.is_set():
-            code = 0  # stopped by the forwarded signal before it could catch it: nothing ran
+        if not c.started and self._stopping.is_set() and code in _STOPPED_EARLY:
+            code = 0  # stopped by a signal before it could catch it: nothing ran yet
         c.last_status = code if code >= 0 else 128 - code
         return c.last_status
 

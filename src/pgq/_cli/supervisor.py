@@ -4,9 +4,9 @@ Each child is ``python -m pgq`` with the supervisor's own arguments, so the App'
 path and every setting (flags and ``PGQ_*`` variables alike) are the same by construction;
 an environment variable (:data:`pgq._cli.child.ENV`) tells it its number and hands it its
 end of a socket pair, the link. A child says over the link when it has started; the
-supervisor asks it to stop over the link, so a child that a service manager or a terminal's
-Ctrl-C also signalled directly counts one stop, not two; when the supervisor goes away, the
-link closes and the child stops gracefully.
+supervisor asks it to stop over the link, so a child that a service manager also signalled
+directly counts one stop, not two; when the supervisor goes away, the link closes and the
+child stops gracefully. Each child runs in a session of its own (see _run_child).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from pgq import _metrics
 from pgq._cli import child as child_link
 from pgq._cli.fleet_health import FleetHealth, describe
 from pgq._worker import health_server
@@ -169,7 +170,7 @@ class Supervisor:
                         self._fleet.check,
                         host=host,
                         port=port,
-                        metrics=self._fleet.metrics,
+                        metrics=self._fleet.metrics if self._serves_metrics() else None,
                         task_status=task_status,
                     )
                 )
@@ -186,6 +187,10 @@ class Supervisor:
             print(f"pgq: error: {self._failure}", file=sys.stderr)
             return 1
         return next((s for c in self.children if (s := c.last_status or 0)), 0)
+
+    def _serves_metrics(self) -> bool:
+        """Whether the children serve /metrics (the extra installed, metrics on)."""
+        return self._settings.metrics and _metrics.available()
 
     def stop(self, *, now: bool = False) -> None:
         """Stop every child gracefully, killing those still running past their
@@ -241,6 +246,11 @@ class Supervisor:
                 stderr=None,
                 env=env,
                 pass_fds=(theirs.fileno(),),
+                # As a worker started on its own: a terminal's signals reach the supervisor,
+                # which relays them over the link, and where the kernel groups scheduling by
+                # session (autogroup), each child has a session's share of the CPU instead
+                # of the N sharing one.
+                start_new_session=True,
             )
         finally:
             theirs.close()

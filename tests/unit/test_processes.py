@@ -12,7 +12,13 @@ import pytest
 from pgq._cli import main
 from pgq._cli.fleet_health import SILENT_AFTER_S, FleetHealth, merge_metrics
 from pgq._cli.parser import build_parser
-from pgq._cli.supervisor import usable_cpus
+from pgq._cli.supervisor import (
+    MAX_DELAY,
+    MAX_START_FAILURES,
+    RESET_AFTER,
+    RestartPolicy,
+    usable_cpus,
+)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "abc", "1.5", ""])
@@ -95,3 +101,15 @@ def test_the_childrens_metrics_become_one_scrape_labelled_by_worker() -> None:
     assert 'pgq_worker_leader{worker="a-1"} 1.0' in lines
     assert 'pgq_worker_leader{worker="a\\"2"} 0.0' in lines
     assert 'pgq_worker_up{worker="a-3"} 0' in lines and 'pgq_worker_up{worker="a-1"} 1' in lines
+
+
+def test_a_crash_loop_backs_off_and_a_child_that_cannot_start_is_given_up() -> None:
+    policy = RestartPolicy()
+    delays = [policy.after_exit(started=True, ran_s=1.0) for _ in range(9)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0] and MAX_DELAY == 30
+    assert policy.after_exit(started=True, ran_s=RESET_AFTER) == 0.5, "a long run resets"
+    # Once it has started, failures to start again are retried, up to a bound.
+    retried = [policy.after_exit(started=False, ran_s=0.1) for _ in range(MAX_START_FAILURES)]
+    assert None not in retried[:-1] and retried[-1] is None
+    # Never started at all (an import error): no restart.
+    assert RestartPolicy().after_exit(started=False, ran_s=2.0) is None

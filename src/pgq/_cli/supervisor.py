@@ -61,7 +61,6 @@ class Child:
     process: anyio.abc.Process | None = None
     spawned_at: float = 0.0
     started: bool = False
-    ever_started: bool = False
     health_port: int | None = None
     error: str | None = None
     last_status: int | None = None
@@ -131,6 +130,29 @@ def run(args: argparse.Namespace, argv: Sequence[str], overrides: dict[str, Any]
         health=(args.health_host, args.health_port) if args.health_port is not None else None,
     )
     return anyio.run(supervisor.run)
+
+
+class RestartPolicy:
+    """When one child is started again: after a delay that doubles with each crash in a
+    row (from FIRST_DELAY to MAX_DELAY, the count reset by a run of RESET_AFTER), and never
+    when it could not start on its first run, or MAX_START_FAILURES times in a row."""
+
+    def __init__(self) -> None:
+        self.crashes = 0
+        self.start_failures = 0
+        self._ever_started = False
+
+    def after_exit(self, *, started: bool, ran_s: float) -> float | None:
+        """The delay before the next start, or None: give up."""
+        if started:
+            self._ever_started = True
+            self.start_failures = 0
+        else:
+            self.start_failures += 1
+            if not self._ever_started or self.start_failures >= MAX_START_FAILURES:
+                return None
+        self.crashes = 1 if ran_s >= RESET_AFTER else self.crashes + 1
+        return float(min(FIRST_DELAY * 2 ** (self.crashes - 1), MAX_DELAY))
 
 
 class Supervisor:
@@ -204,22 +226,17 @@ class Supervisor:
 
     async def _keep(self, c: Child) -> None:
         """Run one child, restarting it after a crash, until the stop (or its burst ends)."""
-        crashes = start_failures = 0
+        policy = RestartPolicy()
         while True:
             began = time.monotonic()
             status = await self._run_child(c)
             ran_s = time.monotonic() - began
             if self._stopping.is_set() or (self._burst and status == 0):
                 return
-            if not c.started:
-                start_failures += 1
-                if not c.ever_started or start_failures >= MAX_START_FAILURES:
-                    self._fail(c, status, start_failures)
-                    return
-            else:
-                start_failures = 0
-            crashes = 1 if ran_s >= RESET_AFTER else crashes + 1
-            delay = min(FIRST_DELAY * 2 ** (crashes - 1), MAX_DELAY)
+            delay = policy.after_exit(started=c.started, ran_s=ran_s)
+            if delay is None:
+                self._fail(c, status, policy.start_failures)
+                return
             log.error(
                 "worker %s exited (%s) after %.1fs; restarting it in %.1fs",
                 c.name, describe(status), ran_s, delay,
@@ -288,9 +305,12 @@ class Supervisor:
             buffered += data
             while b"\n" in buffered:
                 line, buffered = buffered.split(b"\n", 1)
-                message = json.loads(line)
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue
                 if message.get("started"):
-                    c.started = c.ever_started = True
+                    c.started = True
                     c.health_port = message.get("health_port")
                     log.info("worker %s started (pid %s)", c.name, c.pid)
                 elif "error" in message:

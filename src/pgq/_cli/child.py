@@ -84,4 +84,5 @@ def link_from_env() -> Link | None:
     if not value:
         return None
     index, fd, health = (int(part) for part in value.split(","))
+    os.set_inheritable(fd, False)  # a process a task starts must not hold the link open
     return Link(index, socket.socket(fileno=fd), bool(health))

@@ -50,6 +50,9 @@ MAX_START_FAILURES = 8
 #: How a child the stop reached before it started may end: killed by SIGTERM or SIGINT, or
 #: interrupted (130) while it imported the App.
 _STOPPED_EARLY = (-signal.SIGTERM, -signal.SIGINT, 130)
+#: Seconds to read what an exited child wrote last, should a process it started itself
+#: hold its end of the link open.
+LAST_WORDS_S = 1.0
 
 
 @dataclass
@@ -277,10 +280,15 @@ class Supervisor:
             c.name = _name(None, c.index, c.process.pid)
         if self._stopping.is_set():  # the stop came while it was being started
             c.stop(now=False)
+        heard = anyio.Event()
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._listen, c, ours)
+                tg.start_soon(self._listen, c, ours, heard)
                 code = await c.process.wait()
+                # What it said just before it exited ("started", its error) may still be
+                # on the way: read to the end of the link (closed with the process).
+                with anyio.move_on_after(LAST_WORDS_S):
+                    await heard.wait()
                 tg.cancel_scope.cancel()
         finally:
             c.link = None
@@ -290,8 +298,15 @@ class Supervisor:
         c.last_status = code if code >= 0 else 128 - code
         return c.last_status
 
-    async def _listen(self, c: Child, sock: socket.socket) -> None:
-        """Read the child's messages: its start (and health port), or why it failed."""
+    async def _listen(self, c: Child, sock: socket.socket, heard: anyio.Event) -> None:
+        """Read the child's messages, its start (and health port) or why it failed, to
+        the end of the link; then set ``heard``."""
+        try:
+            await self._read_link(c, sock)
+        finally:
+            heard.set()
+
+    async def _read_link(self, c: Child, sock: socket.socket) -> None:
         sock.setblocking(False)
         loop = asyncio.get_running_loop()
         buffered = b""

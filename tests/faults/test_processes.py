@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import signal
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import anyio
 import asyncpg
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.faults.test_faults import (
     all_completed,
@@ -61,6 +63,16 @@ async def pids(port: int) -> dict[str, int | None]:
     """Each child's pid, as the supervisor's /healthz reports it (None while down)."""
     _, body = await fleet(port)
     return {w["name"]: w.get("pid") for w in body["workers"]}
+
+
+async def scrape(port: int) -> str:
+    """The supervisor's /metrics."""
+
+    def get() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+
+    return await anyio.to_thread.run_sync(get)
 
 
 def wait_exit(w: WorkerProcess, limit_s: float) -> int:
@@ -158,7 +170,17 @@ async def test_health_is_503_naming_a_stopped_or_dead_child_and_200_when_all_are
         status, body = await fleet(port)
         return status == code and (naming is None or naming in body.get("reason", ""))
 
-    await until(lambda: status_is(200), limit_s=30)
+    async def all_ok() -> bool:  # started and answering, not merely in their grace
+        status, body = await fleet(port)
+        return status == 200 and all(w["status"] == "ok" for w in body["workers"])
+
+    await until(all_ok, limit_s=30)
+    # One scrape holds both children's series, each labelled with its worker, and parses.
+    families = {f.name: f for f in text_string_to_metric_families(await scrape(port))}
+    up = {s.labels["worker"]: s.value for s in families["pgq_worker_up"].samples}
+    assert up == {"probe-1": 1, "probe-2": 1}
+    healthy = families["pgq_producer_healthy"].samples
+    assert sorted(s.labels["worker"] for s in healthy) == ["probe-1", "probe-2"]
     child = (await pids(port))["probe-2"]
     assert child is not None
     os.kill(child, signal.SIGSTOP)

@@ -44,6 +44,7 @@ def _reader_left() -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.log_format not in ("text", "json"):  # from PGQ_LOG_FORMAT, which argparse trusts
         print(
@@ -71,7 +72,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "migrate":
             return admin.migrate(args)
         if args.command == "worker":
-            return worker.run(args)
+            return worker.run(args, argv)
         if args.command == "enqueue":
             return anyio.run(admin.enqueue, args)
         if args.command == "producers":

@@ -13,14 +13,17 @@ from typing import Any
 
 import anyio
 
+from pgq._cli import child, supervisor
 from pgq._gc import GC_THRESHOLD, tune_gc
 from pgq._tracing import configure_from_env
 from pgq._worker.worker import Worker
 from pgq.app import App
-from pgq.errors import ConfigError
+from pgq.errors import ConfigError, PgqError
 from pgq.settings import FOREVER, WorkerSettings, optional_setting, setting_help
 
 log = logging.getLogger("pgq.cli")
+
+LOOPBACK = "127.0.0.1"
 
 
 def load_app(spec: str) -> App:
@@ -73,23 +76,44 @@ def parse_queues(values: Sequence[str], default: int | None) -> dict[str, int] |
     return queues
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the worker until a signal (or, with --burst, until nothing is left)."""
-    app = load_app(args.app)
-    overrides: dict[str, Any] = {
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run the worker until a signal (or, with --burst, until nothing is left); with
+    ``--processes`` above 1, a supervisor of that many worker processes instead."""
+    link = child.link_from_env()
+    if link is None and args.processes > 1:
+        return supervisor.run(args, argv, resolve_settings(args))
+    try:
+        return _run_worker(args, link)
+    except BaseException as exc:
+        if link is not None:
+            link.report(error=_first_error(exc))
+        raise
+
+
+def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The worker settings given as flags (``none``/``forever`` read as None)."""
+    return {
         # "none"/"forever" of an optional setting; infinity given to another is refused
         name: None if value == FOREVER and optional_setting(name) else value
         for name in setting_help()
         if (value := getattr(args, name)) is not None
     }
+
+
+def _run_worker(args: argparse.Namespace, link: child.Link | None) -> int:
+    app = load_app(args.app)
+    if link is None:
+        name, health_port, health_host = args.name, args.health_port, args.health_host
+    else:  # its supervisor owns the health port and polls this one, on loopback
+        name, health_port, health_host = link.name(args.name), 0 if link.health else None, LOOPBACK
     worker = Worker(
         app,
         args.dsn,
         queues=parse_queues(args.queue, args.concurrency),
-        name=args.name,
-        health_port=args.health_port,
-        health_host=args.health_host,
-        **overrides,
+        name=name,
+        health_port=health_port,
+        health_host=health_host,
+        **resolve_settings(args),
     )
 
     backend_options = event_loop_options(args.event_loop)
@@ -105,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(_handle_signals, worker)
+            if link is not None:
+                tg.start_soon(link.serve, worker)
             await worker.run(burst=args.burst)
             tg.cancel_scope.cancel()
 
@@ -115,6 +141,15 @@ def run(args: argparse.Namespace) -> int:
         if provider is not None:
             provider.shutdown()  # the spans still batched, exported
     return 0
+
+
+def _first_error(exc: BaseException) -> str:
+    """What stopped a worker, as its supervisor says it: pgq's own message when it has one."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, PgqError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def gc_choice(choice: str) -> str:

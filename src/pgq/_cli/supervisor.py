@@ -1,0 +1,372 @@
+"""``pgq worker --processes N``: one supervisor, N worker processes.
+
+Each child is ``python -m pgq`` with the supervisor's own arguments, so the App's import
+path and every setting (flags and ``PGQ_*`` variables alike) are the same by construction;
+an environment variable (:data:`pgq._cli.child.ENV`) tells it its number and hands it its
+end of a socket pair, the link. A child says over the link when it has started; the
+supervisor asks it to stop over the link, so a child that a service manager also signalled
+directly counts one stop, not two; when the supervisor goes away, the link closes and the
+child stops gracefully. Each child runs in a session of its own (see _run_child).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from pgq import _metrics
+from pgq._cli import child as child_link
+from pgq._cli.fleet_health import FleetHealth, describe
+from pgq._worker import health_server
+from pgq.settings import WorkerSettings
+
+log = logging.getLogger("pgq.supervisor")
+
+#: Seconds a stopping child gets beyond ``shutdown_timeout`` to write its outcomes, hand
+#: back what it holds and delete its rows, before it is killed.
+STOP_MARGIN = 10.0
+#: Restart delays: doubled after each crash in a row, from FIRST_DELAY up to MAX_DELAY; a
+#: child that ran RESET_AFTER seconds or more starts the count again.
+FIRST_DELAY, MAX_DELAY, RESET_AFTER = 0.5, 30.0, 60.0
+#: Restarts in a row that failed before the worker started, after which the supervisor
+#: gives up (and on its first start, any such failure: a wrong App, a bad setting).
+MAX_START_FAILURES = 8
+#: How a child the stop reached before it started may end: killed by SIGTERM or SIGINT, or
+#: interrupted (130) while it imported the App.
+_STOPPED_EARLY = (-signal.SIGTERM, -signal.SIGINT, 130)
+#: Seconds to read what an exited child wrote last, should a process it started itself
+#: hold its end of the link open.
+LAST_WORDS_S = 1.0
+
+
+@dataclass
+class Child:
+    """One worker process under the supervisor, as the supervisor knows it."""
+
+    index: int
+    name: str
+    process: anyio.abc.Process | None = None
+    spawned_at: float = 0.0
+    started: bool = False
+    health_port: int | None = None
+    error: str | None = None
+    last_status: int | None = None
+    restarts: int = 0
+
+    link: socket.socket | None = None
+
+    def stop(self, *, now: bool) -> None:
+        """Ask the child to stop: over the link once it has started (a signal it also got
+        from a service manager then counts once), else with SIGTERM (nothing runs yet)."""
+        if not self.running:
+            return
+        assert self.process is not None
+        if self.started and self.link is not None:
+            with contextlib.suppress(OSError):
+                self.link.send(child_link.STOP_NOW if now else child_link.STOP)
+                return
+        self.process.send_signal(signal.SIGTERM)
+
+    @property
+    def pid(self) -> int | None:
+        """Its process id (None before its first start)."""
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        """Whether its process is alive now."""
+        return self.process is not None and self.process.returncode is None
+
+
+def process_count(text: str) -> int:
+    """``--processes``: a whole number >= 1, or ``auto``: the CPUs this process may run on
+    (its affinity mask, as ``os.process_cpu_count()`` counts them)."""
+    if text.strip().lower() == "auto":
+        return usable_cpus()
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of processes >= 1, or auto, got {text!r}"
+        )
+    return value
+
+
+def usable_cpus() -> int:
+    """How many CPUs this process may use: its affinity where the platform has one."""
+    counter = getattr(os, "process_cpu_count", None)  # Python 3.13
+    if counter is not None:
+        return int(counter() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def run(args: argparse.Namespace, argv: Sequence[str], overrides: dict[str, Any]) -> int:
+    """Supervise ``args.processes`` workers until a signal (or, with --burst, until all of
+    them exited); the exit status is the first non-zero one among the children's."""
+    settings = WorkerSettings.resolve(overrides)  # a bad setting: one error, no children
+    supervisor = Supervisor(
+        argv,
+        args.processes,
+        settings,
+        base_name=args.name or os.environ.get("PGQ_WORKER_NAME"),
+        burst=args.burst,
+        health=(args.health_host, args.health_port) if args.health_port is not None else None,
+    )
+    return anyio.run(supervisor.run)
+
+
+class RestartPolicy:
+    """When one child is started again: after a delay that doubles with each crash in a
+    row (from FIRST_DELAY to MAX_DELAY, the count reset by a run of RESET_AFTER), and never
+    when it could not start on its first run, or MAX_START_FAILURES times in a row."""
+
+    def __init__(self) -> None:
+        self.crashes = 0
+        self.start_failures = 0
+        self._ever_started = False
+
+    def after_exit(self, *, started: bool, ran_s: float) -> float | None:
+        """The delay before the next start, or None: give up."""
+        if started:
+            self._ever_started = True
+            self.start_failures = 0
+        else:
+            self.start_failures += 1
+            if not self._ever_started or self.start_failures >= MAX_START_FAILURES:
+                return None
+        self.crashes = 1 if ran_s >= RESET_AFTER else self.crashes + 1
+        return float(min(FIRST_DELAY * 2 ** (self.crashes - 1), MAX_DELAY))
+
+
+class Supervisor:
+    """Starts the children, restarts those that crash, forwards the stop, owns /healthz."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        count: int,
+        settings: WorkerSettings,
+        *,
+        base_name: str | None,
+        burst: bool,
+        health: tuple[str, int] | None,
+    ) -> None:
+        self._argv = [sys.executable, "-m", "pgq", *argv]
+        self._settings = settings
+        self._burst = burst
+        self._health = health
+        self._base_name = base_name
+        self.children = [Child(i, _name(base_name, i, None)) for i in range(1, count + 1)]
+        self._stopping = anyio.Event()
+        self._failure: str | None = None
+        self._fleet = FleetHealth(self.children, settings.stale_after)
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    async def run(self) -> int:
+        """Run until every child has exited for good; returns the combined exit status."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            tg.start_soon(self._signals)
+            if self._health is not None:
+                host, port = self._health
+                await tg.start(self._fleet.poll)
+                await tg.start(
+                    lambda task_status: health_server.serve(
+                        self._fleet.check,
+                        host=host,
+                        port=port,
+                        metrics=self._fleet.metrics if self._serves_metrics() else None,
+                        task_status=task_status,
+                    )
+                )
+            log.info(
+                "supervising %d worker processes: %s",
+                len(self.children),
+                ", ".join(c.name for c in self.children),
+            )
+            async with anyio.create_task_group() as children:
+                for c in self.children:
+                    children.start_soon(self._keep, c)
+            tg.cancel_scope.cancel()
+        if self._failure is not None:
+            print(f"pgq: error: {self._failure}", file=sys.stderr)
+            return 1
+        return next((s for c in self.children if (s := c.last_status or 0)), 0)
+
+    def _serves_metrics(self) -> bool:
+        """Whether the children serve /metrics (the extra installed, metrics on)."""
+        return self._settings.metrics and _metrics.available()
+
+    def stop(self, *, now: bool = False) -> None:
+        """Stop every child gracefully, killing those still running past their
+        ``shutdown_timeout`` and a margin (``now``: as a second signal stops a worker)."""
+        for c in self.children:
+            c.stop(now=now)
+        self._stopping.set()
+        seconds = STOP_MARGIN if now else self._settings.shutdown_timeout + STOP_MARGIN
+        if self._tg is not None and math.isfinite(seconds):
+            self._tg.start_soon(self._kill_after, seconds)
+
+    async def _keep(self, c: Child) -> None:
+        """Run one child, restarting it after a crash, until the stop (or its burst ends)."""
+        policy = RestartPolicy()
+        while True:
+            began = time.monotonic()
+            status = await self._run_child(c)
+            ran_s = time.monotonic() - began
+            if self._stopping.is_set() or (self._burst and status == 0):
+                return
+            delay = policy.after_exit(started=c.started, ran_s=ran_s)
+            if delay is None:
+                self._fail(c, status, policy.start_failures)
+                return
+            log.error(
+                "worker %s exited (%s) after %.1fs; restarting it in %.1fs",
+                c.name, describe(status), ran_s, delay,
+            )  # fmt: skip
+            with anyio.move_on_after(delay):
+                await self._stopping.wait()
+            if self._stopping.is_set():
+                return
+            c.restarts += 1
+
+    async def _run_child(self, c: Child) -> int:
+        """Start the child and wait for its exit; its status, 128 + N for signal N."""
+        ours, theirs = socket.socketpair()
+        env = {
+            **os.environ,
+            child_link.ENV: f"{c.index},{theirs.fileno()},{int(self._health is not None)}",
+        }
+        c.started, c.health_port, c.error = False, None, None
+        try:
+            c.process = await anyio.open_process(
+                self._argv,
+                stdin=subprocess.DEVNULL,
+                stdout=None,
+                stderr=None,
+                env=env,
+                pass_fds=(theirs.fileno(),),
+                # As a worker started on its own: a terminal's signals reach the supervisor,
+                # which relays them over the link, and where the kernel groups scheduling by
+                # session (autogroup), each child has a session's share of the CPU instead
+                # of the N sharing one.
+                start_new_session=True,
+            )
+        finally:
+            theirs.close()
+        c.link = ours
+        c.spawned_at = time.monotonic()
+        if self._base_name is None:
+            c.name = _name(None, c.index, c.process.pid)
+        if self._stopping.is_set():  # the stop came while it was being started
+            c.stop(now=False)
+        heard = anyio.Event()
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._listen, c, ours, heard)
+                code = await c.process.wait()
+                # What it said just before it exited ("started", its error) may still be
+                # on the way: read to the end of the link (closed with the process).
+                with anyio.move_on_after(LAST_WORDS_S):
+                    await heard.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            c.link = None
+            ours.close()
+        if not c.started and self._stopping.is_set() and code in _STOPPED_EARLY:
+            code = 0  # stopped by a signal before it could catch it: nothing ran yet
+        c.last_status = code if code >= 0 else 128 - code
+        return c.last_status
+
+    async def _listen(self, c: Child, sock: socket.socket, heard: anyio.Event) -> None:
+        """Read the child's messages, its start (and health port) or why it failed, to
+        the end of the link; then set ``heard``."""
+        try:
+            await self._read_link(c, sock)
+        finally:
+            heard.set()
+
+    async def _read_link(self, c: Child, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        buffered = b""
+        while True:
+            try:
+                data = await loop.sock_recv(sock, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            buffered += data
+            while b"\n" in buffered:
+                line, buffered = buffered.split(b"\n", 1)
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue
+                if message.get("started"):
+                    c.started = True
+                    c.health_port = message.get("health_port")
+                    log.info("worker %s started (pid %s)", c.name, c.pid)
+                elif "error" in message:
+                    c.error = str(message["error"])
+
+    def _fail(self, c: Child, status: int, attempts: int) -> None:
+        """Give up: a child cannot start. Stop the others and exit with its error."""
+        why = c.error or "no error reported; its output is above"
+        tries = f" ({attempts} starts in a row)" if attempts > 1 else ""
+        self._failure = f"worker {c.name} could not start{tries}, {describe(status)}: {why}"
+        log.error("%s; stopping the other workers", self._failure)
+        self.stop()
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            seen = 0
+            async for signum in signals:
+                seen += 1
+                name = signal.Signals(signum).name
+                if seen == 1:
+                    log.info(
+                        "%s: stopping %d workers gracefully (send again to stop them at once)",
+                        name, len(self.children),
+                    )  # fmt: skip
+                    self.stop()
+                else:
+                    log.warning("%s again: stopping the workers now", name)
+                    self.stop(now=True)
+
+    async def _kill_after(self, seconds: float) -> None:
+        """SIGKILL the children still running ``seconds`` from now."""
+        await anyio.sleep(seconds)
+        for c in self.children:
+            if c.running:
+                assert c.process is not None
+                log.error("worker %s did not stop within %.0fs: killing it", c.name, seconds)
+                c.process.kill()
+
+
+def _name(base: str | None, index: int, pid: int | None) -> str:
+    """A child's name: ``BASE-INDEX``, else the worker's default ``host:pid``."""
+    if base:
+        return f"{base}-{index}"
+    return f"{socket.gethostname()}:{pid}" if pid is not None else f"worker {index}"

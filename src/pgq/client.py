@@ -10,7 +10,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import anyio
-import asyncpg
 
 from pgq import _serde
 from pgq._boundary import CLOSED, database_errors, public
@@ -19,7 +18,7 @@ from pgq._store import claims as store_claims
 from pgq._store import enqueue
 from pgq._store import jobs as store_jobs
 from pgq._store import queues as store_queues
-from pgq._store.callers import caller_db, caller_driver
+from pgq._store.callers import caller_db, caller_driver, too_large_errors
 from pgq._store.claims import QueueLimits
 from pgq._store.codec import NewJob
 from pgq._store.connections import Connection, Db, Pool, Target, create_pool
@@ -35,9 +34,10 @@ from pgq.job import MAX_JOB_ID, Job, JobState, R
 from pgq.settings import WorkerSettings
 
 if TYPE_CHECKING:
+    import psycopg
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-    AnyConnection = Connection | AsyncConnection | AsyncSession
+    AnyConnection = Connection | psycopg.AsyncConnection[Any] | AsyncConnection | AsyncSession
 
 __all__ = ("Client", "QueueInfo", "QueueLimits", "QueueStats")
 
@@ -56,7 +56,8 @@ class Client:
     Given ``app=``, the client checks task names and uses each task's queue, priority and
     max_attempts as defaults; without it, any valid task name is accepted. Every method that
     writes takes ``connection=``: an asyncpg connection, or a SQLAlchemy ``AsyncConnection``
-    / ``AsyncSession``, whose transaction the write then joins.
+    / ``AsyncSession``, whose transaction the write then joins; the enqueues take psycopg's
+    ``AsyncConnection`` too (and SQLAlchemy's on ``postgresql+psycopg``).
 
     With ``tracing=True`` (default: ``PGQ_TRACING``; needs the ``otel`` extra) each enqueue
     is an OpenTelemetry span whose context the jobs carry, so their attempts continue it.
@@ -141,8 +142,8 @@ class Client:
             raise ClientClosed("the client is not open: use `async with pgq.Client(...)`")
         return self._pool
 
-    async def _db(self, connection: AnyConnection | None) -> Db:
-        return self.pool if connection is None else await caller_db(connection)
+    async def _db(self, connection: AnyConnection | None, what: str) -> Db:
+        return self.pool if connection is None else await caller_db(connection, what)
 
     # ------------------------------------------------------------------ enqueue
 
@@ -264,7 +265,7 @@ class Client:
                 return await run(await caller_driver(connection), plan)
             async with self.pool.acquire() as own:
                 return await run(AsyncpgDriver(own), plan)
-        except asyncpg.ProgramLimitExceededError as exc:
+        except too_large_errors() as exc:
             raise _too_large(rows, exc) from exc
 
     @public
@@ -311,7 +312,7 @@ class Client:
     ) -> dict[int, JobState]:
         """Cancel several jobs; returns the state each acted-on job is in now (running jobs
         stay ``running`` until their worker stops them). Final jobs are left out."""
-        return await store_jobs.cancel(await self._db(connection), _job_ids(job_ids))
+        return await store_jobs.cancel(await self._db(connection, "cancel_many"), _job_ids(job_ids))
 
     @public
     async def retry(
@@ -321,18 +322,18 @@ class Client:
         attempt to jobs that used theirs); returns the ids that were changed. A job whose
         unique key another job took after it finished is left out (two jobs would hold the
         key); the others are retried."""
-        return await store_jobs.retry(await self._db(connection), _job_ids(job_ids))
+        return await store_jobs.retry(await self._db(connection, "retry"), _job_ids(job_ids))
 
     @public
     async def pause_queue(self, name: str, *, connection: AnyConnection | None = None) -> None:
         """Stop every worker claiming from queue ``name`` (``"*"``: every queue). Persisted;
         jobs can still be enqueued; running jobs finish."""
-        await store_queues.pause(await self._db(connection), _queue_or_star(name))
+        await store_queues.pause(await self._db(connection, "pause_queue"), _queue_or_star(name))
 
     @public
     async def resume_queue(self, name: str, *, connection: AnyConnection | None = None) -> None:
         """Undo :meth:`pause_queue` and wake the queue's workers."""
-        await store_queues.resume(await self._db(connection), _queue_or_star(name))
+        await store_queues.resume(await self._db(connection, "resume_queue"), _queue_or_star(name))
 
     @public
     async def set_queue_limits(
@@ -361,7 +362,7 @@ class Client:
         count, period = _check_rate("rate", rate)
         key_count, key_period = _check_rate("key_rate", key_rate)
         limits = QueueLimits(concurrency, count, period, key_concurrency, key_count, key_period)
-        await store_queues.set_limits(await self._db(connection), name, limits)
+        await store_queues.set_limits(await self._db(connection, "set_queue_limits"), name, limits)
 
     @public
     async def queue_limits(self, name: str) -> QueueLimits:
@@ -437,7 +438,7 @@ class Client:
     @public
     async def get_job(self, job_id: int, *, connection: AnyConnection | None = None) -> Job | None:
         """The job with ``job_id``, or None."""
-        return await store_jobs.get(await self._db(connection), _job_id(job_id))
+        return await store_jobs.get(await self._db(connection, "get_job"), _job_id(job_id))
 
     @public
     async def list_jobs(

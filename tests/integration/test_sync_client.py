@@ -82,6 +82,17 @@ async def test_a_psycopg_transaction_carries_the_job_and_its_wake_up(dsn: str, c
     assert ids == [kept.id] and dropped.id not in ids
 
 
+async def test_a_chain_or_group_rolls_back_with_a_psycopg_transaction_not_yet_begun(
+    dsn: str, conn: Conn
+) -> None:
+    specs = [pgq.JobSpec("t"), pgq.JobSpec("t")]
+    with pgq.SyncClient(dsn) as client, psycopg.connect(dsn) as pg:
+        client.enqueue_chain(specs, connection=pg)  # the connection's first statement
+        client.enqueue_group(specs, pgq.JobSpec("t"), connection=pg)
+        pg.rollback()
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 0
+
+
 async def test_sqlalchemy_sync_connection_and_session_commit_and_roll_back_with_the_job(
     dsn: str, conn: Conn
 ) -> None:

@@ -12,11 +12,14 @@ from typing import Any
 
 import psycopg
 from psycopg import RawCursor
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from pgq._store import sql
 from pgq._store.revision import SHARED_IDS, is_unknown, read_revision, require_current
 from pgq.errors import ConfigError
+
+IDLE = TransactionStatus.IDLE
 
 #: psycopg errors that mean the server is not there (or went away), not that it refused.
 CONNECTION_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, OSError)
@@ -82,8 +85,12 @@ class PsycopgDriver:
 
 def caller_connection_sync(connection: Any) -> psycopg.Connection[Any]:
     """The psycopg connection behind ``connection`` (psycopg's, or a SQLAlchemy Connection
-    or Session on the psycopg driver), inside the caller's transaction."""
+    or Session on the psycopg driver), inside the caller's transaction. An idle connection
+    not in autocommit mode is begun (a no-op statement), as its next statement would begin
+    it: psycopg's ``transaction()`` on an idle connection would commit a chain on its own."""
     if isinstance(connection, psycopg.Connection):
+        if not connection.autocommit and connection.info.transaction_status == IDLE:
+            connection.execute("SELECT 1")
         return connection
     try:
         from sqlalchemy.engine import Connection as SAConnection

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncpg
+import psycopg
 from sqlalchemy import Column, Integer, MetaData, Table, Text, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -21,8 +22,20 @@ async def signup_asyncpg(pool: asyncpg.Pool[asyncpg.Record], client: pgq.Client,
     return user_id
 
 
+async def signup_psycopg(conn: psycopg.AsyncConnection, client: pgq.Client, email: str) -> int:
+    """The same on psycopg's async connection."""
+    async with conn.transaction():
+        cursor = await conn.execute("INSERT INTO users (email) VALUES (%s) RETURNING id", [email])
+        row = await cursor.fetchone()
+        assert row is not None
+        user_id: int = row[0]
+        await client.enqueue("send_welcome", {"user_id": user_id}, connection=conn)
+    return user_id
+
+
 async def signup_sqlalchemy(session: AsyncSession, client: pgq.Client, email: str) -> int:
-    """The same with a SQLAlchemy AsyncSession (asyncpg driver): commit or roll back both."""
+    """The same with a SQLAlchemy AsyncSession (on postgresql+asyncpg or
+    postgresql+psycopg): commit or roll back both."""
     async with session.begin():
         result = await session.execute(insert(users).values(email=email).returning(users.c.id))
         user_id: int = result.scalar_one()

@@ -88,35 +88,6 @@ def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:
     return row
 
 
-#: What a plain batch's job is prepared from: its args and its task, read once.
-Plain = tuple[Mapping[str, Any], Task]
-
-
-def plain_batch(specs: list[Any]) -> tuple[list[str], list[Plain]] | None:
-    """The queues of a batch of more than one spec that all leave every option to their
-    Task's defaults (every job due now, without tags, metadata, keys, limits or parents),
-    and each spec's args and task, read now (a spec changed later changes nothing:
-    :func:`prepare_plain` prepares from these); None for any other batch."""
-    if len(specs) < 2:
-        return None
-    queues: dict[str, None] = {}
-    plain: list[Plain] = []
-    for spec in specs:
-        if type(spec) is not JobSpec:
-            return None
-        task = spec.task
-        if type(task) is not Task or not _sets_no_option(spec, task):
-            return None
-        queues[task.queue] = None
-        plain.append((spec.args, task))
-    return list(queues), plain
-
-
-def prepare_plain(plain: list[Plain], start: int, stop: int) -> list[NewJob]:
-    """:func:`prepare` of jobs ``start`` to ``stop`` of a batch :func:`plain_batch` read."""
-    return [_prepare_plain(i, *plain[i]) for i in range(start, stop)]
-
-
 def _json(index: int, value: dict[str, Any], what: str) -> str:
     """The JSON text of a spec's ``what`` (args, metadata); an error names the spec's place
     in its batch."""

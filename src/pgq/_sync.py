@@ -6,12 +6,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, overload
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from pgq._boundary import database_errors, public_sync
 from pgq._dsn import mask_dsn, scrub
 from pgq._enqueue import _where, prepare
+from pgq._store import enqueue
+from pgq._store.codec import NewJob
 from pgq._store.connections import Target
+from pgq._store.enqueue import Plan
 from pgq.app import App, JobSpec, Task
 from pgq.errors import ConfigError, DatabaseUnavailable, SerializationError
 from pgq.job import Job, R
@@ -24,6 +27,8 @@ if TYPE_CHECKING:
     SyncConnection = psycopg.Connection[Any] | SAConnection | Session
 
 __all__ = ("SyncClient",)
+
+T = TypeVar("T")
 
 
 class SyncClient:
@@ -162,16 +167,8 @@ class SyncClient:
         self, specs: Iterable[JobSpec[Any]], *, connection: SyncConnection | None = None
     ) -> list[Job[Any]]:
         """Jobs that run one after another, as :meth:`pgq.Client.enqueue_chain`."""
-        from pgq._store import sync
-
         rows = [prepare(i, spec, self._app) for i, spec in enumerate(specs)]
-        with self._lock:
-            conn = (
-                sync.caller_connection_sync(connection)
-                if connection is not None
-                else self._connect()
-            )
-            return sync.insert_chain(conn, rows)
+        return self._run(enqueue.insert_chain(rows), connection, rows)
 
     @public_sync
     def enqueue_group(
@@ -183,17 +180,9 @@ class SyncClient:
     ) -> tuple[list[Job[Any]], Job[Any]]:
         """Members side by side and a callback after them, as
         :meth:`pgq.Client.enqueue_group`."""
-        from pgq._store import sync
-
         rows = [prepare(i, spec, self._app) for i, spec in enumerate(members)]
         last = prepare(len(rows), callback, self._app)
-        with self._lock:
-            conn = (
-                sync.caller_connection_sync(connection)
-                if connection is not None
-                else self._connect()
-            )
-            return sync.insert_group(conn, rows, last)
+        return self._run(enqueue.insert_group(rows, last), connection, [*rows, last])
 
     @public_sync
     def enqueue_many(
@@ -202,19 +191,24 @@ class SyncClient:
         """Enqueue many jobs in one round trip (COPY for a batch on this client's own
         connection); returns them in the order given. Every spec is checked before anything
         is written."""
+        rows = [prepare(i, spec, self._app) for i, spec in enumerate(specs)]
+        if not rows:
+            return []
+        return self._run(enqueue.write(rows, own_connection=connection is None), connection, rows)
+
+    def _run(self, plan: Plan[T], connection: SyncConnection | None, rows: list[NewJob]) -> T:
+        """Run ``plan`` on the caller's connection, or (one call at a time) on this client's
+        own."""
         import psycopg
 
         from pgq._store import sync
 
-        rows = [prepare(i, spec, self._app) for i, spec in enumerate(specs)]
-        if not rows:
-            return []
         try:
             if connection is not None:
                 caller = sync.caller_connection_sync(connection)
-                return sync.write(caller, rows, own_connection=False)
+                return enqueue.run_sync(sync.PsycopgDriver(caller), plan)
             with self._lock:
-                return sync.write(self._connect(), rows, own_connection=True)
+                return enqueue.run_sync(sync.PsycopgDriver(self._connect()), plan)
         except psycopg.errors.ProgramLimitExceeded as exc:
             largest = max(range(len(rows)), key=lambda i: len(rows[i].args_json))
             raise SerializationError(

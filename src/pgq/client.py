@@ -4,25 +4,26 @@ act on them (cancel, retry, pause and resume queues), wait for them and read the
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, overload
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import anyio
-import asyncpg
 
 from pgq import _serde
 from pgq._boundary import CLOSED, database_errors, public
-from pgq._enqueue import Plain, _where, plain_batch, prepare, prepare_plain
+from pgq._enqueue import _where, prepare
 from pgq._names import check_queue_name
 from pgq._store import claims as store_claims
+from pgq._store import enqueue
 from pgq._store import jobs as store_jobs
 from pgq._store import queues as store_queues
+from pgq._store.callers import caller_db, caller_driver, too_large_errors
 from pgq._store.claims import QueueLimits
 from pgq._store.codec import NewJob
-from pgq._store.connections import Connection, Db, Pool, Target, caller_connection, create_pool
+from pgq._store.connections import Connection, Db, Pool, Target, create_pool
+from pgq._store.enqueue import AsyncpgDriver, Plan, run
 from pgq._store.listen import CLOSED_DURING_WAIT, DoneWaiters
 from pgq._store.queues import QueueInfo, QueueStats
 from pgq._store.revision import check_schema
@@ -34,11 +35,14 @@ from pgq.job import MAX_JOB_ID, Job, JobState, R
 from pgq.settings import WorkerSettings
 
 if TYPE_CHECKING:
+    import psycopg
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-    AnyConnection = Connection | AsyncConnection | AsyncSession
+    AnyConnection = Connection | psycopg.AsyncConnection[Any] | AsyncConnection | AsyncSession
 
 __all__ = ("Client", "QueueInfo", "QueueLimits", "QueueStats")
+
+T = TypeVar("T")
 
 #: How often wait() reads a job when it cannot LISTEN (behind a transaction pooler).
 WAIT_POLL_S = 0.2
@@ -53,7 +57,8 @@ class Client:
     Given ``app=``, the client checks task names and uses each task's queue, priority and
     max_attempts as defaults; without it, any valid task name is accepted. Every method that
     writes takes ``connection=``: an asyncpg connection, or a SQLAlchemy ``AsyncConnection``
-    / ``AsyncSession``, whose transaction the write then joins.
+    / ``AsyncSession``, whose transaction the write then joins; the enqueues take psycopg's
+    ``AsyncConnection`` too (and SQLAlchemy's on ``postgresql+psycopg``).
 
     With ``tracing=True`` (default: ``PGQ_TRACING``; needs the ``otel`` extra) each enqueue
     is an OpenTelemetry span whose context the jobs carry, so their attempts continue it.
@@ -138,8 +143,8 @@ class Client:
             raise ClientClosed("the client is not open: use `async with pgq.Client(...)`")
         return self._pool
 
-    async def _db(self, connection: AnyConnection | None) -> Db:
-        return self.pool if connection is None else await caller_connection(connection)
+    async def _db(self, connection: AnyConnection | None, what: str) -> Db:
+        return self.pool if connection is None else await caller_db(connection, what)
 
     # ------------------------------------------------------------------ enqueue
 
@@ -242,40 +247,26 @@ class Client:
         is written whole or not at all; a call cancelled while its commit is under way may
         have written it (as for any commit whose reply never came).
         """
-        app = self._app
-        if connection is None and not self._tracing:
-            batch = list(specs)
-            plain = plain_batch(batch)
-            if plain is not None:
-                return await self._copy_plain(*plain)
-            specs = batch
-        rows = [prepare(i, spec, app) for i, spec in enumerate(specs)]
+        rows = [prepare(i, spec, self._app) for i, spec in enumerate(specs)]
         if not rows:
             return []
+        plan = enqueue.write(rows, own_connection=connection is None)
         if self._tracing:
             with send_span(rows) as span:
-                jobs = await self._insert(rows, connection)
+                jobs = await self._run(plan, connection, rows)
                 sent(span, [j.id for j in jobs])
                 return jobs
-        return await self._insert(rows, connection)
+        return await self._run(plan, connection, rows)
 
-    async def _copy_plain(self, queues: list[str], plain: list[Plain]) -> list[Job[Any]]:
-        # The commonest batch (every job its task's defaults): its transaction begins while
-        # the jobs are prepared.
-        batch = store_jobs.PlainBatch(len(plain), queues, functools.partial(prepare_plain, plain))
-        try:
-            return await store_jobs.copy_preparing(self.pool, batch)
-        except asyncpg.ProgramLimitExceededError as exc:
-            raise _too_large(batch.rows, exc) from exc
-
-    async def _insert(self, rows: list[NewJob], connection: AnyConnection | None) -> list[Job[Any]]:
+    async def _run(self, plan: Plan[T], connection: AnyConnection | None, rows: list[NewJob]) -> T:
+        """Run an enqueue's ``plan`` of ``rows`` in the caller's transaction, or on a
+        connection of the pool."""
         try:
             if connection is not None:
-                conn = await caller_connection(connection)
-                return await store_jobs.write(conn, rows, own_connection=False)
+                return await run(await caller_driver(connection), plan)
             async with self.pool.acquire() as own:
-                return await store_jobs.write(own, rows, own_connection=True)
-        except asyncpg.ProgramLimitExceededError as exc:
+                return await run(AsyncpgDriver(own), plan)
+        except too_large_errors() as exc:
             raise _too_large(rows, exc) from exc
 
     @public
@@ -287,13 +278,7 @@ class Client:
         ``on_parent_failure="run"``). All are written in one transaction; returns them in
         order. A task reads its predecessor's result from ``ctx.parents``."""
         rows = [prepare(i, spec, self._app) for i, spec in enumerate(specs)]
-        try:
-            if connection is not None:
-                return await store_jobs.insert_chain(await caller_connection(connection), rows)
-            async with self.pool.acquire() as conn:
-                return await store_jobs.insert_chain(conn, rows)
-        except asyncpg.ProgramLimitExceededError as exc:
-            raise _too_large(rows, exc) from exc
+        return await self._run(enqueue.insert_chain(rows), connection, rows)
 
     @public
     async def enqueue_group(
@@ -309,14 +294,7 @@ class Client:
         from ``ctx.parents`` in the order given. Written in one transaction."""
         rows = [prepare(i, spec, self._app) for i, spec in enumerate(members)]
         last = prepare(len(rows), callback, self._app)
-        try:
-            if connection is not None:
-                conn = await caller_connection(connection)
-                return await store_jobs.insert_group(conn, rows, last)
-            async with self.pool.acquire() as own:
-                return await store_jobs.insert_group(own, rows, last)
-        except asyncpg.ProgramLimitExceededError as exc:
-            raise _too_large([*rows, last], exc) from exc
+        return await self._run(enqueue.insert_group(rows, last), connection, [*rows, last])
 
     # ------------------------------------------------------------------ actions
 
@@ -335,7 +313,7 @@ class Client:
     ) -> dict[int, JobState]:
         """Cancel several jobs; returns the state each acted-on job is in now (running jobs
         stay ``running`` until their worker stops them). Final jobs are left out."""
-        return await store_jobs.cancel(await self._db(connection), _job_ids(job_ids))
+        return await store_jobs.cancel(await self._db(connection, "cancel_many"), _job_ids(job_ids))
 
     @public
     async def retry(
@@ -345,18 +323,18 @@ class Client:
         attempt to jobs that used theirs); returns the ids that were changed. A job whose
         unique key another job took after it finished is left out (two jobs would hold the
         key); the others are retried."""
-        return await store_jobs.retry(await self._db(connection), _job_ids(job_ids))
+        return await store_jobs.retry(await self._db(connection, "retry"), _job_ids(job_ids))
 
     @public
     async def pause_queue(self, name: str, *, connection: AnyConnection | None = None) -> None:
         """Stop every worker claiming from queue ``name`` (``"*"``: every queue). Persisted;
         jobs can still be enqueued; running jobs finish."""
-        await store_queues.pause(await self._db(connection), _queue_or_star(name))
+        await store_queues.pause(await self._db(connection, "pause_queue"), _queue_or_star(name))
 
     @public
     async def resume_queue(self, name: str, *, connection: AnyConnection | None = None) -> None:
         """Undo :meth:`pause_queue` and wake the queue's workers."""
-        await store_queues.resume(await self._db(connection), _queue_or_star(name))
+        await store_queues.resume(await self._db(connection, "resume_queue"), _queue_or_star(name))
 
     @public
     async def set_queue_limits(
@@ -385,7 +363,7 @@ class Client:
         count, period = _check_rate("rate", rate)
         key_count, key_period = _check_rate("key_rate", key_rate)
         limits = QueueLimits(concurrency, count, period, key_concurrency, key_count, key_period)
-        await store_queues.set_limits(await self._db(connection), name, limits)
+        await store_queues.set_limits(await self._db(connection, "set_queue_limits"), name, limits)
 
     @public
     async def queue_limits(self, name: str) -> QueueLimits:
@@ -461,7 +439,7 @@ class Client:
     @public
     async def get_job(self, job_id: int, *, connection: AnyConnection | None = None) -> Job | None:
         """The job with ``job_id``, or None."""
-        return await store_jobs.get(await self._db(connection), _job_id(job_id))
+        return await store_jobs.get(await self._db(connection, "get_job"), _job_id(job_id))
 
     @public
     async def list_jobs(
@@ -558,7 +536,7 @@ def _queue_or_star(name: str) -> str:
     return name if name == "*" else check_queue_name(name)
 
 
-def _too_large(rows: list[NewJob], exc: asyncpg.ProgramLimitExceededError) -> SerializationError:
+def _too_large(rows: list[NewJob], exc: Exception) -> SerializationError:
     # jsonb limits that a JSON text under _serde.MAX_JSON_BYTES can still exceed (a huge
     # array of small numbers takes more room in jsonb than as text).
     largest = max(range(len(rows)), key=lambda i: len(rows[i].args_json))

@@ -335,7 +335,8 @@ class JobContext:
 
     async def complete(self, *, connection: Any, result: Any = None) -> None:
         """Complete this attempt inside ``connection``'s open transaction (an asyncpg
-        connection, or a SQLAlchemy AsyncConnection / AsyncSession), fenced on its token:
+        connection, a psycopg AsyncConnection, or a SQLAlchemy AsyncConnection /
+        AsyncSession on either driver), fenced on its token:
         your writes and the job's completion commit together, or not at all. Raises
         :class:`~pgq.AttemptSuperseded` when the attempt is no longer the job's (rescued,
         cancelled): let it roll your transaction back. Once it commits, nothing the attempt

@@ -220,13 +220,13 @@ async def test_a_stop_before_the_commit_is_awaited_still_reaches_it(
     # which has not yet read its command is dropped by PostgreSQL (the docstring's "may have
     # written it"), and on a busy machine the backend can be that late.
     await conn.execute(SLOW_COMMIT)
-    from pgq._store import jobs as store_jobs
+    from pgq._store import enqueue
 
     def stopped_while_building(*args: object) -> list[pgq.Job[object]]:
         _block_until_sleeping(dsn)  # also shows the COMMIT was sent before the jobs are built
         raise asyncio.CancelledError
 
-    monkeypatch.setattr(store_jobs, "copied_jobs", stopped_while_building)
+    monkeypatch.setattr(enqueue, "copied_jobs", stopped_while_building)
     specs = [pgq.JobSpec("t", {"i": i}) for i in range(100)] + [pgq.JobSpec("slow")]
     with anyio.fail_after(20):  # the slow commit alone would take 60 s
         with pytest.raises(asyncio.CancelledError):
@@ -273,9 +273,9 @@ def _two_queues_app() -> tuple[pgq.App, pgq.Task[..., None], pgq.Task[..., None]
 async def test_a_batch_of_task_specs_is_written_as_returned_and_wakes_its_queues_once(
     client: pgq.Client, dsn: str
 ) -> None:
-    """The commonest batch: specs of registered tasks that set no option (its transaction
-    begins while the jobs are prepared). What it returns is what it stored, in order, and
-    each task's queue is woken once, after the commit."""
+    """The commonest batch: specs of registered tasks that set no option, written by COPY.
+    What it returns is what it stored, in order, and each task's queue is woken once,
+    after the commit."""
     _, a, b = _two_queues_app()
     specs = [(a if i % 2 else b).spec(i=i) for i in range(1200)]
     async with job_notes(dsn) as notes:
@@ -334,9 +334,8 @@ async def test_a_bad_spec_late_in_a_batch_of_task_specs_writes_nothing_and_wakes
 async def test_a_bad_batch_of_task_specs_says_so_without_waiting_for_a_connection(
     dsn: str,
 ) -> None:
-    """Its transaction begins while the jobs are prepared, but a batch that fails to
-    prepare does not wait for the connection first: with the pool's only connection taken,
-    it raises at once, and the pool is whole after."""
+    """A batch that fails to prepare does not wait for a connection first: with the
+    pool's only connection taken, it raises at once, and the pool is whole after."""
     _, a, _ = _two_queues_app()
     pool = await create_pool(dsn, min_size=1, max_size=1)
     try:
@@ -353,7 +352,7 @@ async def test_a_batch_of_task_specs_is_what_the_specs_were_when_it_was_given(
     client: pgq.Client,
 ) -> None:
     """The specs are read as the call begins: a spec changed while the batch is still
-    being written (its transaction begins while the jobs are prepared) changes nothing."""
+    being written changes nothing."""
     _, a, b = _two_queues_app()
     specs = [a.spec(i=i) for i in range(1000)]
     returned: list[pgq.Job[Any]] = []

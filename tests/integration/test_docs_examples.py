@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 import pgq
-from pgq._dsn import sqlalchemy_url
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -62,11 +61,25 @@ async def test_transactional_enqueue_with_asyncpg(dsn: str, client: pgq.Client) 
     assert (await client.count_by_state())[pgq.JobState.AVAILABLE] == 1
 
 
-async def test_transactional_enqueue_with_sqlalchemy(dsn: str, client: pgq.Client) -> None:
+async def test_transactional_enqueue_with_psycopg(dsn: str, client: pgq.Client) -> None:
+    import psycopg
+
+    await _users_table(dsn)
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await transactional.signup_psycopg(conn, client, "p@example.com")
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            await transactional.signup_psycopg(conn, client, "p@example.com")
+    assert (await client.count_by_state())[pgq.JobState.AVAILABLE] == 1
+
+
+@pytest.mark.parametrize("driver", ["asyncpg", "psycopg"])
+async def test_transactional_enqueue_with_sqlalchemy(
+    dsn: str, client: pgq.Client, driver: str
+) -> None:
     from sqlalchemy.exc import IntegrityError
 
     await _users_table(dsn)
-    engine = create_async_engine(sqlalchemy_url(dsn))
+    engine = create_async_engine(f"postgresql+{driver}://" + dsn.split("://", 1)[1])
     try:
         async with AsyncSession(engine) as session:
             await transactional.signup_sqlalchemy(session, client, "b@example.com")

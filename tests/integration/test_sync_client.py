@@ -82,6 +82,17 @@ async def test_a_psycopg_transaction_carries_the_job_and_its_wake_up(dsn: str, c
     assert ids == [kept.id] and dropped.id not in ids
 
 
+async def test_a_chain_or_group_rolls_back_with_a_psycopg_transaction_not_yet_begun(
+    dsn: str, conn: Conn
+) -> None:
+    specs = [pgq.JobSpec("t"), pgq.JobSpec("t")]
+    with pgq.SyncClient(dsn) as client, psycopg.connect(dsn) as pg:
+        client.enqueue_chain(specs, connection=pg)  # the connection's first statement
+        client.enqueue_group(specs, pgq.JobSpec("t"), connection=pg)
+        pg.rollback()
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 0
+
+
 async def test_sqlalchemy_sync_connection_and_session_commit_and_roll_back_with_the_job(
     dsn: str, conn: Conn
 ) -> None:
@@ -124,3 +135,26 @@ def test_a_server_that_does_not_answer_is_named_without_its_password() -> None:
 def test_an_unmigrated_database_says_to_migrate(empty_dsn: str) -> None:
     with pytest.raises(pgq.SchemaMismatch, match="run `pgq migrate`"):
         pgq.SyncClient(empty_dsn).open()
+
+
+async def test_a_chain_or_group_postgres_cannot_store_names_the_job(dsn: str, conn: Conn) -> None:
+    # What PostgreSQL raises when a jsonb value exceeds its limits (program_limit_exceeded).
+    await conn.execute("""
+        CREATE FUNCTION too_big() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.args ? 'big' THEN
+                RAISE EXCEPTION 'total size of jsonb array elements exceeds the maximum'
+                    USING ERRCODE = 'program_limit_exceeded';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER too_big BEFORE INSERT ON pgq_jobs FOR EACH ROW EXECUTE FUNCTION too_big();
+    """)
+    specs = [pgq.JobSpec("t", {"i": 1}), pgq.JobSpec("t", {"big": [1, 2, 3]})]
+    with pgq.SyncClient(dsn) as client:
+        with pytest.raises(pgq.SerializationError, match=r"job 1: args of task 't'") as info:
+            client.enqueue_chain(specs)
+        assert isinstance(info.value.__cause__, psycopg.errors.ProgramLimitExceeded)
+        with pytest.raises(pgq.SerializationError, match=r"job 1: args of task 't'"):
+            client.enqueue_group(specs, pgq.JobSpec("t"))
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 0

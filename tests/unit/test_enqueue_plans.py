@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+import pgq
 from pgq._store import enqueue, sql
 from pgq._store.codec import NewJob
 from pgq.job import JobState
@@ -73,6 +74,9 @@ class AsyncFake(Recorder):
     async def fetchrow(self, statement: str, params: Sequence[Any]) -> Any:
         return self.reply(statement, params, one=True)
 
+    async def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None:
+        self.steps.append(f"COPY {len(records)}")
+
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         self.steps.append("BEGIN")
@@ -104,12 +108,44 @@ async def test_both_runners_take_the_same_steps() -> None:
     assert [j.depends_on for j in jobs] == [None, [1]]
 
 
-def test_a_copy_runs_in_a_transaction_of_its_own() -> None:
-    fake = SyncFake()
-    fake.reply = lambda statement, params, one: {"ids": [7, 8], "now": NOW}  # type: ignore[method-assign]
-    jobs = enqueue.run_sync(fake, enqueue.copy([_row(), _row()]))
-    assert fake.steps == ["BEGIN", "COPY 2", "COMMIT"]
-    assert [(j.id, j.state, j.created_at) for j in jobs] == [
-        (7, JobState.AVAILABLE, NOW),
-        (8, JobState.AVAILABLE, NOW),
-    ]
+async def test_a_copy_runs_in_a_transaction_of_its_own_and_builds_its_jobs_once_committed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    build = enqueue.copied_jobs
+    for fake in (SyncFake(), AsyncFake()):
+        fake.reply = lambda statement, params, one: {"ids": [7, 8], "now": NOW}  # type: ignore[method-assign]
+
+        def building(*args: Any, steps: list[str] = fake.steps) -> list[pgq.Job[Any]]:
+            steps.append("BUILD")
+            return build(*args)
+
+        monkeypatch.setattr(enqueue, "copied_jobs", building)
+        plan = enqueue.copy([_row(), _row()])
+        if isinstance(fake, SyncFake):
+            jobs = enqueue.run_sync(fake, plan)
+        else:
+            jobs = await enqueue.run(fake, plan)
+        assert fake.steps == ["BEGIN", "COPY 2", "COMMIT", "BUILD"]
+        assert [(j.id, j.state, j.created_at) for j in jobs] == [
+            (7, JobState.AVAILABLE, NOW),
+            (8, JobState.AVAILABLE, NOW),
+        ]
+
+
+def _first_statement(rows: list[NewJob], own_connection: bool) -> str:
+    """The name of the first statement :func:`enqueue.write` sends for ``rows``."""
+    step = next(enqueue.write(rows, own_connection=own_connection))
+    while isinstance(step, enqueue.InTransaction):
+        step = next(step.plan)
+    assert isinstance(step, enqueue.Fetch | enqueue.FetchRow)
+    return next(n for n, s in sql.STATEMENTS.items() if s is step.statement)
+
+
+def test_write_is_the_one_choice_between_copy_and_insert() -> None:
+    batch = [_row(), _row()]
+    assert _first_statement(batch, own_connection=True) == "ALLOCATE_JOBS"  # COPY
+    assert _first_statement(batch, own_connection=False) == "ENQUEUE_PLAIN"
+    assert _first_statement([_row()], own_connection=True) == "ENQUEUE_ONE"
+    assert _first_statement([_row(), _row("k")], own_connection=True) == "ENQUEUE_KEYED"
+    dependent = [_row(), _row(parents=(1,))]
+    assert _first_statement(dependent, own_connection=True) == "ENQUEUE_ONE"

@@ -1,6 +1,5 @@
-"""Connections: opening pools and connections with clear errors, telling passing failures
-from refusals, and adapting a caller's connection (asyncpg, or SQLAlchemy's AsyncConnection /
-AsyncSession)."""
+"""Connections: opening pools and connections with clear errors, and telling passing
+failures from refusals (a caller's connection is ``callers.py``'s)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from pgq._dsn import each_host, for_asyncpg, mask_dsn, normalize_dsn, resolve_ds
 from pgq.errors import ConfigError, DatabaseUnavailable
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger("pgq")
 
@@ -418,37 +417,3 @@ def sqlalchemy_engine(dsn: str | None) -> AsyncEngine:
     if target.pooled:
         url += "?prepared_statement_cache_size=0"
     return create_async_engine(url, async_creator=open_connection, poolclass=pool.NullPool)
-
-
-async def caller_connection(
-    connection: Connection | AsyncConnection | AsyncSession,
-) -> Connection:
-    """The asyncpg connection behind ``connection``, inside the caller's transaction.
-
-    A SQLAlchemy connection begins its database transaction lazily ("autobegin"), at its
-    first statement; when it has not yet, a no-op statement through SQLAlchemy begins it, so
-    our write commits or rolls back with the caller's (unless the caller chose AUTOCOMMIT).
-    """
-    if isinstance(connection, asyncpg.Connection):
-        return connection
-    try:
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-    except ImportError:  # pragma: no cover - sqlalchemy is a dependency
-        AsyncConnection = AsyncSession = ()  # type: ignore[assignment,misc]
-    if isinstance(connection, AsyncSession):
-        connection = await connection.connection()
-    if not isinstance(connection, AsyncConnection):
-        raise ConfigError(
-            f"connection= takes an asyncpg connection or a SQLAlchemy AsyncConnection or "
-            f"AsyncSession, not {type(connection).__name__}"
-        )
-    raw = await connection.get_raw_connection()
-    driver = raw.driver_connection
-    if not isinstance(driver, asyncpg.Connection):
-        raise ConfigError(
-            "pgq needs SQLAlchemy's asyncpg driver for connection=: create the engine with a "
-            "postgresql+asyncpg:// URL"
-        )
-    if not driver.is_in_transaction():
-        await connection.exec_driver_sql("SELECT 1")
-    return driver

@@ -1,22 +1,26 @@
 """The enqueue's control flow, written once for every driver.
 
-Each operation (:func:`insert`, :func:`insert_chain`, :func:`insert_group`) is a *plan*: a
-generator that yields the statements it needs run (:class:`Fetch`, :class:`FetchRow`, and
-:class:`InTransaction` for a part that must run in one transaction) and receives their
-rows, deciding what comes next from them. A driver runs a plan: :func:`run` over the
-:class:`AsyncDriver` protocol (asyncpg here; psycopg's async connection would be another
-implementation), :func:`run_sync` over :class:`SyncDriver` (psycopg, in ``sync.py``). The
-plans do no I/O, so the asynchronous and synchronous clients share them instead of each
-keeping a copy of the same decisions.
+Each operation (:func:`write`, :func:`insert_chain`, :func:`insert_group`) is a *plan*: a
+generator that yields the statements it needs run (:class:`Fetch`, :class:`FetchRow`,
+:class:`CopyJobs`, and :class:`InTransaction` for a part that must run in one transaction)
+and receives their rows, deciding what comes next from them. A driver runs a plan:
+:func:`run` over the :class:`AsyncDriver` protocol (asyncpg here, psycopg's async
+connection in ``psycopg_async.py``), :func:`run_sync` over :class:`SyncDriver` (psycopg, in
+``sync.py``). The plans do no I/O, so every client shares them instead of each keeping a
+copy of the same decisions; :func:`write` is the one choice between COPY and INSERT.
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+import asyncio
+import contextlib
+from collections.abc import Callable, Generator, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeAlias, TypeVar
+
+import anyio
 
 from pgq._store import sql
 from pgq._store.codec import (
@@ -32,6 +36,9 @@ from pgq.errors import ConfigError
 from pgq.job import Job, JobState
 
 T = TypeVar("T")
+
+#: The longest a failed enqueue waits to roll back (and hand its connection back).
+CLEANUP_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +60,18 @@ class FetchRow:
 @dataclass(frozen=True, slots=True)
 class InTransaction:
     """Run the plan ``plan`` in one transaction (a savepoint inside the caller's); the plan
-    receives its result."""
+    receives its result (of an :class:`AfterCommit`, what it builds)."""
 
     plan: Plan[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class AfterCommit:
+    """What a transaction's plan returns when its result is best made once the COMMIT is
+    sent: ``build()``, made while the server flushes the commit (where the runner can
+    overlap the two) and handed on only once the commit succeeded."""
+
+    build: Callable[[], Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,13 +89,13 @@ Plan: TypeAlias = Generator[Step, Any, T]
 
 
 class AsyncDriver(Protocol):
-    """What a plan needs of an asynchronous connection. (No COPY: asyncpg's bulk enqueue
-    is its own tuned path, ``jobs.copy``; a driver that runs the :func:`copy` plan adds
-    ``copy_jobs`` as :class:`SyncDriver` has it.)"""
+    """What a plan needs of an asynchronous connection."""
 
     async def fetch(self, statement: str, params: Sequence[Any]) -> Sequence[RowLike]: ...
 
     async def fetchrow(self, statement: str, params: Sequence[Any]) -> RowLike | None: ...
+
+    async def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None: ...
 
     def transaction(self) -> AbstractAsyncContextManager[Any]: ...
 
@@ -108,6 +124,14 @@ class AsyncpgDriver:
     async def fetchrow(self, statement: str, params: Sequence[Any]) -> RowLike | None:
         return await self.conn.fetchrow(statement, *params)
 
+    async def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None:
+        # Binary COPY: no text to build or parse per row.
+        await self.conn.copy_records_to_table(
+            sql.COPY_JOBS_TABLE,
+            records=records,
+            columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
+        )
+
     def transaction(self) -> AbstractAsyncContextManager[Any]:
         return self.conn.transaction()
 
@@ -121,15 +145,56 @@ async def run(driver: AsyncDriver, plan: Plan[T]) -> T:
         except StopIteration as done:
             result: T = done.value
             return result
-        if isinstance(step, InTransaction):
-            async with driver.transaction():
-                value = await run(driver, step.plan)
+        if isinstance(step, Fetch):
+            value = await driver.fetch(step.statement, step.params)
         elif isinstance(step, FetchRow):
             value = await driver.fetchrow(step.statement, step.params)
-        elif isinstance(step, Fetch):
-            value = await driver.fetch(step.statement, step.params)
+        elif isinstance(step, InTransaction):
+            value = await _in_transaction(driver, step.plan)
         else:
-            raise TypeError("this driver runs no COPY", step)
+            await driver.copy_jobs(step.records, step.plain)
+            value = None
+
+
+async def _in_transaction(driver: AsyncDriver, plan: Plan[Any]) -> Any:
+    """Run ``plan`` in a transaction, entered and left by hand: a failure rolls back shielded
+    from a cancellation (bounded by ``CLEANUP_S``), and an :class:`AfterCommit` is built
+    while the COMMIT is under way."""
+    transaction = driver.transaction()
+    await transaction.__aenter__()
+    try:
+        value = await run(driver, plan)
+    except BaseException as exc:
+        # Shielded: under a cancel scope, the rollback would be cancelled in turn.
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_S):
+            await transaction.__aexit__(type(exc), exc, exc.__traceback__)  # rolls back
+        raise
+    if isinstance(value, AfterCommit):
+        return await _commit_building(transaction, value.build)
+    await transaction.__aexit__(None, None, None)
+    return value
+
+
+async def _commit_building(
+    transaction: AbstractAsyncContextManager[Any], build: Callable[[], T]
+) -> T:
+    """Commit ``transaction`` (entered by hand) and return what ``build`` makes meanwhile:
+    the commit waits for the server to flush its log to disk, and the result is returned
+    only once it has succeeded."""
+    committing = asyncio.ensure_future(transaction.__aexit__(None, None, None))
+    try:
+        await asyncio.sleep(0)  # the commit's task runs first: its COMMIT is sent
+        built = build()
+    except BaseException:
+        # Stopped before the commit is awaited (a cancel landing at the sleep): the stop
+        # reaches the COMMIT, as it would have had the commit itself been awaited, and it is
+        # what the caller sees, whatever the commit's own end.
+        committing.cancel()
+        with contextlib.suppress(BaseException):
+            await committing
+        raise
+    await committing  # a cancel landing here reaches the COMMIT too (awaiting a task does)
+    return built
 
 
 def run_sync(driver: SyncDriver, plan: Plan[T]) -> T:
@@ -141,16 +206,32 @@ def run_sync(driver: SyncDriver, plan: Plan[T]) -> T:
         except StopIteration as done:
             result: T = done.value
             return result
-        if isinstance(step, InTransaction):
-            with driver.transaction():
-                value = run_sync(driver, step.plan)
+        if isinstance(step, Fetch):
+            value = driver.fetch(step.statement, step.params)
         elif isinstance(step, FetchRow):
             value = driver.fetchrow(step.statement, step.params)
-        elif isinstance(step, Fetch):
-            value = driver.fetch(step.statement, step.params)
+        elif isinstance(step, InTransaction):
+            with driver.transaction():
+                value = run_sync(driver, step.plan)
+            if isinstance(value, AfterCommit):
+                value = value.build()
         else:
             driver.copy_jobs(step.records, step.plain)
             value = None
+
+
+def write(rows: list[NewJob], *, own_connection: bool) -> Plan[list[Job]]:
+    """Enqueue ``rows``: the one choice between COPY (:func:`copy`) and INSERT
+    (:func:`insert`). COPY writes a batch without unique keys or parents on pgq's own
+    connection: in a caller's transaction, one INSERT (and a caller's asyncpg connection
+    may have replaced the jsonb codec COPY's binary format relies on)."""
+    if (
+        own_connection
+        and len(rows) > 1
+        and all(r.unique_key is None and r.depends_on is None for r in rows)
+    ):
+        return copy(rows)
+    return insert(rows)
 
 
 def insert(rows: list[NewJob]) -> Plan[list[Job]]:
@@ -221,16 +302,16 @@ def insert_group(members: list[NewJob], callback: NewJob) -> Plan[tuple[list[Job
 
 def copy(rows: list[NewJob]) -> Plan[list[Job]]:
     """Enqueue keyless ``rows`` with COPY, in a transaction of their own: ids and the
-    clock from ``ALLOCATE_JOBS`` (which also queues the NOTIFYs), then the rows."""
+    clock from ``ALLOCATE_JOBS`` (which also queues the NOTIFYs), then the rows; the jobs
+    are built while the commit is under way."""
     plain, due = copy_plan(rows)
 
-    def copying() -> Plan[list[Job]]:
+    def copying() -> Plan[AfterCommit]:
         allocated = yield FetchRow(sql.ALLOCATE_JOBS, [len(rows), list(due), list(due.values())])
         assert allocated is not None
         ids, now = allocated["ids"], allocated["now"]
-        jobs = copied_jobs(rows, ids, now, plain)
         yield CopyJobs(copy_records(rows, ids, now, plain), plain)
-        return jobs
+        return AfterCommit(lambda: copied_jobs(rows, ids, now, plain))
 
     jobs: list[Job] = yield InTransaction(copying())
     return jobs

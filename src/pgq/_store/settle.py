@@ -8,11 +8,12 @@ import uuid
 from typing import Any
 
 from pgq._store import sql
-from pgq._store.connections import Connection, Db
+from pgq._store.connections import Db
+from pgq._store.enqueue import AsyncDriver
 
 
 async def settle(
-    conn: Connection,
+    driver: AsyncDriver,
     job_id: int,
     token: uuid.UUID | None,
     settle_token: uuid.UUID,
@@ -23,13 +24,14 @@ async def settle(
     result: str | None = None,
     attempt_delta: int = 0,
 ) -> str | None:
-    """Write the outcome in ``conn``'s transaction; returns the job's new state, or None
-    when ``token`` is no longer the job's running attempt (nothing written)."""
-    state_now: str | None = await conn.fetchval(
-        sql.SETTLE_ATTEMPT, job_id, token, settle_token, state, delay_s, error, result,
-        attempt_delta,
-    )  # fmt: skip
-    return state_now
+    """Write the outcome in ``driver``'s transaction (a caller's asyncpg or psycopg
+    connection); returns the job's new state, or None when ``token`` is no longer the job's
+    running attempt (nothing written)."""
+    row = await driver.fetchrow(
+        sql.SETTLE_ATTEMPT,
+        [job_id, token, settle_token, state, delay_s, error, result, attempt_delta],
+    )
+    return None if row is None or row["state"] is None else str(row["state"])
 
 
 def settle_sync(

@@ -1,6 +1,7 @@
 """The same enqueue for synchronous code, on psycopg (3): the plans of ``enqueue`` run on a
 :class:`PsycopgDriver`, their statements as they are (a raw cursor takes PostgreSQL's own
-``$1`` placeholders), the jobs put together by the same functions as the async path."""
+``$1`` placeholders), the jobs put together by the same functions as the async path; and
+the schema check and a caller's connection, for :class:`~pgq.SyncClient`."""
 
 from __future__ import annotations
 
@@ -11,15 +12,14 @@ from typing import Any
 
 import psycopg
 from psycopg import RawCursor
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
-from pgq._store import enqueue, sql
-from pgq._store.codec import NewJob
-from pgq._store.enqueue import run_sync
-from pgq._store.jobs import by_copy
+from pgq._store import sql
 from pgq._store.revision import SHARED_IDS, is_unknown, read_revision, require_current
 from pgq.errors import ConfigError
-from pgq.job import Job
+
+IDLE = TransactionStatus.IDLE
 
 #: psycopg errors that mean the server is not there (or went away), not that it refused.
 CONNECTION_ERRORS: tuple[type[Exception], ...] = (psycopg.OperationalError, OSError)
@@ -54,13 +54,6 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
     require_current(found)
 
 
-def write(conn: psycopg.Connection[Any], rows: list[NewJob], *, own_connection: bool) -> list[Job]:
-    """Enqueue ``rows`` on ``conn`` by COPY or INSERT (see ``jobs.by_copy``)."""
-    if by_copy(rows, own_connection):
-        return copy(conn, rows)
-    return insert(conn, rows)
-
-
 class PsycopgDriver:
     """``enqueue.SyncDriver`` over a psycopg connection (pgq's own, or a caller's)."""
 
@@ -90,34 +83,14 @@ class PsycopgDriver:
         return self.conn.transaction()
 
 
-def insert(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
-    """Enqueue ``rows`` with one INSERT, in the connection's transaction (see
-    ``enqueue.insert``)."""
-    return run_sync(PsycopgDriver(conn), enqueue.insert(rows))
-
-
-def insert_chain(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
-    """Enqueue ``rows``, each depending on the one before (see ``enqueue.insert_chain``)."""
-    return run_sync(PsycopgDriver(conn), enqueue.insert_chain(rows))
-
-
-def insert_group(
-    conn: psycopg.Connection[Any], members: list[NewJob], callback: NewJob
-) -> tuple[list[Job], Job]:
-    """Enqueue ``members`` and ``callback`` after them (see ``enqueue.insert_group``)."""
-    return run_sync(PsycopgDriver(conn), enqueue.insert_group(members, callback))
-
-
-def copy(conn: psycopg.Connection[Any], rows: list[NewJob]) -> list[Job]:
-    """Enqueue keyless ``rows`` with COPY, in a transaction of its own (see
-    ``enqueue.copy``)."""
-    return run_sync(PsycopgDriver(conn), enqueue.copy(rows))
-
-
 def caller_connection_sync(connection: Any) -> psycopg.Connection[Any]:
     """The psycopg connection behind ``connection`` (psycopg's, or a SQLAlchemy Connection
-    or Session on the psycopg driver), inside the caller's transaction."""
+    or Session on the psycopg driver), inside the caller's transaction. An idle connection
+    not in autocommit mode is begun (a no-op statement), as its next statement would begin
+    it: psycopg's ``transaction()`` on an idle connection would commit a chain on its own."""
     if isinstance(connection, psycopg.Connection):
+        if not connection.autocommit and connection.info.transaction_status == IDLE:
+            connection.execute("SELECT 1")
         return connection
     try:
         from sqlalchemy.engine import Connection as SAConnection

@@ -10,7 +10,8 @@ from typing import Any
 from pgq._boundary import database_errors
 from pgq._store import jobs as store_jobs
 from pgq._store import settle as store
-from pgq._store.connections import Pool, caller_connection
+from pgq._store.callers import caller_driver
+from pgq._store.connections import Pool
 from pgq._worker.executor import _completed, _raised
 from pgq._worker.outcome import Outcome
 from pgq.app import Task
@@ -51,9 +52,9 @@ class Settler:
         outcome = self.outcome(ctx, kind, **details)
         settle_token = uuid.uuid4()
         with database_errors():
-            conn = await caller_connection(connection)
+            driver = await caller_driver(connection)
             state = await store.settle(
-                conn, outcome.job_id, outcome.token, settle_token, outcome.state,
+                driver, outcome.job_id, outcome.token, settle_token, outcome.state,
                 delay_s=outcome.delay_s, error=outcome.error, result=outcome.result,
                 attempt_delta=outcome.attempt_delta,
             )  # fmt: skip

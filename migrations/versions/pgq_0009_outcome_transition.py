@@ -42,6 +42,16 @@ $$
 """,
     ),
     (
+        "pgq_failed_state",
+        """\
+CREATE FUNCTION pgq_failed_state(attempt integer, max_attempts integer)
+RETURNS pgq_job_state LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN attempt >= max_attempts THEN 'discarded'::pgq_job_state
+                ELSE 'retryable'::pgq_job_state END
+$$
+""",
+    ),
+    (
         "pgq_outcome_finalized_at",
         """\
 CREATE FUNCTION pgq_outcome_finalized_at(wanted pgq_job_state, cancel_requested boolean)

@@ -183,6 +183,13 @@ OUTCOME_FUNCTIONS = (
         f"                THEN '{JobState.CANCELLED.value}'::pgq_job_state ELSE wanted END\n$$\n",
     ),
     (
+        "pgq_failed_state",
+        "CREATE FUNCTION pgq_failed_state(attempt integer, max_attempts integer)\n"
+        "RETURNS pgq_job_state LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$\n"
+        f"    SELECT CASE WHEN attempt >= max_attempts THEN '{JobState.DISCARDED.value}'::pgq_job_state\n"
+        f"                ELSE '{JobState.RETRYABLE.value}'::pgq_job_state END\n$$\n",
+    ),
+    (
         "pgq_outcome_finalized_at",
         "CREATE FUNCTION pgq_outcome_finalized_at(wanted pgq_job_state, cancel_requested boolean)\n"
         "RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS $$\n"

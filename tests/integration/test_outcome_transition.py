@@ -203,7 +203,7 @@ async def test_every_path_makes_the_same_transition(
     assert observed == wanted_by_rule
 
 
-FUNCTIONS = ("pgq_is_final", "pgq_outcome_state", "pgq_outcome_finalized_at",
+FUNCTIONS = ("pgq_is_final", "pgq_outcome_state", "pgq_failed_state", "pgq_outcome_finalized_at",
              "pgq_attempt_error", "pgq_cancel_entry", "pgq_outcome_errors")  # fmt: skip
 TOKEN = uuid.uuid4()
 #: Each statement that ends an attempt (or cancels a job), with arguments to plan it with.

@@ -134,24 +134,20 @@ FROM (SELECT ARRAY(SELECT id FROM upd) AS ids) w;
 --
 -- $4: commit without waiting for the WAL's flush (set for the statement's own
 -- transaction only).
-WITH attempt AS (
-    SELECT id, CASE WHEN attempt >= max_attempts THEN 'discarded'::pgq_job_state
-                    ELSE 'retryable'::pgq_job_state END AS wanted
-    FROM pgq_jobs
-    WHERE id = $1 AND attempt_token = $2 AND state = (SELECT 'running'::pgq_job_state)
-    FOR NO KEY UPDATE
-), upd AS (
+WITH upd AS (
     UPDATE pgq_jobs j
-    SET state = pgq_outcome_state(a.wanted, j.cancel_requested_at IS NOT NULL),
-        finalized_at = pgq_outcome_finalized_at(a.wanted, j.cancel_requested_at IS NOT NULL),
+    SET state = pgq_outcome_state(pgq_failed_state(j.attempt, j.max_attempts),
+                                  j.cancel_requested_at IS NOT NULL),
+        finalized_at = pgq_outcome_finalized_at(pgq_failed_state(j.attempt, j.max_attempts),
+                                                j.cancel_requested_at IS NOT NULL),
         scheduled_at = now() + make_interval(secs => least(3600, 2 ^ greatest(j.attempt - 1, 0))),
         errors = pgq_outcome_errors(
             j.errors, pgq_attempt_error($3::jsonb, j.attempted_at, j.producer_id, j.attempted_by),
-            a.wanted, j.cancel_requested_at IS NOT NULL, j.attempt),
+            pgq_failed_state(j.attempt, j.max_attempts), j.cancel_requested_at IS NOT NULL,
+            j.attempt),
         result = NULL,
         deadline_at = NULL
-    FROM attempt a
-    WHERE j.id = a.id
+    WHERE j.id = $1 AND j.attempt_token = $2 AND j.state = (SELECT 'running'::pgq_job_state)
       AND (SELECT set_config('synchronous_commit', CASE WHEN $4::bool THEN 'off' ELSE current_setting('synchronous_commit') END, true)) IS NOT NULL
     RETURNING j.id, j.state
 )

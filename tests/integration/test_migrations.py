@@ -86,8 +86,9 @@ async def test_autogenerate_finds_nothing_to_change(dsn: str) -> None:
 
 
 async def test_the_database_reads_states_as_job_state_defines_them(dsn: str) -> None:
-    """The enum's order, the unique-states bits and the final states in the migrated
-    database agree with pgq.JobState, their one definition."""
+    """The enum's order, the unique-states bits and the final states (of the check
+    constraint and of the outcome transition) in the migrated database agree with
+    pgq.JobState, their one definition."""
     conn = await asyncpg.connect(dsn)
     try:
         order = await conn.fetchval("SELECT enum_range(NULL::pgq_job_state)::text[]")
@@ -108,6 +109,9 @@ async def test_the_database_reads_states_as_job_state_defines_them(dsn: str) -> 
         assert sorted(re.findall(r"'(\w+)'", final)) == sorted(
             s.value for s in pgq.JobState if s.is_final
         )
+        for state in pgq.JobState:
+            is_final = await conn.fetchval("SELECT pgq_is_final($1::pgq_job_state)", state.value)
+            assert is_final is state.is_final, state
     finally:
         await conn.close()
 

@@ -62,8 +62,10 @@ async def enqueue_many() -> None:
     await drop_database("bench_pgq_enqueue_many")
 
 
-async def drain(concurrency: int) -> None:
-    dsn = await setup("bench_pgq_drain")
+async def drain(concurrency: int, database: str = "bench_pgq_drain") -> None:
+    """Drain 20,000 jobs at ``concurrency`` on database ``database`` (dropped first and
+    after: name one of your own when others may run the drain on the same server)."""
+    dsn = await setup(database)
     async with pgq.Client(dsn, app=app) as client:
         for start in range(0, N, 5_000):
             await client.enqueue_many(
@@ -85,7 +87,7 @@ async def drain(concurrency: int) -> None:
             "settings": {"concurrency": concurrency},
         }
     )
-    await drop_database("bench_pgq_drain")
+    await drop_database(database)
 
 
 async def drain_cli(concurrency: int | None, processes: int) -> None:
@@ -203,7 +205,7 @@ if __name__ == "__main__":
         {
             "enqueue_many": enqueue_many,
             "enqueue": enqueue_one,
-            "drain": lambda concurrency="100": drain(int(concurrency)),
+            "drain": lambda concurrency="100", *database: drain(int(concurrency), *database),
             "drain-cli": lambda concurrency="default", processes="1": drain_cli(
                 None if concurrency == "default" else int(concurrency), int(processes)
             ),

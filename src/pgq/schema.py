@@ -161,6 +161,72 @@ UNIQUE_ACTIVE_FUNCTION = (
 event.listen(jobs, "before_create", DDL(UNIQUE_ACTIVE_FUNCTION))  # type: ignore[no-untyped-call]
 event.listen(jobs, "after_drop", DDL("DROP FUNCTION IF EXISTS pgq_unique_active"))  # type: ignore[no-untyped-call]
 
+# The transition an attempt's outcome makes, defined once for every statement that ends an
+# attempt (the worker's outcome writes, the last-resort failure, a task's own settle, the
+# rescues): a cancel request redirects only an outcome that would run the job again (it
+# ends cancelled, with a 'cancel' entry); an outcome that ends the job stands. Single-SELECT
+# SQL functions without a strict or SECURITY DEFINER clause, so the planner inlines them
+# into each statement (EXPLAIN VERBOSE shows their bodies, not calls). Migrations keep
+# frozen copies; a test checks the migrated database has these very texts.
+OUTCOME_FUNCTIONS = (
+    (
+        "pgq_is_final",
+        "CREATE FUNCTION pgq_is_final(state pgq_job_state) RETURNS boolean\n"
+        "LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$\n"
+        f"    SELECT state IN ({_FINAL_SQL})\n$$\n",
+    ),
+    (
+        "pgq_outcome_state",
+        "CREATE FUNCTION pgq_outcome_state(wanted pgq_job_state, cancel_requested boolean)\n"
+        "RETURNS pgq_job_state LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$\n"
+        "    SELECT CASE WHEN cancel_requested AND NOT pgq_is_final(wanted)\n"
+        f"                THEN '{JobState.CANCELLED.value}'::pgq_job_state ELSE wanted END\n$$\n",
+    ),
+    (
+        "pgq_failed_state",
+        "CREATE FUNCTION pgq_failed_state(attempt integer, max_attempts integer)\n"
+        "RETURNS pgq_job_state LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$\n"
+        f"    SELECT CASE WHEN attempt >= max_attempts THEN '{JobState.DISCARDED.value}'::pgq_job_state\n"
+        f"                ELSE '{JobState.RETRYABLE.value}'::pgq_job_state END\n$$\n",
+    ),
+    (
+        "pgq_outcome_finalized_at",
+        "CREATE FUNCTION pgq_outcome_finalized_at(wanted pgq_job_state, cancel_requested boolean)\n"
+        "RETURNS timestamptz LANGUAGE sql STABLE PARALLEL SAFE AS $$\n"
+        "    SELECT CASE WHEN pgq_is_final(pgq_outcome_state(wanted, cancel_requested))\n"
+        "                THEN now() END\n$$\n",
+    ),
+    (
+        "pgq_attempt_error",
+        "CREATE FUNCTION pgq_attempt_error(entry jsonb, started_at timestamptz, producer_id uuid,\n"
+        "                                  worker_name text)\n"
+        "RETURNS jsonb LANGUAGE sql STABLE PARALLEL SAFE AS $$\n"
+        "    SELECT entry || jsonb_build_object('at', now(), 'started_at', started_at,\n"
+        "                                       'producer_id', producer_id, 'worker_name', worker_name)\n"
+        "$$\n",
+    ),
+    (
+        "pgq_cancel_entry",
+        "CREATE FUNCTION pgq_cancel_entry(attempt integer)\n"
+        "RETURNS jsonb LANGUAGE sql STABLE PARALLEL SAFE AS $$\n"
+        "    SELECT jsonb_build_object('attempt', attempt, 'kind', 'cancel',\n"
+        "                              'message', 'cancelled by request', 'traceback', NULL,\n"
+        "                              'at', now())\n$$\n",
+    ),
+    (
+        "pgq_outcome_errors",
+        "CREATE FUNCTION pgq_outcome_errors(errors jsonb, entry jsonb, wanted pgq_job_state,\n"
+        "                                   cancel_requested boolean, attempt integer)\n"
+        "RETURNS jsonb LANGUAGE sql STABLE PARALLEL SAFE AS $$\n"
+        "    SELECT COALESCE(errors || entry, errors)\n"
+        "           || CASE WHEN pgq_outcome_state(wanted, cancel_requested) <> wanted\n"
+        "                   THEN pgq_cancel_entry(attempt) ELSE '[]'::jsonb END\n$$\n",
+    ),
+)
+for _name, _function in OUTCOME_FUNCTIONS:
+    event.listen(jobs, "before_create", DDL(_function))  # type: ignore[no-untyped-call]
+    event.listen(jobs, "after_drop", DDL(f"DROP FUNCTION IF EXISTS {_name}"))  # type: ignore[no-untyped-call]
+
 # Enforces unique jobs: one row per key among the states its mask names. Not a read-then-write.
 Index(
     "pgq_jobs_unique_idx",

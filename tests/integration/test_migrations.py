@@ -40,6 +40,11 @@ CATALOG = {
     "enums": """
         SELECT t.typname, array_agg(e.enumlabel ORDER BY e.enumsortorder)::text
         FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid GROUP BY 1 ORDER BY 1""",
+    # Laid out alike or not, the same text (an older revision wrapped a body's lines).
+    "functions": """
+        SELECT proname, regexp_replace(pg_get_functiondef(oid), '\\s+', ' ', 'g') FROM pg_proc
+        WHERE pronamespace = 'public'::regnamespace AND proname LIKE 'pgq\\_%'
+        ORDER BY 1""",
 }
 
 
@@ -58,6 +63,7 @@ async def test_migrating_equals_create_all(dsn: str, empty_dsn: str) -> None:
     await engine.dispose()
     migrated, created = await snapshot(dsn), await snapshot(empty_dsn)
     assert migrated["columns"] and migrated["indexes"] and migrated["constraints"]
+    assert {"pgq_outcome_state", "pgq_unique_active"} <= {f[0] for f in migrated["functions"]}
     assert migrated == created
 
 
@@ -80,8 +86,9 @@ async def test_autogenerate_finds_nothing_to_change(dsn: str) -> None:
 
 
 async def test_the_database_reads_states_as_job_state_defines_them(dsn: str) -> None:
-    """The enum's order, the unique-states bits and the final states in the migrated
-    database agree with pgq.JobState, their one definition."""
+    """The enum's order, the unique-states bits and the final states (of the check
+    constraint and of the outcome transition) in the migrated database agree with
+    pgq.JobState, their one definition."""
     conn = await asyncpg.connect(dsn)
     try:
         order = await conn.fetchval("SELECT enum_range(NULL::pgq_job_state)::text[]")
@@ -102,6 +109,9 @@ async def test_the_database_reads_states_as_job_state_defines_them(dsn: str) -> 
         assert sorted(re.findall(r"'(\w+)'", final)) == sorted(
             s.value for s in pgq.JobState if s.is_final
         )
+        for state in pgq.JobState:
+            is_final = await conn.fetchval("SELECT pgq_is_final($1::pgq_job_state)", state.value)
+            assert is_final is state.is_final, state
     finally:
         await conn.close()
 
@@ -119,7 +129,8 @@ async def test_downgrade_to_base_removes_everything(dsn: str) -> None:
             "AND relname NOT LIKE 'pgq_alembic_version%'"
         )
         types = await conn.fetch("SELECT typname FROM pg_type WHERE typname = 'pgq_job_state'")
-        assert left == [] and types == []
+        functions = await conn.fetch("SELECT proname FROM pg_proc WHERE proname LIKE 'pgq\\_%'")
+        assert left == [] and types == [] and functions == []
         with pytest.raises(pgq.SchemaMismatch, match="revision none"):
             await check_schema(conn)
     finally:

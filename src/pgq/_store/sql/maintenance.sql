@@ -25,10 +25,12 @@ FROM (SELECT queue, count(*)::int AS n FROM upd GROUP BY queue) g;
 -- without recorded bounds, is judged by the leader's $2 and $3. The leader's lease is
 -- checked in the same statement: a deposed leader rescues nothing. SKIP LOCKED passes over a
 -- job whose outcome is being written right now; re-checking the locked row's state keeps a
--- job that just completed out. Attempts run out -> discarded, so a poison job cannot loop. A
--- job whose cancellation was requested ends cancelled here and never runs again.
+-- job that just completed out. Attempts run out -> discarded, so a poison job cannot loop.
+-- The transition is every outcome's (pgq_outcome_state and its siblings): a job whose
+-- cancellation was requested ends cancelled here and never runs again, unless its attempts
+-- ran out (it ends discarded, as it would have without the request).
 -- The write of a rescue, shared by the leader's and a restarted worker's: the candidates CTE
--- before it names the jobs (id, attempt, max_attempts, producer_id, worker_name, cancel,
+-- before it names the jobs (id, attempt, rescues, wanted, producer_id, worker_name, cancel,
 -- attempted_at, reason, silent_s).
 -- A job's rescues so far, as its metadata counts them; a value pgq did not write there (not
 -- a number, negative, huge) counts as 0 or is capped, never fails the rescue of every job.
@@ -36,7 +38,12 @@ WITH lease AS (
     SELECT 1 FROM pgq_leader
     WHERE name = 'default' AND leader_id = $1 AND expires_at > now()
 ), candidates AS (
-    SELECT j.id, j.attempt, COALESCE(j.max_attempts, 20) AS max_attempts,
+    SELECT j.id, j.attempt, r.rescues,
+           CASE WHEN j.attempt >= COALESCE(j.max_attempts, 20) THEN 'discarded'::pgq_job_state
+                -- A first rescue applies no backoff: the job is claimable at once, by any
+                -- worker, without waiting for a promotion.
+                WHEN r.rescues = 0 THEN 'available'::pgq_job_state
+                ELSE 'retryable'::pgq_job_state END AS wanted,
            j.producer_id, p.worker_name, j.cancel_requested_at IS NOT NULL AS cancel,
            j.attempted_at,
            CASE WHEN p.id IS NULL THEN 'producer row missing'
@@ -47,6 +54,10 @@ WITH lease AS (
                AS silent_s
     FROM pgq_jobs j
     LEFT JOIN pgq_producers p ON p.id = j.producer_id
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN jsonb_typeof(j.metadata -> 'pgq_rescues') = 'number'
+                    THEN least(greatest((j.metadata ->> 'pgq_rescues')::numeric, 0), 1000000)::int
+                    ELSE 0 END AS rescues) r
     WHERE j.state = 'running' AND EXISTS (SELECT 1 FROM lease)
       AND ((p.id IS NULL AND j.attempted_at < now() - make_interval(secs => $2))
            OR p.heartbeat_at < now() - make_interval(secs => COALESCE(p.stale_after_s, $2))
@@ -57,38 +68,31 @@ WITH lease AS (
 )
 
 UPDATE pgq_jobs j
-SET state = (CASE WHEN c.cancel THEN 'cancelled'
-                  WHEN c.attempt >= c.max_attempts THEN 'discarded'
-                  -- A first rescue applies no backoff: the job is claimable at once, by any
-                  -- worker, without waiting for a promotion.
-                  WHEN (CASE WHEN jsonb_typeof(j.metadata -> 'pgq_rescues') = 'number' THEN least(greatest((j.metadata ->> 'pgq_rescues')::numeric, 0), 1000000)::int ELSE 0 END) = 0 THEN 'available'
-                  ELSE 'retryable' END)::pgq_job_state,
-    finalized_at = CASE WHEN c.cancel OR c.attempt >= c.max_attempts THEN now() END,
+SET state = pgq_outcome_state(c.wanted, c.cancel),
+    finalized_at = pgq_outcome_finalized_at(c.wanted, c.cancel),
     -- The first rescue retries at once (the job did not fail, its worker did); repeated
     -- rescues of the same job back off: 0, 1, 3, 7 ... seconds, capped at an hour. Counted
     -- by its rescues so far, not its attempts: earlier attempts that failed on their own
     -- say nothing about workers dying under it.
     scheduled_at = now() + make_interval(
-        secs => least(3600, 2 ^ least((CASE WHEN jsonb_typeof(j.metadata -> 'pgq_rescues') = 'number' THEN least(greatest((j.metadata ->> 'pgq_rescues')::numeric, 0), 1000000)::int ELSE 0 END), 12) - 1)
+        secs => least(3600, 2 ^ least(c.rescues, 12) - 1)
                 * (0.9 + random() * 0.2)),
     deadline_at = NULL,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
+    errors = pgq_outcome_errors(j.errors, jsonb_build_object(
         'attempt', c.attempt,
         'kind', 'rescued',
         'reason', c.reason,
-        'message', format('rescued: %s (producer %s, worker %s, silent for %ss)%s', c.reason,
+        'message', format('rescued: %s (producer %s, worker %s, silent for %ss)', c.reason,
                           c.producer_id, COALESCE(c.worker_name, 'unknown'),
-                          round(c.silent_s::numeric, 1),
-                          CASE WHEN c.cancel THEN '; cancelled, as requested' ELSE '' END),
+                          round(c.silent_s::numeric, 1)),
         'producer_id', c.producer_id,
         'worker_name', c.worker_name,
         'silent_s', round(c.silent_s::numeric, 3),
         'traceback', NULL,
         'started_at', c.attempted_at,
         'rescue', current_setting('pgq.rescue', true),
-        'at', now())),
-    metadata = jsonb_set(j.metadata, '{pgq_rescues}',
-                         to_jsonb((CASE WHEN jsonb_typeof(j.metadata -> 'pgq_rescues') = 'number' THEN least(greatest((j.metadata ->> 'pgq_rescues')::numeric, 0), 1000000)::int ELSE 0 END) + 1))
+        'at', now()), c.wanted, c.cancel, c.attempt),
+    metadata = jsonb_set(j.metadata, '{pgq_rescues}', to_jsonb(c.rescues + 1))
 FROM candidates c
 WHERE j.id = c.id
 RETURNING j.id, j.state::text AS state, c.reason, c.worker_name, c.silent_s, j.queue, j.task,
@@ -143,50 +147,52 @@ WITH predecessors AS (
       AND p.heartbeat_at < now() - make_interval(secs => p.fence_after_s + $2)
     FOR UPDATE
 ), candidates AS (
-    SELECT j.id, j.attempt, COALESCE(j.max_attempts, 20) AS max_attempts,
+    SELECT j.id, j.attempt, r.rescues,
+           CASE WHEN j.attempt >= COALESCE(j.max_attempts, 20) THEN 'discarded'::pgq_job_state
+                -- A first rescue applies no backoff: the job is claimable at once, by any
+                -- worker, without waiting for a promotion.
+                WHEN r.rescues = 0 THEN 'available'::pgq_job_state
+                ELSE 'retryable'::pgq_job_state END AS wanted,
            j.producer_id, p.worker_name, j.cancel_requested_at IS NOT NULL AS cancel,
            j.attempted_at, 'worker restarted' AS reason,
            extract(epoch FROM now() - p.heartbeat_at)::float8 AS silent_s
     FROM pgq_jobs j
     JOIN predecessors p ON p.id = j.producer_id
+    CROSS JOIN LATERAL (
+        SELECT CASE WHEN jsonb_typeof(j.metadata -> 'pgq_rescues') = 'number'
+                    THEN least(greatest((j.metadata ->> 'pgq_rescues')::numeric, 0), 1000000)::int
+                    ELSE 0 END AS rescues) r
     WHERE j.state = 'running'
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 )
 
 UPDATE pgq_jobs j
-SET state = (CASE WHEN c.cancel THEN 'cancelled'
-                  WHEN c.attempt >= c.max_attempts THEN 'discarded'
-                  -- A first rescue applies no backoff: the job is claimable at once, by any
-                  -- worker, without waiting for a promotion.
-                  WHEN (CASE WHEN jsonb_typeof(j.metadata -> 'pgq_rescues') = 'number' THEN least(greatest((j.metadata ->> 'pgq_rescues')::numeric, 0), 1000000)::int ELSE 0 END) = 0 THEN 'available'
-                  ELSE 'retryable' END)::pgq_job_state,
-    finalized_at = CASE WHEN c.cancel OR c.attempt >= c.max_attempts THEN now() END,
+SET state = pgq_outcome_state(c.wanted, c.cancel),
+    finalized_at = pgq_outcome_finalized_at(c.wanted, c.cancel),
     -- The first rescue retries at once (the job did not fail, its worker did); repeated
     -- rescues of the same job back off: 0, 1, 3, 7 ... seconds, capped at an hour. Counted
     -- by its rescues so far, not its attempts: earlier attempts that failed on their own
     -- say nothing about workers dying under it.
     scheduled_at = now() + make_interval(
-        secs => least(3600, 2 ^ least((CASE WHEN jsonb_typeof(j.metadata -> 'pgq_rescues') = 'number' THEN least(greatest((j.metadata ->> 'pgq_rescues')::numeric, 0), 1000000)::int ELSE 0 END), 12) - 1)
+        secs => least(3600, 2 ^ least(c.rescues, 12) - 1)
                 * (0.9 + random() * 0.2)),
     deadline_at = NULL,
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
+    errors = pgq_outcome_errors(j.errors, jsonb_build_object(
         'attempt', c.attempt,
         'kind', 'rescued',
         'reason', c.reason,
-        'message', format('rescued: %s (producer %s, worker %s, silent for %ss)%s', c.reason,
+        'message', format('rescued: %s (producer %s, worker %s, silent for %ss)', c.reason,
                           c.producer_id, COALESCE(c.worker_name, 'unknown'),
-                          round(c.silent_s::numeric, 1),
-                          CASE WHEN c.cancel THEN '; cancelled, as requested' ELSE '' END),
+                          round(c.silent_s::numeric, 1)),
         'producer_id', c.producer_id,
         'worker_name', c.worker_name,
         'silent_s', round(c.silent_s::numeric, 3),
         'traceback', NULL,
         'started_at', c.attempted_at,
         'rescue', current_setting('pgq.rescue', true),
-        'at', now())),
-    metadata = jsonb_set(j.metadata, '{pgq_rescues}',
-                         to_jsonb((CASE WHEN jsonb_typeof(j.metadata -> 'pgq_rescues') = 'number' THEN least(greatest((j.metadata ->> 'pgq_rescues')::numeric, 0), 1000000)::int ELSE 0 END) + 1))
+        'at', now()), c.wanted, c.cancel, c.attempt),
+    metadata = jsonb_set(j.metadata, '{pgq_rescues}', to_jsonb(c.rescues + 1))
 FROM candidates c
 WHERE j.id = c.id
 RETURNING j.id, j.state::text AS state, c.reason, c.worker_name, c.silent_s, j.queue, j.task,

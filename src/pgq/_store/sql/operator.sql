@@ -12,10 +12,7 @@ WITH target AS (
         finalized_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
         cancel_requested_at = now(),
         errors = CASE WHEN j.state = 'running' THEN j.errors
-                      ELSE j.errors || jsonb_build_array(jsonb_build_object(
-                          'attempt', j.attempt, 'kind', 'cancel',
-                          'message', 'cancelled by request', 'traceback', NULL,
-                          'at', now())) END
+                      ELSE j.errors || jsonb_build_array(pgq_cancel_entry(j.attempt)) END
     FROM target WHERE j.id = target.id
     RETURNING j.id, j.state::text AS state
 )

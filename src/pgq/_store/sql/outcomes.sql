@@ -20,10 +20,12 @@
 
 -- name: COMPLETE_JOBS
 -- Writes a batch of outcomes. Each row is fenced by (id, attempt_token, 'running'): an
--- attempt whose job was rescued or re-claimed since changes nothing. A job whose cancellation
--- was requested while it ran never runs again: an outcome that would make it retryable or
--- available (a failure, a snooze, a shutdown hand-back) ends it cancelled instead. Jobs made
--- available again wake their queue; finished ones are announced for client.wait(). A row per
+-- attempt whose job was rescued or re-claimed since changes nothing. The transition is the
+-- one every statement that ends an attempt makes (pgq_outcome_state and its siblings, in
+-- pgq.schema): a job whose cancellation was requested while it ran never runs again, so an
+-- outcome that would make it retryable or available (a failure, a snooze, a shutdown
+-- hand-back) ends it cancelled instead; one that ends it stands. Jobs made available again
+-- wake their queue; finished ones are announced for client.wait(). A row per
 -- job written, then one per job passed over (locked), with a NULL state.
 --
 -- $8: skip locked rows; $9: commit without waiting for the WAL's flush (set for the
@@ -34,32 +36,19 @@ WITH locked AS MATERIALIZED (
       AND (SELECT j.id FROM pgq_jobs j WHERE j.id = l.id FOR NO KEY UPDATE SKIP LOCKED)
           IS NOT NULL
 ), u AS (
-    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                         $6::text[], $7::int[])
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::text[]::pgq_job_state[], $4::float8[],
+                         $5::text[], $6::text[], $7::int[])
          AS u(id, token, state, delay_s, error, result, attempt_delta)
 ), upd AS (
     UPDATE pgq_jobs j
-    SET state = (CASE WHEN j.cancel_requested_at IS NOT NULL
-                           AND u.state IN ('retryable', 'available')
-                      THEN 'cancelled' ELSE u.state END)::pgq_job_state,
-        finalized_at = CASE WHEN u.state IN ('completed', 'discarded', 'cancelled') OR j.cancel_requested_at IS NOT NULL
-                            THEN now() END,
+    SET state = pgq_outcome_state(u.state, j.cancel_requested_at IS NOT NULL),
+        finalized_at = pgq_outcome_finalized_at(u.state, j.cancel_requested_at IS NOT NULL),
         scheduled_at = CASE WHEN u.delay_s IS NULL THEN j.scheduled_at
                             ELSE now() + make_interval(secs => u.delay_s) END,
         attempt = j.attempt + u.attempt_delta,
-        errors = j.errors
-            || CASE WHEN u.error IS NULL THEN '[]'::jsonb
-                    ELSE jsonb_build_array(u.error::jsonb || jsonb_build_object(
-                             'at', now(), 'started_at', j.attempted_at,
-                             'producer_id', j.producer_id, 'worker_name', j.attempted_by))
-               END
-            || CASE WHEN j.cancel_requested_at IS NOT NULL
-                         AND u.state IN ('retryable', 'available')
-                    THEN jsonb_build_array(jsonb_build_object(
-                             'attempt', j.attempt, 'kind', 'cancel',
-                             'message', 'cancelled by request', 'traceback', NULL,
-                             'at', now()))
-                    ELSE '[]'::jsonb END,
+        errors = pgq_outcome_errors(
+            j.errors, pgq_attempt_error(u.error::jsonb, j.attempted_at, j.producer_id, j.attempted_by),
+            u.state, j.cancel_requested_at IS NOT NULL, j.attempt),
         result = u.result::jsonb,
         deadline_at = NULL
     FROM u
@@ -140,22 +129,22 @@ FROM (SELECT ARRAY(SELECT id FROM upd) AS ids) w;
 
 -- name: FAIL_ATTEMPT
 -- The last resort for an outcome the database refused in every other form: the attempt
--- failed, with $3 (an error entry) saying why; retried with backoff, or discarded when it was
--- the last attempt, or cancelled when that was requested. Fenced like the others.
+-- failed, with $3 (an error entry) saying why; retried with backoff (cancelled instead when
+-- that was requested), or discarded when it was the last attempt. Fenced like the others.
 --
 -- $4: commit without waiting for the WAL's flush (set for the statement's own
 -- transaction only).
 WITH upd AS (
     UPDATE pgq_jobs j
-    SET state = (CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                      WHEN j.attempt >= j.max_attempts THEN 'discarded'
-                      ELSE 'retryable' END)::pgq_job_state,
-        finalized_at = CASE WHEN j.cancel_requested_at IS NOT NULL
-                                 OR j.attempt >= j.max_attempts THEN now() END,
+    SET state = pgq_outcome_state(pgq_failed_state(j.attempt, j.max_attempts),
+                                  j.cancel_requested_at IS NOT NULL),
+        finalized_at = pgq_outcome_finalized_at(pgq_failed_state(j.attempt, j.max_attempts),
+                                                j.cancel_requested_at IS NOT NULL),
         scheduled_at = now() + make_interval(secs => least(3600, 2 ^ greatest(j.attempt - 1, 0))),
-        errors = j.errors || jsonb_build_array($3::jsonb || jsonb_build_object(
-            'at', now(), 'started_at', j.attempted_at, 'producer_id', j.producer_id,
-            'worker_name', j.attempted_by)),
+        errors = pgq_outcome_errors(
+            j.errors, pgq_attempt_error($3::jsonb, j.attempted_at, j.producer_id, j.attempted_by),
+            pgq_failed_state(j.attempt, j.max_attempts), j.cancel_requested_at IS NOT NULL,
+            j.attempt),
         result = NULL,
         deadline_at = NULL
     WHERE j.id = $1 AND j.attempt_token = $2 AND j.state = (SELECT 'running'::pgq_job_state)
@@ -169,22 +158,18 @@ FROM upd;
 -- An outcome the task writes in its own transaction (ctx.complete(connection=...) and its
 -- siblings): fenced like the worker's, and replacing the attempt's token with one only the
 -- task knows ($3), so the worker can tell afterwards whether that transaction committed
--- (SETTLED_BY). The row stays locked until the caller's transaction ends.
+-- (SETTLED_BY). The row stays locked until the caller's transaction ends. The transition is
+-- COMPLETE_JOBS's.
 WITH upd AS (
     UPDATE pgq_jobs j
-    SET state = (CASE WHEN j.cancel_requested_at IS NOT NULL
-                           AND $4::text IN ('retryable', 'available')
-                      THEN 'cancelled' ELSE $4::text END)::pgq_job_state,
-        finalized_at = CASE WHEN $4::text IN ('completed', 'discarded', 'cancelled') OR j.cancel_requested_at IS NOT NULL
-                            THEN now() END,
+    SET state = pgq_outcome_state($4::text::pgq_job_state, j.cancel_requested_at IS NOT NULL),
+        finalized_at = pgq_outcome_finalized_at($4::text::pgq_job_state, j.cancel_requested_at IS NOT NULL),
         scheduled_at = CASE WHEN $5::float8 IS NULL THEN j.scheduled_at
                             ELSE now() + make_interval(secs => $5::float8) END,
         attempt = j.attempt + $8::int,
-        errors = j.errors
-            || CASE WHEN $6::text IS NULL THEN '[]'::jsonb
-                    ELSE jsonb_build_array($6::jsonb || jsonb_build_object(
-                             'at', now(), 'started_at', j.attempted_at,
-                             'producer_id', j.producer_id, 'worker_name', j.attempted_by)) END,
+        errors = pgq_outcome_errors(
+            j.errors, pgq_attempt_error($6::text::jsonb, j.attempted_at, j.producer_id, j.attempted_by),
+            $4::text::pgq_job_state, j.cancel_requested_at IS NOT NULL, j.attempt),
         result = $7::jsonb,
         deadline_at = NULL,
         attempt_token = $3::uuid

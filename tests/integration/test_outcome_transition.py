@@ -17,6 +17,7 @@ import pytest
 import pgq
 from pgq._store import claims, leader, maintenance, producers, settle, sql
 from pgq._store.claims import ClaimPlan
+from pgq._store.enqueue import AsyncpgDriver
 from pgq._worker.outcome import Outcome, error_entry
 
 if TYPE_CHECKING:
@@ -78,7 +79,12 @@ async def via_own_transaction(conn: Conn, running: Running, wanted: str) -> None
     job = running.job
     async with conn.transaction():
         state = await settle.settle(
-            conn, job.id, job.attempt_token, uuid.uuid4(), wanted, error=entry_for(job, wanted)
+            AsyncpgDriver(conn),
+            job.id,
+            job.attempt_token,
+            uuid.uuid4(),
+            wanted,
+            error=entry_for(job, wanted),
         )
     assert state is not None
 

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded test-all lint typecheck check bench soak clean chromium pgbouncer patroni screenshots chaos node model
+.PHONY: help demo test test-embedded test-all lint typecheck check bench latency-rounds soak clean chromium pgbouncer patroni screenshots chaos node model
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -114,11 +114,22 @@ $(BENCH_STAMP): pyproject.toml benchmarks/requirements.txt
 	benchmarks/.venv/bin/python -m pip install --quiet -e . -r benchmarks/requirements.txt
 	@touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP) ## measure pgq beside its peers in their own venv, then the round-2 figures (see docs/performance.md)
+GRAPHILE_STAMP := benchmarks/graphile/node_modules/.installed-stamp
+
+# Graphile Worker (a Node.js peer) at the version the lockfile pins, beside its driver.
+$(GRAPHILE_STAMP): benchmarks/graphile/package.json benchmarks/graphile/package-lock.json | node
+	cd benchmarks/graphile && npm ci --no-audit --no-fund --loglevel=error
+	@touch $(GRAPHILE_STAMP)
+
+bench: $(BENCH_STAMP) $(GRAPHILE_STAMP) ## measure pgq beside its peers in their own venv (Graphile Worker by npm), then the round-2 figures (see docs/performance.md)
 	benchmarks/.venv/bin/python benchmarks/run.py
 	cd benchmarks && .venv/bin/python round2.py $(ROUNDS)
 
+latency-rounds: $(BENCH_STAMP) $(GRAPHILE_STAMP) ## pgq's latency and drain beside Graphile Worker's, ROUNDS interleaved rounds (TREES: other pgq checkouts first)
+	cd benchmarks && .venv/bin/python latency_rounds.py $(ROUNDS) $(TREES) $(CURDIR)
+
 ROUNDS  ?= 5
+TREES   ?=
 MINUTES ?= 20
 RATE    ?=
 TABLE   ?=
@@ -139,4 +150,4 @@ screenshots: $(STAMP) chromium ## retake docs/dashboard/*.png (4 minutes of real
 	$(BIN)/python -m tests.dashboard.screenshots $(SCREENSHOT_DSN) docs/dashboard
 
 clean: ## remove the virtual environment and embedded server data
-	rm -rf $(VENV) .venv-3.* .pgq-embedded tests/model/node_modules tests/model/out
+	rm -rf $(VENV) .venv-3.* .pgq-embedded tests/model/node_modules tests/model/out benchmarks/graphile/node_modules

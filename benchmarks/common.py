@@ -46,8 +46,14 @@ def with_database(dsn: str, database: str) -> str:
     return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
 
 
+#: Appended to every benchmark database's name: runs of several checkouts side by side on
+#: one server (latency_rounds.py sets it) do not drop each other's databases.
+DB_SUFFIX = os.environ.get("PGQ_BENCH_DB_SUFFIX", "")
+
+
 async def fresh_database(name: str) -> str:
-    """Drop and create database ``name``; return its DSN."""
+    """Drop and create database ``name`` (plus ``PGQ_BENCH_DB_SUFFIX``); return its DSN."""
+    name += DB_SUFFIX
     conn = await asyncpg.connect(SERVER_DSN)
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -162,7 +168,8 @@ async def pgq_migrate(dsn: str) -> None:
 
 
 async def drop_database(name: str) -> None:
-    """Drop database ``name`` if it exists."""
+    """Drop database ``name`` (plus ``PGQ_BENCH_DB_SUFFIX``) if it exists."""
+    name += DB_SUFFIX
     conn = await asyncpg.connect(SERVER_DSN)
     try:
         await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from common import summary_ms
@@ -19,11 +19,17 @@ N = RATE * SECONDS
 
 
 async def drive(
-    script: Path, dsn: str, enqueue: Callable[[int], Awaitable[None]], out: Path
+    script: Path,
+    dsn: str,
+    enqueue: Callable[[int], Awaitable[None]],
+    out: Path,
+    *,
+    command: Sequence[str] = (sys.executable,),
 ) -> dict[str, float]:
-    """Start ``script latency-worker DSN OUT N`` and enqueue N jobs at RATE per second."""
+    """Start ``script latency-worker DSN OUT N`` (with ``command``: Python, or Node.js for
+    Graphile Worker) and enqueue N jobs at RATE per second."""
     worker = subprocess.Popen(
-        [sys.executable, str(script), "latency-worker", dsn, str(out), str(N)],
+        [*command, str(script), "latency-worker", dsn, str(out), str(N)],
         stdout=subprocess.PIPE,
         text=True,
     )

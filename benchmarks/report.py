@@ -11,13 +11,13 @@ HERE = Path(__file__).resolve().parent
 def main() -> None:
     data = json.loads((HERE / "results" / "latest.json").read_text())
     r = data["results"]
-    systems = ("pgq", "pgqueuer", "procrastinate")
+    systems = ("pgq", "pgqueuer", "procrastinate", "graphile")
 
     def cell(key: str, field: str, fmt: str) -> str:
         return format(r[key][field], fmt) if key in r else "-"
 
-    print("| workload | pgq | PgQueuer | procrastinate | |")
-    print("|---|---:|---:|---:|---|")
+    print("| workload | pgq | PgQueuer | procrastinate | Graphile Worker | |")
+    print("|---|---:|---:|---:|---:|---|")
     for workload, label in (
         ("enqueue_many", "`enqueue_many` (20,000 in batches of 1,000)"),
         ("enqueue", "`enqueue` (1,000 single, in sequence)"),
@@ -33,7 +33,7 @@ def main() -> None:
         print(f"| {label} | {cells} | ms |")
     print(
         f"| `ceiling` (bare asyncpg, 2 connections, claim 100 / complete 100) | "
-        f"{r['ceiling/drain']['rate']:,.0f} | | | jobs/s |"
+        f"{r['ceiling/drain']['rate']:,.0f} | | | | jobs/s |"
     )
     print()
     print("| figure | target | this run | |")
@@ -44,8 +44,8 @@ def main() -> None:
             f"{'met' if t['met'] else 'not met'} |"
         )
     print()
-    for key in ("pgq/drain", "pgqueuer/drain", "procrastinate/drain"):
-        print(key, r[key].get("settings"))
+    for key in ("pgq/drain", "pgqueuer/drain", "procrastinate/drain", "graphile/drain"):
+        print(key, r[key].get("settings") if key in r else "-")
     for key in ("pgq/steady_default", "pgq/steady_recommended"):
         s = r[key]
         a = s["after"]

@@ -1,4 +1,5 @@
-"""`make bench`: pgq beside PgQueuer and procrastinate, one Postgres, one run.
+"""`make bench`: pgq beside PgQueuer, procrastinate and Graphile Worker, one Postgres, one
+run.
 
 Each (system, workload, setting) runs in its own process against a fresh database; each
 peer keeps its best setting. Prints a table and writes benchmarks/results/latest.json and
@@ -19,11 +20,12 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-SYSTEMS = ("pgq", "pgqueuer", "procrastinate")
+SYSTEMS = ("pgq", "pgqueuer", "procrastinate", "graphile")
 SCRIPTS = {
     "pgq": "bench_pgq.py",
     "pgqueuer": "bench_pgqueuer.py",
     "procrastinate": "bench_procrastinate.py",
+    "graphile": "bench_graphile.py",
     "ceiling": "bench_ceiling.py",
     "pgq-table": "bench_pgq_table.py",
 }
@@ -44,10 +46,13 @@ PLAN: list[tuple[str, str, list[list[str]]]] = [
     ("pgq", "drain", [["2000"]]),
     ("pgqueuer", "drain", [["200"], ["500"]]),
     ("procrastinate", "drain", [["10"], ["50"]]),
+    # Graphile Worker: one and two Node.js processes (its event loop is one core's).
+    ("graphile", "drain", [["1"], ["2"]]),
     ("ceiling", "drain", [[]]),
     ("pgq", "latency", [[]]),
     ("pgqueuer", "latency", [[]]),
     ("procrastinate", "latency", [[]]),
+    ("graphile", "latency", [[]]),
     ("pgq-table", "aged", [[]]),
     ("pgq-table", "steady", [[STEADY_S, "default"], [STEADY_S, "recommended"]]),
     ("pgq-table", "rss", [[]]),
@@ -166,6 +171,7 @@ def chart(best: dict[str, dict[str, Any]], path: Path) -> None:
         "pgq": "#2b6cb0",
         "pgqueuer": "#dd6b20",
         "procrastinate": "#718096",
+        "graphile": "#805ad5",
         "ceiling": "#2f855a",
     }
     for ax, workload in zip(axes[:3], ("enqueue_many", "enqueue", "drain"), strict=True):

@@ -249,7 +249,8 @@ async def connect(
 #: sizes vary to the jobs table: a generic plan (which Postgres switches to after five runs
 #: of a prepared statement) guesses their size and can pick a plan many times slower;
 #: custom plans cost a fraction of a millisecond per batch. (The client's inserts have no
-#: join to get wrong, and keep cheap generic plans.)
+#: join to get wrong, and keep cheap generic plans; so do the worker's unlimited claims, on
+#: connections of their own: their generic plan is the custom one, see docs/architecture.md.)
 WORKER_SESSION_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 
 

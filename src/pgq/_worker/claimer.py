@@ -15,9 +15,10 @@ from pgq.job import Job
 
 class Claimer:
     """Claims up to ``limit`` jobs of the plan's queue and tasks: in one statement on an
-    unlimited queue, under the queue's lock (usage counted) on a limited one."""
+    unlimited queue (on ``claim_pool`` when given: connections that keep cached plans),
+    under the queue's lock (usage counted) on a limited one."""
 
-    __slots__ = ("_async_commit", "_limits", "_plan", "_pool", "_worker_name")
+    __slots__ = ("_async_commit", "_claim_pool", "_limits", "_plan", "_pool", "_worker_name")
 
     def __init__(
         self,
@@ -27,8 +28,10 @@ class Claimer:
         *,
         worker_name: str,
         async_commit: bool,
+        claim_pool: Pool | None = None,
     ) -> None:
         self._pool = pool
+        self._claim_pool = pool if claim_pool is None else claim_pool
         self._plan = plan
         self._limits = limits
         self._worker_name = worker_name
@@ -51,7 +54,7 @@ class Claimer:
             return jobs
         self._limits.claiming_unlimited()
         jobs = await claims.claim(
-            self._pool,
+            self._claim_pool,
             self._plan,
             producer_id,
             self._worker_name,

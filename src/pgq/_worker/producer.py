@@ -51,6 +51,7 @@ class Producer:
         tasks: Mapping[str, Task],
         pool: Pool,
         outcomes: OutcomeSink,
+        claim_pool: Pool | None = None,
         limiter: anyio.CapacityLimiter,
         poll_interval: float,
         fence_after_s: float,
@@ -93,7 +94,12 @@ class Producer:
             concurrency=concurrency,
             poll_interval=poll_interval,
             claimer=Claimer(
-                pool, self.plan, self.limits, worker_name=worker_name, async_commit=async_commit
+                pool,
+                self.plan,
+                self.limits,
+                worker_name=worker_name,
+                async_commit=async_commit,
+                claim_pool=claim_pool,
             ),
             runner=self.runner,
             identity=self.identity,

@@ -113,6 +113,25 @@ def resolve_queues(
     return resolved
 
 
+@dataclass(frozen=True, slots=True)
+class _Pools:
+    """The worker's connections: ``main`` plans every statement for its parameters
+    (outcomes, limited claims, liveness, the leader's services); ``claims`` keeps
+    Postgres's cached plans, for the single-statement claims of queues without limits
+    (docs/architecture.md). The same pool behind a transaction pooler."""
+
+    main: Pool
+    claims: Pool
+
+    async def close(self) -> None:
+        """Close both (each cut off after 5 s)."""
+        for pool in (self.main,) if self.claims is self.main else (self.claims, self.main):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
+                await pool.close()
+            if scope.cancelled_caught:
+                pool.terminate()
+
+
 @dataclass
 class _Parts:
     """A running worker's parts."""
@@ -251,44 +270,50 @@ class Worker:
         assert self._tg is not None
         return await self._tg.__aexit__(et, e, tb)
 
-    async def _open(self) -> Pool:
+    async def _open(self) -> _Pools:
+        application_name = f"pgq worker {self.name}"
         pool = await create_pool(
             self._dsn,
             min_size=1,
-            # A claim per queue, a batch of outcomes, a leader service or two, and the
-            # outcomes that wait alone for rows locked elsewhere.
+            # A limited claim per queue, a batch of outcomes, a leader service or two, and
+            # the outcomes that wait alone for rows locked elsewhere.
             max_size=len(self._queues) + 3 + LOCK_WAITERS,
-            **self._target.options(f"pgq worker {self.name}", WORKER_SESSION_SETTINGS),
+            **self._target.options(application_name, WORKER_SESSION_SETTINGS),
         )
         try:
             await check_schema(pool)
+            if self._target.pooled:  # no session settings there: one pool serves both
+                return _Pools(pool, pool)
+            claims = await create_pool(
+                self._dsn,
+                min_size=1,
+                max_size=len(self._queues),  # one claim in flight per producer
+                **self._target.options(application_name),
+            )
         except BaseException:
             await pool.close()
             raise
-        return pool
+        return _Pools(pool, claims)
 
     async def _main(
         self,
         burst: bool,
-        pool: Pool,
+        pools: _Pools,
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        self._pool = pool
+        pool = self._pool = pools.main
         try:
             async with self.app.running():  # the App's lifespan, around every job it runs
-                parts = self._parts = self._build(pool)
+                parts = self._parts = self._build(pools)
                 await self._serve(pool, parts, burst, task_status)
         finally:
             self._pool = None
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
-                await pool.close()
-            if scope.cancelled_caught:
-                pool.terminate()
+            await pools.close()
 
     def _producer(
         self,
-        pool: Pool,
+        pools: _Pools,
         queue: str,
         concurrency: int,
         completer: Completer,
@@ -301,7 +326,8 @@ class Worker:
             # Every task of the App, whatever queue it is declared on: a job enqueued with
             # queue= on another queue runs where that queue is worked.
             tasks={t.name: t for t in self.app},
-            pool=pool,
+            pool=pools.main,
+            claim_pool=pools.claims,
             outcomes=completer.add,
             limiter=limiter,
             poll_interval=s.poll_interval,
@@ -319,13 +345,14 @@ class Worker:
             s.fencing_bound, s.stale_after, s.rescue_grace, tuple(sorted(t.name for t in self.app))
         )
 
-    def _build(self, pool: Pool) -> _Parts:
+    def _build(self, pools: _Pools) -> _Parts:
         s = self.settings
+        pool = pools.main
         limiter = anyio.CapacityLimiter(s.max_threads)
         completer = Completer(pool, self._counted, async_commit=s.async_commit)
         reports = RescueReports(self._observers.app_hooks, self._observers.own_rescued)
         producers = [
-            self._producer(pool, queue, n, completer, limiter) for queue, n in self._queues.items()
+            self._producer(pools, queue, n, completer, limiter) for queue, n in self._queues.items()
         ]
         self._by_queue = {p.queue: p for p in producers}
         heartbeater = Heartbeater(

@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded test-all lint typecheck check bench soak clean chromium pgbouncer patroni screenshots chaos node model
+.PHONY: help demo test test-embedded test-all lint typecheck check bench peers oban-venv soak clean chromium pgbouncer patroni screenshots chaos node model
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -113,6 +113,24 @@ $(BENCH_STAMP): pyproject.toml benchmarks/requirements.txt
 	benchmarks/.venv/bin/python -m pip install --quiet --upgrade pip
 	benchmarks/.venv/bin/python -m pip install --quiet -e . -r benchmarks/requirements.txt
 	@touch $(BENCH_STAMP)
+
+# oban-py needs Python 3.12+: benchmarks/.venv-oban, made with the newest python3.12 found
+# that runs (PATH, then pyenv's versions); without one, peers.py leaves oban-py out and says so.
+PYTHON312 ?= $(shell for c in $$(command -v python3.12) $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python3.12 2>/dev/null | sort -V -r); do $$c -c '' 2>/dev/null && { echo $$c; break; }; done)
+OBAN_STAMP := benchmarks/.venv-oban/.installed-stamp
+
+$(OBAN_STAMP): benchmarks/requirements-oban.txt
+	$(PYTHON312) -m venv benchmarks/.venv-oban
+	benchmarks/.venv-oban/bin/python -m pip install --quiet --upgrade pip
+	benchmarks/.venv-oban/bin/python -m pip install --quiet -r benchmarks/requirements-oban.txt
+	@touch $(OBAN_STAMP)
+
+oban-venv:
+	@if [ -n "$(PYTHON312)" ]; then $(MAKE) --no-print-directory $(OBAN_STAMP); \
+	else echo "no python3.12 here: peers.py runs without oban-py" >&2; fi
+
+peers: $(BENCH_STAMP) oban-venv ## pgq beside PgQueuer, procrastinate, awa-pg, oban-py (and Graphile Worker) in ROUNDS interleaved rounds
+	cd benchmarks && .venv/bin/python peers.py $(ROUNDS)
 
 bench: $(BENCH_STAMP) ## measure pgq beside its peers in their own venv, then the round-2 figures (see docs/performance.md)
 	benchmarks/.venv/bin/python benchmarks/run.py

@@ -62,7 +62,8 @@ SYSTEMS: dict[str, dict[str, list[Command]]] = {
     "procrastinate": {
         "enqueue_many": [py("bench_procrastinate.py", "enqueue_many")],
         "drain": [py("bench_procrastinate.py", "drain", "10")],
-        "io": [py("bench_procrastinate.py", "io")],
+        # Not `io`: procrastinate ran these jobs at about 70/s here (its worker kept two of
+        # the 1,000 slots busy), five minutes a run; `bench_procrastinate.py io` runs it.
     },
     "awa": {
         "enqueue_many": [py("bench_awa.py", "enqueue_many")],

@@ -4,8 +4,9 @@ oban-py needs Python 3.12 or newer, so it runs from benchmarks/.venv-oban (made 
 bench` from benchmarks/requirements-oban.txt when a python3.12 is found). Its one
 documented throughput knob is a queue's limit (the jobs it runs at once); the pool is
 psycopg's, 10 connections as `Oban.create_pool` makes it by default. A queue's producer
-fetches up to the free limit, runs each job as an asyncio task and acknowledges finished
-jobs in a batch at its next fetch, debounced by 5 ms.
+fetches up to the free limit, runs each job as an asyncio task and acknowledges the jobs
+finished since its last fetch at its next one (debounced by 5 ms), one `UPDATE` per job in
+one transaction; `enqueue_many` is one `INSERT` per job, awaited in turn.
 """
 
 from __future__ import annotations

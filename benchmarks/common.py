@@ -226,6 +226,7 @@ class CpuMeter:
         self._first: dict[int, int] = {}
         self._last: dict[int, int] = {}
         self._other: set[int] = set()
+        self._started = False  # a backend first seen later started within the block
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._tick = os.sysconf("SC_CLK_TCK")
@@ -264,7 +265,6 @@ class CpuMeter:
             self._sample()
 
     def __enter__(self) -> CpuMeter:
-        self._started = False
         self._sample()
         self._started = True
         self.worker_start = time.process_time()

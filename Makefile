@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded test-all lint typecheck check bench latency-rounds soak clean chromium pgbouncer patroni screenshots chaos node model
+.PHONY: help demo test test-embedded test-all lint typecheck check bench latency-rounds peers oban-venv soak clean chromium pgbouncer patroni screenshots chaos node model
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -120,6 +120,24 @@ GRAPHILE_STAMP := benchmarks/graphile/node_modules/.installed-stamp
 $(GRAPHILE_STAMP): benchmarks/graphile/package.json benchmarks/graphile/package-lock.json | node
 	cd benchmarks/graphile && npm ci --no-audit --no-fund --loglevel=error
 	@touch $(GRAPHILE_STAMP)
+
+# oban-py needs Python 3.12+: benchmarks/.venv-oban, made with the newest python3.12 found
+# that runs (PATH, then pyenv's versions); without one, peers.py leaves oban-py out and says so.
+PYTHON312 ?= $(shell for c in $$(command -v python3.12) $$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python3.12 2>/dev/null | sort -V -r); do $$c -c '' 2>/dev/null && { echo $$c; break; }; done)
+OBAN_STAMP := benchmarks/.venv-oban/.installed-stamp
+
+$(OBAN_STAMP): benchmarks/requirements-oban.txt
+	$(PYTHON312) -m venv benchmarks/.venv-oban
+	benchmarks/.venv-oban/bin/python -m pip install --quiet --upgrade pip
+	benchmarks/.venv-oban/bin/python -m pip install --quiet -r benchmarks/requirements-oban.txt
+	@touch $(OBAN_STAMP)
+
+oban-venv:
+	@if [ -n "$(PYTHON312)" ]; then $(MAKE) --no-print-directory $(OBAN_STAMP); \
+	else echo "no python3.12 here: peers.py runs without oban-py" >&2; fi
+
+peers: $(BENCH_STAMP) $(GRAPHILE_STAMP) oban-venv ## pgq beside PgQueuer, procrastinate, awa-pg, oban-py (and Graphile Worker) in ROUNDS interleaved rounds
+	cd benchmarks && .venv/bin/python peers.py $(ROUNDS)
 
 bench: $(BENCH_STAMP) $(GRAPHILE_STAMP) ## measure pgq beside its peers in their own venv (Graphile Worker by npm), then the round-2 figures (see docs/performance.md)
 	benchmarks/.venv/bin/python benchmarks/run.py

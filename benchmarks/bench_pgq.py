@@ -10,6 +10,10 @@ from pathlib import Path
 import anyio
 import asyncpg
 from common import (
+    IO_CONCURRENCY,
+    IO_JOBS,
+    IO_SECONDS,
+    CpuMeter,
     Timer,
     cli_environment,
     dispatch,
@@ -71,7 +75,7 @@ async def drain(concurrency: int, database: str = "bench_pgq_drain") -> None:
             await client.enqueue_many(
                 [pgq.JobSpec(noop, {"i": i}) for i in range(start, start + 5_000)]
             )
-    with Timer() as t:
+    with CpuMeter("bench_pgq_drain") as cpu, Timer() as t:
         await pgq.Worker(app, dsn, concurrency=concurrency).run(burst=True)
     conn = await asyncpg.connect(dsn)
     done = await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'completed'")
@@ -84,10 +88,46 @@ async def drain(concurrency: int, database: str = "bench_pgq_drain") -> None:
             "jobs": N,
             "seconds": t.seconds,
             "rate": N / t.seconds,
+            **cpu.per_job_us(N),
             "settings": {"concurrency": concurrency},
         }
     )
     await drop_database(database)
+
+
+@app.task
+async def io_job(ctx: pgq.JobContext, i: int) -> None:
+    """A job that waits on I/O for IO_SECONDS."""
+    await anyio.sleep(IO_SECONDS)
+
+
+async def io() -> None:
+    """IO_JOBS jobs of IO_SECONDS each at concurrency IO_CONCURRENCY, timed as the drain
+    is (bench_io.py measures pgq alone on the database's clock)."""
+    dsn = await setup("bench_pgq_io")
+    async with pgq.Client(dsn, app=app) as client:
+        for start in range(0, IO_JOBS, 5_000):
+            await client.enqueue_many(
+                [pgq.JobSpec(io_job, {"i": i}) for i in range(start, start + 5_000)]
+            )
+    with CpuMeter("bench_pgq_io") as cpu, Timer() as t:
+        await pgq.Worker(app, dsn, concurrency=IO_CONCURRENCY).run(burst=True)
+    conn = await asyncpg.connect(dsn)
+    done = await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'completed'")
+    await conn.close()
+    assert done == IO_JOBS, f"only {done} of {IO_JOBS} jobs completed"
+    emit(
+        {
+            "system": "pgq",
+            "workload": "io",
+            "jobs": IO_JOBS,
+            "seconds": t.seconds,
+            "rate": IO_JOBS / t.seconds,
+            **cpu.per_job_us(IO_JOBS),
+            "settings": {"concurrency": IO_CONCURRENCY},
+        }
+    )
+    await drop_database("bench_pgq_io")
 
 
 async def drain_cli(concurrency: int | None, processes: int) -> None:
@@ -209,6 +249,7 @@ if __name__ == "__main__":
             "drain-cli": lambda concurrency="default", processes="1": drain_cli(
                 None if concurrency == "default" else int(concurrency), int(processes)
             ),
+            "io": io,
             "latency": latency,
             "latency-worker": lambda dsn, out, n: latency_worker(dsn, out, int(n)),
         }

@@ -9,7 +9,19 @@ import time
 from pathlib import Path
 
 import asyncpg
-from common import SERVER_DSN, Timer, dispatch, drop_database, emit, fresh_database, with_database
+from common import (
+    IO_CONCURRENCY,
+    IO_JOBS,
+    IO_SECONDS,
+    SERVER_DSN,
+    CpuMeter,
+    Timer,
+    dispatch,
+    drop_database,
+    emit,
+    fresh_database,
+    with_database,
+)
 from pgqueuer import PgQueuer
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
@@ -52,9 +64,24 @@ async def enqueue_many() -> None:
 
 
 async def drain(batch_size: int) -> None:
-    conn = await setup("bench_pgqueuer_drain")
+    result = await run_backlog("bench_pgqueuer_drain", N, batch_size, None, 0.0)
+    emit({**result, "workload": "drain"})
+
+
+async def io() -> None:
+    """IO_JOBS jobs of IO_SECONDS each, at most IO_CONCURRENCY at once (its
+    `max_concurrent_tasks`), claimed in batches of 500 (its best drain setting)."""
+    result = await run_backlog("bench_pgqueuer_io", IO_JOBS, 500, IO_CONCURRENCY, IO_SECONDS)
+    emit({**result, "workload": "io"})
+
+
+async def run_backlog(
+    name: str, n: int, batch_size: int, max_tasks: int | None, sleep: float
+) -> dict[str, object]:
+    """Enqueue ``n`` jobs, then time PgQueuer's drain mode until it exits."""
+    conn = await setup(name)
     queries = Queries(AsyncpgDriver(conn))
-    for start in range(0, N, 5_000):
+    for start in range(0, n, 5_000):
         await queries.enqueue(
             ["noop"] * 5_000, [str(i).encode() for i in range(start, start + 5_000)], [0] * 5_000
         )
@@ -62,24 +89,26 @@ async def drain(batch_size: int) -> None:
 
     @pq.entrypoint("noop")
     async def noop(job: Job) -> None:
-        """A job that does nothing."""
+        """A job that does nothing (or waits ``sleep``)."""
+        if sleep:
+            await asyncio.sleep(sleep)
 
-    with Timer() as t:
-        await pq.run(mode=QueueExecutionMode.drain, batch_size=batch_size)
+    with CpuMeter(name) as cpu, Timer() as t:
+        await pq.run(
+            mode=QueueExecutionMode.drain, batch_size=batch_size, max_concurrent_tasks=max_tasks
+        )
     left = await conn.fetchval("SELECT count(*) FROM pgqueuer")
     await conn.close()
     assert left == 0, f"{left} jobs left"
-    emit(
-        {
-            "system": "pgqueuer",
-            "workload": "drain",
-            "jobs": N,
-            "seconds": t.seconds,
-            "rate": N / t.seconds,
-            "settings": {"batch_size": batch_size},
-        }
-    )
-    await drop_database("bench_pgqueuer_drain")
+    await drop_database(name)
+    return {
+        "system": "pgqueuer",
+        "jobs": n,
+        "seconds": t.seconds,
+        "rate": n / t.seconds,
+        **cpu.per_job_us(n),
+        "settings": {"batch_size": batch_size, "max_concurrent_tasks": max_tasks},
+    }
 
 
 async def enqueue_one() -> None:
@@ -148,6 +177,7 @@ if __name__ == "__main__":
             "enqueue_many": enqueue_many,
             "enqueue": enqueue_one,
             "drain": lambda batch="10": drain(int(batch)),
+            "io": io,
             "latency": latency,
             "latency-worker": lambda dsn, out, n: latency_worker(dsn, out, int(n)),
         }

@@ -12,7 +12,17 @@ from typing import Any
 
 import asyncpg
 import procrastinate
-from common import Timer, dispatch, drop_database, emit, fresh_database
+from common import (
+    IO_CONCURRENCY,
+    IO_JOBS,
+    IO_SECONDS,
+    CpuMeter,
+    Timer,
+    dispatch,
+    drop_database,
+    emit,
+    fresh_database,
+)
 
 N = 20_000
 BATCH = 1_000
@@ -24,6 +34,11 @@ def make_app(dsn: str) -> Any:
     @app.task(name="noop")
     async def noop(i: int) -> None:
         """A job that does nothing."""
+
+    @app.task(name="io")
+    async def io_job(i: int) -> None:
+        """A job that waits on I/O for IO_SECONDS."""
+        await asyncio.sleep(IO_SECONDS)
 
     return app
 
@@ -78,12 +93,23 @@ async def enqueue_one() -> None:
 
 
 async def drain(concurrency: int) -> None:
-    dsn, app = await setup("bench_procrastinate_drain")
+    result = await run_backlog("bench_procrastinate_drain", "noop", N, concurrency)
+    emit({**result, "workload": "drain"})
+
+
+async def io() -> None:
+    result = await run_backlog("bench_procrastinate_io", "io", IO_JOBS, IO_CONCURRENCY)
+    emit({**result, "workload": "io"})
+
+
+async def run_backlog(name: str, task: str, n: int, concurrency: int) -> dict[str, Any]:
+    """Enqueue ``n`` jobs of ``task``, then time a worker that stops when none is left."""
+    dsn, app = await setup(name)
     async with app.open_async():
-        noop = app.tasks["noop"]
-        for start in range(0, N, 5_000):
-            await noop.batch_defer_async(*({"i": i} for i in range(start, start + 5_000)))
-        with Timer() as t:
+        deferrer = app.tasks[task]
+        for start in range(0, n, 5_000):
+            await deferrer.batch_defer_async(*({"i": i} for i in range(start, start + 5_000)))
+        with CpuMeter(name) as cpu, Timer() as t:
             await app.run_worker_async(
                 concurrency=concurrency,
                 wait=False,
@@ -93,18 +119,16 @@ async def drain(concurrency: int) -> None:
     conn = await asyncpg.connect(dsn)
     done = await conn.fetchval("SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'")
     await conn.close()
-    assert done == N, f"only {done} of {N} jobs succeeded"
-    emit(
-        {
-            "system": "procrastinate",
-            "workload": "drain",
-            "jobs": N,
-            "seconds": t.seconds,
-            "rate": N / t.seconds,
-            "settings": {"concurrency": concurrency},
-        }
-    )
-    await drop_database("bench_procrastinate_drain")
+    assert done == n, f"only {done} of {n} jobs succeeded"
+    await drop_database(name)
+    return {
+        "system": "procrastinate",
+        "jobs": n,
+        "seconds": t.seconds,
+        "rate": n / t.seconds,
+        **cpu.per_job_us(n),
+        "settings": {"concurrency": concurrency},
+    }
 
 
 async def latency() -> None:
@@ -153,6 +177,7 @@ if __name__ == "__main__":
             "enqueue_many": enqueue_many,
             "enqueue": enqueue_one,
             "drain": lambda concurrency="10": drain(int(concurrency)),
+            "io": io,
             "latency": latency,
             "latency-worker": lambda dsn, out, n: latency_worker(dsn, out, int(n)),
         }

@@ -12,6 +12,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -19,6 +20,12 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+
+#: The I/O-bound workload every system runs alike (`io` in each bench_*.py): this many jobs,
+#: each awaiting IO_SECONDS, at a concurrency of IO_CONCURRENCY.
+IO_JOBS = 20_000
+IO_SECONDS = 0.010
+IO_CONCURRENCY = 1_000
 
 SERVER_DSN = os.environ.get("PGQ_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 
@@ -206,6 +213,85 @@ class Timer:
 
     def __exit__(self, *exc: object) -> None:
         self.seconds = time.perf_counter() - self.start
+
+
+class CpuMeter:
+    """CPU time spent on a workload, on both sides: this process's (``time.process_time``:
+    every thread, a Rust runtime's included) and that of the PostgreSQL backends serving
+    database ``database`` (their ``/proc/PID/stat`` user and system time, the server on
+    this machine). ``with CpuMeter(db) as cpu: ...`` then ``cpu.per_job_us(n)``.
+
+    Backends are found by the title PostgreSQL gives them (``postgres: ... USER DATABASE
+    ...``) and sampled every ``interval`` seconds by a thread, so a backend that exits is
+    counted up to its last sample: the pools here live through the workload, and the
+    CPU a backend spent before the block (a setup connection's) is left out. Server
+    processes of no database (WAL writer, checkpointer, autovacuum) are not counted."""
+
+    def __init__(self, database: str, interval: float = 0.1) -> None:
+        self.database = database
+        self.interval = interval
+        self._first: dict[int, int] = {}
+        self._last: dict[int, int] = {}
+        self._other: set[int] = set()
+        self._started = False  # a backend first seen later started within the block
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._needle = f" {database} ".encode()
+
+    def _sample(self) -> None:
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            if pid in self._other:
+                continue
+            try:
+                if pid not in self._last:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        title = f.read()
+                    if not title.startswith(b"postgres:"):
+                        # A backend just forked bears the postmaster's command line for
+                        # a moment: look again next time.
+                        if b"postgres" not in title:
+                            self._other.add(pid)
+                        continue
+                    if self._needle not in title:
+                        self._other.add(pid)  # a backend's database never changes
+                        continue
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            ticks = int(fields[11]) + int(fields[12])  # utime, stime
+            self._first.setdefault(pid, ticks if not self._started else 0)
+            self._last[pid] = ticks
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __enter__(self) -> CpuMeter:
+        self._sample()
+        self._started = True
+        self.worker_start = time.process_time()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker_seconds = time.process_time() - self.worker_start
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        ticks = sum(last - self._first[pid] for pid, last in self._last.items())
+        self.db_seconds = ticks / self._tick
+
+    def per_job_us(self, jobs: int) -> dict[str, float]:
+        """CPU µs per job in this process and in the database, as result fields."""
+        return {
+            "cpu_worker_us": self.worker_seconds / jobs * 1e6,
+            "cpu_db_us": self.db_seconds / jobs * 1e6,
+        }
 
 
 def emit(result: dict[str, Any]) -> None:

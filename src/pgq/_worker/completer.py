@@ -223,6 +223,8 @@ class Completer:
                     self.add(outcome)
             if self._buffer:
                 return
+            if self._has_items.is_set():  # woken to read the held outcomes' times again
+                self._has_items = anyio.Event()
             next_at = min((at for at, _ in self._held), default=None)
             with anyio.move_on_after(None if next_at is None else next_at - now):
                 await self._has_items.wait()
@@ -307,6 +309,9 @@ class Completer:
             HELD_RETRY_S,
         )
         self._held.append((anyio.current_time() + HELD_RETRY_S, outcome))
+        # Held by a writer while the batching loop may be waiting without a time to wake:
+        # it reads the held outcomes' times again.
+        self._has_items.set()
 
     async def _fail_attempt(self, outcome: Outcome, exc: Exception) -> None:
         message = f"the outcome ({outcome.state}) could not be written: {brief(exc, 2000)}"

@@ -304,8 +304,8 @@ async def test_a_batch_is_written_while_another_is_out(
 ) -> None:
     """Two batches in flight at once, each on its connection: the second lands while the
     first waits for a row (here held by a transaction of the test's, and waited for as long
-    as it takes); with ``kill``, the first's backend is terminated meanwhile, and its
-    outcomes are kept and written later. Every outcome is reported written exactly once."""
+    as it takes); with ``kill``, the first's backend is then terminated, and its outcomes
+    are kept and written again. Every outcome is reported written exactly once."""
     monkeypatch.setattr(completer, "LOCK_WAIT_MS", 60_000)
     token = await running_attempts(conn, client, 6)
     ids = sorted(token)
@@ -332,20 +332,24 @@ async def test_a_batch_is_written_while_another_is_out(
         lock = holder.transaction()
         await lock.start()
         await holder.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", first[0])
-        writer = completer.Completer(pool, report)
+        # Batches of 4: a batch goes out beside another once one outcome (a quarter) waits.
+        writer = completer.Completer(pool, report, batch_size=4)
         async with anyio.create_task_group() as tg:
             tg.start_soon(writer.run)
             for job_id in first:
                 writer.add(outcome(job_id))
             await until(first_waits)
-            if kill:
-                (pid,) = [r["pid"] for r in await conn.fetch(ROW_LOCK_WAITERS)]
-                assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
             for job_id in second:
                 writer.add(outcome(job_id))
             await until(second_landed)
             if kill:
-                await until(first_waits)  # written again, and waiting for its row again
+                (pid,) = [r["pid"] for r in await conn.fetch(ROW_LOCK_WAITERS)]
+                assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+
+                async def written_again() -> bool:
+                    return [r["pid"] for r in await conn.fetch(ROW_LOCK_WAITERS)] not in ([], [pid])
+
+                await until(written_again)  # kept, and waiting for its row again
             assert await states(conn, first) == {"running"}
             assert writer.pending == len(first)
             await lock.rollback()

@@ -95,7 +95,9 @@ class Completer:
         self._buffer: list[Outcome] = []
         # Batches being written now, each by a writer of its own.
         self._writing: list[list[Outcome]] = []
-        self._writers = anyio.Semaphore(writers)
+        self._writer_count = writers
+        # Set when a writer ends, or when a quarter of a full batch waits.
+        self._more = anyio.Event()
         # After a batch kept for a transient failure, no batch goes out before this time.
         self._retry_at = 0.0
         self._retry_delay = 0.1
@@ -150,6 +152,8 @@ class Completer:
                 self._idle = anyio.Event()
         if len(self._buffer) >= self._batch_size:
             self._full.set()
+        elif len(self._buffer) == self._batch_size // 4:
+            self._more.set()
 
     async def wait_idle(self) -> None:
         """Return once every outcome added so far is written (or rejected)."""
@@ -168,15 +172,20 @@ class Completer:
             if len(self._buffer) < self._batch_size:
                 with anyio.move_on_after(self._interval_s):
                     await self._full.wait()
-            await self._writers.acquire()
-            try:
-                # After a transient failure, the batches kept wait out the backoff.
-                await anyio.sleep_until(self._retry_at)
-                batch = self._take()
-                self._tg.start_soon(self._write_batch, batch, name="pgq outcome batch")
-            except BaseException:
-                self._writers.release()
-                raise
+            # After a transient failure, the batches kept wait out the backoff.
+            await anyio.sleep_until(self._retry_at)
+            await self._writer_free()
+            self._tg.start_soon(self._write_batch, self._take(), name="pgq outcome batch")
+
+    async def _writer_free(self) -> None:
+        """Wait for a free writer. While a batch is out, the next goes beside it only once a
+        quarter of a full batch waits: a worker whose writer keeps up writes one statement
+        at a time, each with as many outcomes as gathered meanwhile, as with one writer."""
+        while self._writing and (
+            len(self._writing) >= self._writer_count or len(self._buffer) < self._batch_size // 4
+        ):
+            self._more = anyio.Event()
+            await self._more.wait()
 
     def _take(self) -> list[Outcome]:
         """The next batch, out of the buffer and into the batches being written."""
@@ -197,7 +206,7 @@ class Completer:
         finally:
             # By identity: two batches are never the same list.
             self._writing[:] = [b for b in self._writing if b is not batch]
-            self._writers.release()
+            self._more.set()
         if unsettled:
             self._retry_at = anyio.current_time() + self._retry_delay
             self._retry_delay = min(self._retry_delay * 2, self._retry_max_s)

@@ -70,9 +70,9 @@ class Completer:
     """Collects outcomes from every producer of a worker and writes them in batches.
 
     A batch goes out when ``batch_size`` outcomes wait or ``interval_s`` after the first one,
-    whichever is sooner, as soon as one of the ``writers`` is free (the others may be writing
-    batches of their own meanwhile). With ``async_commit``, each batch commits without
-    waiting for the WAL's flush (the worker's ``async_commit`` setting).
+    whichever is sooner, once one of the ``writers`` is free; while a batch is out, the next
+    goes beside it once a quarter of ``batch_size`` waits. With ``async_commit``, each batch
+    commits without waiting for the WAL's flush (the worker's ``async_commit`` setting).
     """
 
     def __init__(

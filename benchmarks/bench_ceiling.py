@@ -19,6 +19,7 @@ pgq's outcome batches, the bare loop bench_outcomes.py holds pgq's drain to).
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 import asyncpg
@@ -52,7 +53,8 @@ WHERE id = ANY($1::bigint[]) AND state = 'running'
 async def drain(batch: int | None) -> None:
     """Drain N jobs with two connections: claims of 100 joined back to the table
     (``batch`` None), or claims of ``batch`` through the primary key."""
-    dsn = await fresh_database("bench_ceiling")
+    name = f"bench_ceiling_{os.getpid()}"  # not dropped by another run on the same server
+    dsn = await fresh_database(name)
     await pgq_migrate(dsn)
     conn = await asyncpg.connect(dsn)
     for start in range(0, N, 5_000):
@@ -83,7 +85,7 @@ async def drain(batch: int | None) -> None:
             "rate": N / t.seconds,
         }
     )
-    await drop_database("bench_ceiling")
+    await drop_database(name)
 
 
 if __name__ == "__main__":

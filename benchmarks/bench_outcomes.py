@@ -28,6 +28,7 @@ results/outcome_writers.txt and .json.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -151,13 +152,14 @@ async def writers_main(rounds: int) -> None:
         lines.append(line)
 
     say(f"$ bench_outcomes.py --writers {rounds}")
-    dsn = await fresh_database("bench_outcome_writers")
+    name = f"bench_outcome_writers_{os.getpid()}"
+    dsn = await fresh_database(name)
     await pgq_migrate(dsn)
     for r in range(rounds):
         for writers in (1, 2):
             rates[writers].append(n / await _write_all(dsn, writers, n))
             say(f"round {r + 1}: {writers} writer(s): {rates[writers][-1]:,.0f} outcomes/s")
-    await drop_database("bench_outcome_writers")
+    await drop_database(name)
     say(f"\nmedian (range) of {rounds} interleaved rounds, {n:,} successes each")
     for writers, values in rates.items():
         say(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -67,7 +68,10 @@ async def enqueue_many() -> None:
 
 
 async def drain(concurrency: int) -> None:
-    dsn = await setup("bench_pgq_drain")
+    # The process id in the name: drains run side by side on one server do not drop each
+    # other's database.
+    name = f"bench_pgq_drain_{os.getpid()}"
+    dsn = await setup(name)
     async with pgq.Client(dsn, app=app) as client:
         for start in range(0, N, 5_000):
             await client.enqueue_many(
@@ -112,7 +116,7 @@ async def drain(concurrency: int) -> None:
             "settings": {"concurrency": concurrency},
         }
     )
-    await drop_database("bench_pgq_drain")
+    await drop_database(name)
 
 
 async def drain_cli(concurrency: int | None, processes: int) -> None:

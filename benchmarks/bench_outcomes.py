@@ -8,7 +8,8 @@ for each TREE in turn, the no-op drain of bench_pgq.py (20,000 jobs, concurrency
 1,000 (two connections, each claiming 1,000 and completing them with one UPDATE). The drain
 reports three rates over the time from the worker's start: to its last handler's return
 (handler rate), to its last outcome's commit (durable rate, seen as the last completion's
-notification arrives) and to its return. Prints, per tree, the median of the rounds and
+notification arrives) and to its return, and the worker process's CPU time over the drain's
+(how busy it was). Prints, per tree, the median of the rounds and
 their range for durable / handler rate and for durable rate / the same round's bare loop;
 with two trees, also the second's durable rate over the first's, round by round. Writes
 results/outcomes.txt and results/outcomes.json (the latest run only).
@@ -66,7 +67,8 @@ def main(rounds: int, trees: list[Path]) -> None:
             runs[name].append(result)
             say(
                 f"round {r + 1}: {name}: handlers {result['handler_rate']:,.0f}/s, "
-                f"durable {result['durable_rate']:,.0f}/s, returned {result['rate']:,.0f}/s"
+                f"durable {result['durable_rate']:,.0f}/s, returned {result['rate']:,.0f}/s, "
+                f"worker busy {result['busy']:.0%}"
             )
         bare.append(float(run_one("bench_ceiling.py", BARE, [])["rate"]))
         say(f"round {r + 1}: bare loop, claims of 1,000: {bare[-1]:,.0f}/s")
@@ -85,6 +87,8 @@ def main(rounds: int, trees: list[Path]) -> None:
         say(f"    durable rate / handler rate   {spread(kept_up)}  (target >= 0.95)")
         say(f"    durable rate / bare loop      {spread(of_bare)}  (target >= 0.60)")
         say(f"    durable rate                  {statistics.median(durable):,.0f}/s")
+        busy = [float(x["busy"]) for x in runs[name]]
+        say(f"    worker busy (CPU / wall)      {spread(busy)}")
     say(f"  bare loop                         {statistics.median(bare):,.0f}/s")
     if len(names) == 2:
         a, b = (summary["trees"][n]["runs"] for n in names)

@@ -90,8 +90,10 @@ async def drain(concurrency: int) -> None:
             all_final.set()
 
     await listener.add_listener("pgq_done", on_done)
+    cpu = time.process_time()
     with Timer() as t:
         await pgq.Worker(app, dsn, concurrency=concurrency).run(burst=True)
+    cpu = time.process_time() - cpu
     conn = await asyncpg.connect(dsn)
     done = await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'completed'")
     await conn.close()
@@ -113,6 +115,8 @@ async def drain(concurrency: int) -> None:
             "rate": N / t.seconds,
             "handler_rate": N / handlers_s,
             "durable_rate": N / durable_s,
+            # The worker process's CPU time over the drain's: how busy it was.
+            "busy": cpu / t.seconds,
             "settings": {"concurrency": concurrency},
         }
     )

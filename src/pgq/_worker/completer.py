@@ -172,8 +172,9 @@ class Completer:
             if len(self._buffer) < self._batch_size:
                 with anyio.move_on_after(self._interval_s):
                     await self._full.wait()
-            # After a transient failure, the batches kept wait out the backoff.
-            await anyio.sleep_until(self._retry_at)
+            if self._retry_at > anyio.current_time():
+                # After a transient failure, the batches kept wait out the backoff.
+                await anyio.sleep_until(self._retry_at)
             await self._writer_free()
             self._tg.start_soon(self._write_batch, self._take(), name="pgq outcome batch")
 

@@ -11,11 +11,15 @@ the primary key (``id = ANY(ARRAY(...))``, the statement shape of pgq's claim si
 9488413); pgq itself has one claim in flight at a time. A stricter reference: what the
 database and the driver allow when the work per job in Python is nearly nil. (Both time
 the two connections' opening too, a few milliseconds.)
+
+`python bench_ceiling.py drain-N`: the same with claims of N (drain-1000: claims as large as
+pgq's outcome batches, the bare loop bench_outcomes.py holds pgq's drain to).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 import asyncpg
@@ -49,7 +53,8 @@ WHERE id = ANY($1::bigint[]) AND state = 'running'
 async def drain(batch: int | None) -> None:
     """Drain N jobs with two connections: claims of 100 joined back to the table
     (``batch`` None), or claims of ``batch`` through the primary key."""
-    dsn = await fresh_database("bench_ceiling")
+    name = f"bench_ceiling_{os.getpid()}"  # not dropped by another run on the same server
+    dsn = await fresh_database(name)
     await pgq_migrate(dsn)
     conn = await asyncpg.connect(dsn)
     for start in range(0, N, 5_000):
@@ -80,13 +85,13 @@ async def drain(batch: int | None) -> None:
             "rate": N / t.seconds,
         }
     )
-    await drop_database("bench_ceiling")
+    await drop_database(name)
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["drain"]:
         run(lambda: drain(None))
-    elif sys.argv[1:] == ["drain-500"]:
-        run(lambda: drain(500))
+    elif len(sys.argv) == 2 and sys.argv[1].startswith("drain-") and sys.argv[1][6:].isdigit():
+        run(lambda: drain(int(sys.argv[1][6:])))
     else:
-        raise SystemExit("usage: bench_ceiling.py drain | drain-500")
+        raise SystemExit("usage: bench_ceiling.py drain | drain-N (N jobs a claim, e.g. 500)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,10 +34,14 @@ N_CLI = 100_000
 
 app = pgq.App()
 
+#: When the last no-op job returned (time.perf_counter()), for the drain's handler rate.
+returned = [0.0]
+
 
 @app.task
 async def noop(ctx: pgq.JobContext, i: int) -> None:
     """A job that does nothing: measures the queue, not the work."""
+    returned[0] = time.perf_counter()
 
 
 async def setup(name: str) -> str:
@@ -66,21 +71,46 @@ async def enqueue_many() -> None:
     await drop_database("bench_pgq_enqueue_many")
 
 
-async def drain(concurrency: int, database: str = "bench_pgq_drain") -> None:
+async def drain(concurrency: int, database: str | None = None) -> None:
     """Drain 20,000 jobs at ``concurrency`` on database ``database`` (dropped first and
-    after: name one of your own when others may run the drain on the same server)."""
+    after; by default named after this process, so that drains run side by side on one
+    server do not drop each other's)."""
+    database = database or f"bench_pgq_drain_{os.getpid()}"
     dsn = await setup(database)
     async with pgq.Client(dsn, app=app) as client:
         for start in range(0, N, 5_000):
             await client.enqueue_many(
                 [pgq.JobSpec(noop, {"i": i}) for i in range(start, start + 5_000)]
             )
-    with CpuMeter("bench_pgq_drain") as cpu, Timer() as t:
+    # Completions notify pgq_done on commit with the ids: the last one's arrival is when the
+    # last outcome was durable.
+    listener = await asyncpg.connect(dsn)
+    finals = [0, 0.0]
+    all_final = anyio.Event()
+
+    def on_done(*args: object) -> None:
+        finals[0] += str(args[3]).count(",") + 1
+        finals[1] = time.perf_counter()
+        if finals[0] >= N:
+            all_final.set()
+
+    await listener.add_listener("pgq_done", on_done)
+    process_cpu = time.process_time()
+    with CpuMeter(database) as cpu, Timer() as t:
         await pgq.Worker(app, dsn, concurrency=concurrency).run(burst=True)
+    process_cpu = time.process_time() - process_cpu
     conn = await asyncpg.connect(dsn)
     done = await conn.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'completed'")
     await conn.close()
+    with anyio.fail_after(10):
+        await all_final.wait()
+    await listener.close()
     assert done == N, f"only {done} of {N} jobs completed"
+    # Rates over the time from the worker's start to its last handler's return (handler
+    # rate), to its last outcome's commit (durable rate), and to its return (rate, with
+    # its shut-down): outcomes that keep up with the handlers leave the first two close.
+    handlers_s = returned[0] - t.start
+    durable_s = finals[1] - t.start
     emit(
         {
             "system": "pgq",
@@ -88,6 +118,10 @@ async def drain(concurrency: int, database: str = "bench_pgq_drain") -> None:
             "jobs": N,
             "seconds": t.seconds,
             "rate": N / t.seconds,
+            "handler_rate": N / handlers_s,
+            "durable_rate": N / durable_s,
+            # The worker process's CPU time over the drain's: how busy it was.
+            "busy": process_cpu / t.seconds,
             **cpu.per_job_us(N),
             "settings": {"concurrency": concurrency},
         }

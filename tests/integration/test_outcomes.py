@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -13,7 +14,9 @@ import pytest
 
 import pgq
 from pgq._store import claims
+from pgq._store.connections import create_pool
 from pgq._worker import completer
+from pgq._worker.outcome import Outcome
 from tests.integration.test_liveness import FAST
 from tests.tests_support import until
 
@@ -270,3 +273,91 @@ async def test_a_failure_whose_backoff_raises_still_ends_the_attempt_and_counts_
     assert "ConnectionError: upstream refused" in entry["traceback"]
     assert after.scheduled_at is not None and after.attempted_at is not None
     assert (after.scheduled_at - after.attempted_at).total_seconds() > 30
+
+
+# The backends of this database waiting for a row lock (an outcome batch, here).
+ROW_LOCK_WAITERS = """
+SELECT pid FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND datname = current_database() AND pid <> pg_backend_pid()
+"""
+
+
+async def running_attempts(conn: Conn, client: pgq.Client, n: int) -> dict[int, uuid.UUID]:
+    """``n`` jobs made running, each under a token of its own: {id: token}."""
+    jobs = await client.enqueue_many([pgq.JobSpec("anything", {"i": i}) for i in range(n)])
+    rows = await conn.fetch(
+        "UPDATE pgq_jobs SET state = 'running', attempt = 1, attempt_token = gen_random_uuid()"
+        " WHERE id = ANY($1::bigint[]) RETURNING id, attempt_token",
+        [j.id for j in jobs],
+    )
+    return {r["id"]: r["attempt_token"] for r in rows}
+
+
+async def states(conn: Conn, ids: list[int]) -> set[str]:
+    rows = await conn.fetch("SELECT state::text FROM pgq_jobs WHERE id = ANY($1::bigint[])", ids)
+    return {r["state"] for r in rows}
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["both-land", "one-killed"])
+async def test_a_batch_is_written_while_another_is_out(
+    dsn: str, conn: Conn, client: pgq.Client, monkeypatch: pytest.MonkeyPatch, kill: bool
+) -> None:
+    """Two batches in flight at once, each on its connection: the second lands while the
+    first waits for a row (here held by a transaction of the test's, and waited for as long
+    as it takes); with ``kill``, the first's backend is then terminated, and its outcomes
+    are kept and written again. Every outcome is reported written exactly once."""
+    monkeypatch.setattr(completer, "LOCK_WAIT_MS", 60_000)
+    token = await running_attempts(conn, client, 6)
+    ids = sorted(token)
+    first, second = ids[:3], ids[3:]
+    written: Counter[int] = Counter()
+    rejected: list[int] = []
+
+    def report(ok: list[Outcome], refused: list[Outcome]) -> None:
+        written.update(o.job_id for o in ok)
+        rejected.extend(o.job_id for o in refused)
+
+    def outcome(job_id: int) -> Outcome:
+        return Outcome(job_id, token[job_id], 1, "default", "completed")
+
+    async def first_waits() -> bool:
+        return len(await conn.fetch(ROW_LOCK_WAITERS)) == 1
+
+    async def second_landed() -> bool:
+        return await states(conn, second) == {"completed"}
+
+    pool = await create_pool(dsn, min_size=1, max_size=completer.WRITERS + 1)
+    holder = await asyncpg.connect(dsn)
+    try:
+        lock = holder.transaction()
+        await lock.start()
+        await holder.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", first[0])
+        # Batches of 4: a batch goes out beside another once one outcome (a quarter) waits.
+        writer = completer.Completer(pool, report, batch_size=4)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.run)
+            for job_id in first:
+                writer.add(outcome(job_id))
+            await until(first_waits)
+            for job_id in second:
+                writer.add(outcome(job_id))
+            await until(second_landed)
+            if kill:
+                (pid,) = [r["pid"] for r in await conn.fetch(ROW_LOCK_WAITERS)]
+                assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+
+                async def written_again() -> bool:
+                    return [r["pid"] for r in await conn.fetch(ROW_LOCK_WAITERS)] not in ([], [pid])
+
+                await until(written_again)  # kept, and waiting for its row again
+            assert await states(conn, first) == {"running"}
+            assert writer.pending == len(first)
+            await lock.rollback()
+            with anyio.fail_after(15):
+                await writer.wait_idle()
+            tg.cancel_scope.cancel()
+    finally:
+        await holder.close()
+        await pool.close()
+    assert await states(conn, ids) == {"completed"}
+    assert written == Counter(ids) and rejected == []

@@ -1,4 +1,5 @@
-"""Batches job outcomes into fenced UPDATEs: one round trip for many jobs.
+"""Batches job outcomes into fenced UPDATEs: one round trip for many jobs, and up to
+``WRITERS`` batches written at once, each on a connection of its own.
 
 Every outcome reaches the database, and none waits for a lock held elsewhere: a batch passes
 over the rows locked now (an application transaction that holds a job's row), and each of
@@ -36,6 +37,12 @@ Reporter = Callable[[list[Outcome], list[Outcome]], None]
 #: Seconds between tries of an outcome the database refused in every form.
 HELD_RETRY_S = 30.0
 
+#: Batches written at once, each on a connection of its own (the worker sizes its pool for
+#: them): with one, a worker whose handlers outran a statement of ``batch_size`` outcomes
+#: finished its jobs well before their outcomes were durable. Their id sets are disjoint and
+#: each is written in id order, so they never wait on each other's rows.
+WRITERS = 2
+
 #: Outcomes waiting for their rows at once, each on a connection of its own (the rest of a
 #: worker's pool stays free for claims and batches; the worker sizes it for these).
 LOCK_WAITERS = 2
@@ -63,8 +70,9 @@ class Completer:
     """Collects outcomes from every producer of a worker and writes them in batches.
 
     A batch goes out when ``batch_size`` outcomes wait or ``interval_s`` after the first one,
-    whichever is sooner. With ``async_commit``, each batch commits without waiting for the
-    WAL's flush (the worker's ``async_commit`` setting).
+    whichever is sooner, once one of the ``writers`` is free; while a batch is out, the next
+    goes beside it once a quarter of ``batch_size`` waits. With ``async_commit``, each batch
+    commits without waiting for the WAL's flush (the worker's ``async_commit`` setting).
     """
 
     def __init__(
@@ -76,6 +84,7 @@ class Completer:
         interval_s: float = 0.002,
         retry_max_s: float = 5.0,
         async_commit: bool = False,
+        writers: int = WRITERS,
     ) -> None:
         self._pool = pool
         self._async_commit = async_commit
@@ -84,6 +93,14 @@ class Completer:
         self._interval_s = interval_s
         self._retry_max_s = retry_max_s
         self._buffer: list[Outcome] = []
+        # Batches being written now, each by a writer of its own.
+        self._writing: list[list[Outcome]] = []
+        self._writer_count = writers
+        # Set when a writer ends, or when a quarter of a full batch waits.
+        self._more = anyio.Event()
+        # After a batch kept for a transient failure, no batch goes out before this time.
+        self._retry_at = 0.0
+        self._retry_delay = 0.1
         # Outcomes the database refused in every form: (when to try again, outcome).
         self._held: list[tuple[float, Outcome]] = []
         self._has_items = anyio.Event()
@@ -103,7 +120,9 @@ class Completer:
     def pending(self) -> int:
         """Outcomes not yet written (with ``async_commit``, a written one may still be lost
         in a crash of the database server)."""
-        return len(self._buffer) + len(self._held) + len(self._locked)
+        return (
+            len(self._buffer) + sum(map(len, self._writing)) + len(self._held) + len(self._locked)
+        )
 
     @property
     def waiting_on_locks(self) -> int:
@@ -114,6 +133,7 @@ class Completer:
         """The attempts (job id, token) whose outcomes are not yet durable."""
         return (
             {(o.job_id, o.token) for o in self._buffer}
+            | {(o.job_id, o.token) for batch in self._writing for o in batch}
             | {(o.job_id, o.token) for _, o in self._held}
             | {(o.job_id, o.token) for o in self._locked}
         )
@@ -128,9 +148,12 @@ class Completer:
         self._buffer.append(outcome)
         if len(self._buffer) == 1:
             self._has_items.set()
-            self._idle = anyio.Event()
+            if self._idle.is_set():  # never replace the event a caller may be waiting on
+                self._idle = anyio.Event()
         if len(self._buffer) >= self._batch_size:
             self._full.set()
+        elif len(self._buffer) == self._batch_size // 4:
+            self._more.set()
 
     async def wait_idle(self) -> None:
         """Return once every outcome added so far is written (or rejected)."""
@@ -143,29 +166,61 @@ class Completer:
             await self._run()
 
     async def _run(self) -> None:
-        delay = 0.1
+        assert self._tg is not None
         while True:
             await self._wait_for_work()
             if len(self._buffer) < self._batch_size:
                 with anyio.move_on_after(self._interval_s):
                     await self._full.wait()
-            batch = self._buffer[: self._batch_size]
-            unsettled = await self._flush(batch)
-            self._buffer[: len(batch)] = unsettled
+            if self._retry_at > anyio.current_time():
+                # After a transient failure, the batches kept wait out the backoff.
+                await anyio.sleep_until(self._retry_at)
+            await self._writer_free()
+            self._tg.start_soon(self._write_batch, self._take(), name="pgq outcome batch")
+
+    async def _writer_free(self) -> None:
+        """Wait for a free writer. While a batch is out, the next goes beside it only once a
+        quarter of a full batch waits: a worker whose writer keeps up writes one statement
+        at a time, each with as many outcomes as gathered meanwhile, as with one writer."""
+        while self._writing and (
+            len(self._writing) >= self._writer_count or len(self._buffer) < self._batch_size // 4
+        ):
+            self._more = anyio.Event()
+            await self._more.wait()
+
+    def _take(self) -> list[Outcome]:
+        """The next batch, out of the buffer and into the batches being written."""
+        batch = self._buffer[: self._batch_size]
+        del self._buffer[: len(batch)]
+        self._writing.append(batch)
+        if len(self._buffer) < self._batch_size:
             self._full = anyio.Event()
-            if unsettled:
-                await anyio.sleep(delay)
-                delay = min(delay * 2, self._retry_max_s)
-                continue
-            delay = 0.1
-            if not self._buffer:
-                self._has_items = anyio.Event()
-                self._idle_if_done()
-            elif len(self._buffer) >= self._batch_size:
+        if not self._buffer:
+            self._has_items = anyio.Event()
+        return batch
+
+    async def _write_batch(self, batch: list[Outcome]) -> None:
+        """Write one batch (a writer's); what a transient failure kept from being settled
+        goes back to the front of the buffer, to be tried again after a backoff."""
+        try:
+            unsettled = await self._flush(batch)
+        finally:
+            # By identity: two batches are never the same list.
+            self._writing[:] = [b for b in self._writing if b is not batch]
+            self._more.set()
+        if unsettled:
+            self._retry_at = anyio.current_time() + self._retry_delay
+            self._retry_delay = min(self._retry_delay * 2, self._retry_max_s)
+            self._buffer[:0] = unsettled
+            self._has_items.set()
+            if len(self._buffer) >= self._batch_size:
                 self._full.set()
+        else:
+            self._retry_delay = 0.1
+            self._idle_if_done()
 
     def _idle_if_done(self) -> None:
-        if not self._buffer and not self._held and not self._locked:
+        if not self._buffer and not self._writing and not self._held and not self._locked:
             self._idle.set()
 
     async def _wait_for_work(self) -> None:
@@ -178,6 +233,8 @@ class Completer:
                     self.add(outcome)
             if self._buffer:
                 return
+            if self._has_items.is_set():  # woken to read the held outcomes' times again
+                self._has_items = anyio.Event()
             next_at = min((at for at, _ in self._held), default=None)
             with anyio.move_on_after(None if next_at is None else next_at - now):
                 await self._has_items.wait()
@@ -262,6 +319,9 @@ class Completer:
             HELD_RETRY_S,
         )
         self._held.append((anyio.current_time() + HELD_RETRY_S, outcome))
+        # Held by a writer while the batching loop may be waiting without a time to wake:
+        # it reads the held outcomes' times again.
+        self._has_items.set()
 
     async def _fail_attempt(self, outcome: Outcome, exc: Exception) -> None:
         message = f"the outcome ({outcome.state}) could not be written: {brief(exc, 2000)}"

@@ -33,7 +33,7 @@ from pgq._store.connections import (
 from pgq._store.producers import ProducerRow
 from pgq._store.revision import check_schema
 from pgq._worker import health_server
-from pgq._worker.completer import LOCK_WAITERS, Completer
+from pgq._worker.completer import LOCK_WAITERS, WRITERS, Completer
 from pgq._worker.control import Control
 from pgq._worker.executor import SHUTDOWN
 from pgq._worker.leader.elector import Elector
@@ -275,9 +275,9 @@ class Worker:
         pool = await create_pool(
             self._dsn,
             min_size=1,
-            # A limited claim per queue, a batch of outcomes, a leader service or two, and
-            # the outcomes that wait alone for rows locked elsewhere.
-            max_size=len(self._queues) + 3 + LOCK_WAITERS,
+            # A limited claim per queue, the batches of outcomes being written, a leader
+            # service or two, and the outcomes that wait alone for rows locked elsewhere.
+            max_size=len(self._queues) + 2 + WRITERS + LOCK_WAITERS,
             **self._target.options(application_name, WORKER_SESSION_SETTINGS),
         )
         try:

@@ -319,6 +319,11 @@ def chart(result: dict[str, Any], path: Path) -> None:
     lat, rate, size, dead, scan = panels
     lat.plot(x, [r["p99_known_ms"] for r in rows], marker="o", label="p99")
     lat.plot(x, [r["p50_ms"] for r in rows], marker=".", label="p50")
+    unknown = [r["minute"] for r in rows if r["p99_known_ms"] is None]
+    if unknown:
+        lat.plot(unknown, [soak.SETTLE_S * 1000] * len(unknown), "rx", linestyle="none",
+                 label=f"p99 over {soak.SETTLE_S:g} s (jobs unclaimed when read)")  # fmt: skip
+    lat.legend(loc="best", fontsize="small")
     lat.set_ylabel("pickup latency (ms)")
     lat.set_yscale("log")
     lat.set_title(
@@ -328,6 +333,11 @@ def chart(result: dict[str, Any], path: Path) -> None:
     rate.plot(x, [r["rate"] for r in rows], marker="o", color="green")
     rate.set_ylabel("completed jobs/s")
     rate.set_ylim(0, max(r["rate"] for r in rows) * 1.2)
+    backlog = rate.twinx()
+    backlog.plot(x, [max(r["backlog"], 0) for r in rows], marker=".", color="purple",
+                 label="backlog (jobs, right)")  # fmt: skip
+    backlog.set_ylim(bottom=0)
+    backlog.legend(loc="upper right", fontsize="small")
     size.plot(x, [r["heap_at_end_mb"] for r in rows], marker="o", label="heap")
     for name in rows[0]["index_mb"]:
         size.plot(x, [r["index_mb"][name] for r in rows], marker=".", label=name)

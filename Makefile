@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded test-all lint typecheck check bench latency-rounds peers oban-venv soak clean chromium pgbouncer patroni screenshots chaos node model
+.PHONY: help demo test test-embedded test-all lint typecheck check bench latency-rounds peers oban-venv soak soak-pinned clean chromium pgbouncer patroni screenshots chaos node model
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -155,6 +155,12 @@ SERVER  ?=
 
 soak: $(BENCH_STAMP) ## a default `pgq worker` at half the measured maximum rate for MINUTES (20), with its chart
 	cd benchmarks && .venv/bin/python soak.py $(MINUTES) "$(RATE)" "$(TABLE)" "$(SERVER)"
+
+# Minutes of the pinned soak's phases: clean, pinned, recovery, pinned again, recovery again.
+PHASES ?= 4,15,4,5,3
+
+soak-pinned: $(BENCH_STAMP) ## the soak with a transaction holding the horizon in PHASES (4,15,4,5,3: about 33 min)
+	cd benchmarks && .venv/bin/python soak_pinned.py "$(PHASES)" "$(RATE)"
 
 CHAOS_SECONDS ?= 90
 

@@ -1,8 +1,9 @@
 """The soak: `make soak MINUTES=20 [RATE=N] [TABLE=name=value,...] [SERVER=name=value,...]`,
 or `python soak.py MINUTES [RATE] [TABLE] [SERVER]`. TABLE sets storage parameters of
 pgq_jobs on top of the recommended ones, SERVER settings of the soak's own PostgreSQL
-instance on top of the recommended ones (to try another setting, e.g.
+instance on top of the recommended ones and of its logging (to try another setting, e.g.
 TABLE=autovacuum_analyze_scale_factor=0.2 or SERVER=max_wal_size=4GB,checkpoint_timeout=5min).
+soak_pinned.py runs it in phases, with a transaction holding the horizon between some.
 
 A `pgq worker` process, started by the CLI at its default settings (and a completed-job
 retention of two minutes, so that the leader deletes as fast as jobs finish), runs no-op
@@ -78,7 +79,7 @@ import sys
 import tempfile
 import time
 from array import array
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -405,8 +406,18 @@ def parse_settings(text: str, option: str, pattern: re.Pattern[str], values: str
     return settings
 
 
+#: Called as the run starts (minute 0) and at the end of each minute (1 to MINUTES) with the
+#: run's DSN and the minute: what a variant of the soak does between minutes (soak_pinned.py holds the
+#: horizon), and its own per-minute readings.
+MinuteHook = Callable[[str, int], Awaitable[None]]
+
+
 async def soak(
-    minutes: int, rate: float | None, table: dict[str, str], server: dict[str, str]
+    minutes: int,
+    rate: float | None,
+    table: dict[str, str],
+    server: dict[str, str],
+    on_minute: MinuteHook | None = None,
 ) -> dict[str, Any]:
     tuned = os.environ.get(GC_ENV) != "default"
     if tuned:
@@ -420,7 +431,7 @@ async def soak(
     scratch = Path(tempfile.mkdtemp(prefix="pgq-soak-"))
     pauses, worker_log_path = scratch / "worker-pauses.txt", scratch / "worker-log.jsonl"
     server = {**RECOMMENDED_SERVER, **server}
-    async with private_server({**server, **SERVER_LOGGING}) as dsn:
+    async with private_server({**SERVER_LOGGING, **server}) as dsn:
         await pgq_migrate(dsn)
         conn = await asyncpg.connect(dsn)
         await conn.execute(RECOMMENDED)
@@ -438,7 +449,7 @@ async def soak(
         worker = start_worker(dsn, pauses=pauses, log=worker_log_path)
         try:
             await wait_for_producer(conn, worker)
-            rows = await run_minutes(conn, dsn, minutes, offered)
+            rows = await run_minutes(conn, dsn, minutes, offered, on_minute)
         finally:
             worker.send_signal(signal.SIGTERM)
             await asyncio.to_thread(worker.wait, 60)
@@ -468,11 +479,17 @@ async def soak(
 
 
 async def run_minutes(
-    conn: asyncpg.Connection[asyncpg.Record], dsn: str, minutes: int, rate: float
+    conn: asyncpg.Connection[asyncpg.Record],
+    dsn: str,
+    minutes: int,
+    rate: float,
+    on_minute: MinuteHook | None = None,
 ) -> list[dict[str, Any]]:
     """Offer ``rate`` jobs a second for ``minutes``; every SLICE_S, mark the last job id, and
     read the jobs up to it SETTLE_S later (on a connection of its own, in order), so that no
-    read scans more than a slice; each minute's row is computed when its last slice is in."""
+    read scans more than a slice; each minute's row is computed when its last slice is in.
+    ``on_minute`` runs as the first minute starts and as each minute ends, after its last
+    mark."""
     stop = asyncio.Event()
     rows: list[dict[str, Any]] = []
     reads: asyncio.Queue[tuple[float, int, int, tuple[int, dict[str, float]] | None] | None]
@@ -503,6 +520,8 @@ async def run_minutes(
         start = time.perf_counter()
         mark = await last_id(conn)
         counters = [await server_counters(conn)]
+        if on_minute is not None:
+            await on_minute(dsn, 0)
         for m in range(1, minutes + 1):
             for k in range(1, slices + 1):
                 await asyncio.sleep(
@@ -516,6 +535,8 @@ async def run_minutes(
                     ends = (m, {key: counters[-1][key] - counters[-2][key] for key in counters[-1]})
                 reads.put_nowait((time.perf_counter() + SETTLE_S, mark, new, ends))
                 mark = new
+            if on_minute is not None:
+                await on_minute(dsn, m)
         await sending
         await watching
         reads.put_nowait(None)

@@ -4,15 +4,12 @@ part owns its concern (see ``pgq._worker``)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, Unpack
 
@@ -25,35 +22,21 @@ from pgq._names import check_queue_name
 from pgq._store import producers as store_producers
 from pgq._store.connections import (
     DATABASE_ERRORS,
-    WORKER_SESSION_SETTINGS,
     Pool,
     Target,
-    create_pool,
 )
 from pgq._store.producers import ProducerRow
-from pgq._store.revision import check_schema
-from pgq._worker import health_server
-from pgq._worker.completer import LOCK_WAITERS, WRITERS, Completer
-from pgq._worker.control import Control
+from pgq._worker import assembly, health_server
+from pgq._worker.assembly import Identity, Parts, Pools, open_pools
+from pgq._worker.completer import Completer
 from pgq._worker.executor import SHUTDOWN
-from pgq._worker.leader.elector import Elector
-from pgq._worker.leader.periodic import Periodic
-from pgq._worker.leader.promoter import Promoter
-from pgq._worker.leader.reaper import Reaper
-from pgq._worker.leader.rescuer import Rescuer
-from pgq._worker.leader.retention import Retention
-from pgq._worker.leader.services import LeaderService, LeaderServices
-from pgq._worker.leader.statistics import Statistics
-from pgq._worker.leader.throughput import Throughput
-from pgq._worker.leader.unrunnable import UnrunnableReport
-from pgq._worker.liveness import Heartbeater, health_verdict
+from pgq._worker.liveness import health_verdict
 from pgq._worker.observe import observers
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
-from pgq._worker.rescue_reports import RescueReports
+from pgq._worker.snapshot import worker_stats
 from pgq._worker.stoppable import Stoppable
 from pgq._worker.strays import CHECK_ERRORS, Strays
-from pgq._worker.successor import Successor
 from pgq.app import App
 from pgq.errors import ConfigError
 from pgq.settings import MAX_SETTING, WorkerOverrides, WorkerSettings
@@ -113,45 +96,6 @@ def resolve_queues(
     return resolved
 
 
-@dataclass(frozen=True, slots=True)
-class _Pools:
-    """The worker's connections: ``main`` plans every statement for its parameters
-    (outcomes, limited claims, liveness, the leader's services); ``claims`` keeps
-    Postgres's cached plans, for the single-statement claims of queues without limits
-    (docs/architecture.md). The same pool behind a transaction pooler."""
-
-    main: Pool
-    claims: Pool
-
-    async def close(self) -> None:
-        """Close both (each cut off after 5 s)."""
-        for pool in (self.main,) if self.claims is self.main else (self.claims, self.main):
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
-                await pool.close()
-            if scope.cancelled_caught:
-                pool.terminate()
-
-
-@dataclass
-class _Parts:
-    """A running worker's parts."""
-
-    producers: list[Producer]
-    completer: Completer
-    heartbeater: Heartbeater
-    elector: Elector
-    leader: LeaderServices
-    rescuer: Rescuer
-    reaper: Reaper
-    retention: Retention
-    periodic: Periodic | None
-    control: Control
-    successor: Successor | None
-    strays: Strays
-    reports: RescueReports
-    unrunnable: UnrunnableReport
-
-
 class Worker:
     """Runs the jobs of an :class:`~pgq.App`.
 
@@ -200,7 +144,7 @@ class Worker:
         self._stop_requested = anyio.Event()
         self._stop_now = False
         self._tg: anyio.abc.TaskGroup | None = None
-        self._parts: _Parts | None = None
+        self._parts: Parts | None = None
         self._make_due: Callable[[Producer], Awaitable[int]] | None = None
         self._by_queue: dict[str, Producer] = {}
         self._rescuing: list[Stoppable] = []
@@ -270,163 +214,38 @@ class Worker:
         assert self._tg is not None
         return await self._tg.__aexit__(et, e, tb)
 
-    async def _open(self) -> _Pools:
-        application_name = f"pgq worker {self.name}"
-        pool = await create_pool(
-            self._dsn,
-            min_size=1,
-            # A limited claim per queue, the batches of outcomes being written, a leader
-            # service or two, and the outcomes that wait alone for rows locked elsewhere.
-            max_size=len(self._queues) + 2 + WRITERS + LOCK_WAITERS,
-            **self._target.options(application_name, WORKER_SESSION_SETTINGS),
-        )
-        try:
-            await check_schema(pool)
-            if self._target.pooled:  # no session settings there: one pool serves both
-                return _Pools(pool, pool)
-            claims = await create_pool(
-                self._dsn,
-                min_size=1,
-                max_size=len(self._queues),  # one claim in flight per producer
-                **self._target.options(application_name),
-            )
-        except BaseException:
-            await pool.close()
-            raise
-        return _Pools(pool, claims)
+    async def _open(self) -> Pools:
+        return await open_pools(self._target, self.name, len(self._queues))
+
+    def _identity(self) -> Identity:
+        return Identity(
+            self.app, self.settings, self.id, self.name, self._stable_name, self._target,
+            self._queues, self._observers,
+        )  # fmt: skip
 
     async def _main(
         self,
         burst: bool,
-        pools: _Pools,
+        pools: Pools,
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         pool = self._pool = pools.main
         try:
             async with self.app.running():  # the App's lifespan, around every job it runs
-                parts = self._parts = self._build(pools)
+                parts = self._parts = assembly.build(self._identity(), pools, self._counted)
+                self._by_queue = {p.queue: p for p in parts.producers}
                 await self._serve(pool, parts, burst, task_status)
         finally:
             self._pool = None
             await pools.close()
 
-    def _producer(
-        self,
-        pools: _Pools,
-        queue: str,
-        concurrency: int,
-        completer: Completer,
-        limiter: anyio.CapacityLimiter,
-    ) -> Producer:
-        s = self.settings
-        return Producer(
-            queue=queue,
-            concurrency=concurrency,
-            # Every task of the App, whatever queue it is declared on: a job enqueued with
-            # queue= on another queue runs where that queue is worked.
-            tasks={t.name: t for t in self.app},
-            pool=pools.main,
-            claim_pool=pools.claims,
-            outcomes=completer.add,
-            limiter=limiter,
-            poll_interval=s.poll_interval,
-            fence_after_s=s.fencing_bound,
-            claim_ahead=s.claim_ahead,
-            async_commit=s.async_commit,
-            hooks=self._observers.hooks,
-            worker_name=self.name,
-        )
-
-    def _bounds(self) -> store_producers.Bounds:
-        """What this worker's producers declare: peers judge them by these."""
-        s = self.settings
-        return store_producers.Bounds(
-            s.fencing_bound, s.stale_after, s.rescue_grace, tuple(sorted(t.name for t in self.app))
-        )
-
-    def _build(self, pools: _Pools) -> _Parts:
-        s = self.settings
-        pool = pools.main
-        limiter = anyio.CapacityLimiter(s.max_threads)
-        completer = Completer(pool, self._counted, async_commit=s.async_commit)
-        reports = RescueReports(self._observers.app_hooks, self._observers.own_rescued)
-        producers = [
-            self._producer(pools, queue, n, completer, limiter) for queue, n in self._queues.items()
-        ]
-        self._by_queue = {p.queue: p for p in producers}
-        heartbeater = Heartbeater(
-            self._target, producers, s, worker_id=self.id, worker_name=self.name,
-            bounds=self._bounds(),
-        )  # fmt: skip
-        elector = Elector(pool, worker_id=self.id, worker_name=self.name, ttl_s=s.leader_ttl)
-        rescuer = Rescuer(
-            pool,
-            s,
-            self.id,
-            sick_queues=lambda: [p.queue for p in producers if not p.health.healthy],
-            after_rescue=lambda: leader.wake(Promoter.name),
-            reports=reports,
-        )
-        reaper = Reaper(pool, s)
-        retention = Retention(pool, s)
-        periodic = None
-        if self.app.schedules:
-            periodic = Periodic(
-                pool,
-                self.app,
-                self.id,
-                interval_s=s.schedule_interval,
-                term=lambda: elector.terms,
-                worker_name=self.name,
-            )
-        services: list[LeaderService] = [Promoter(pool, s.schedule_interval)]
-        services += [periodic] if periodic else []
-        unrunnable = UnrunnableReport(pool, s.stale_after)
-        services += [rescuer, reaper, retention, Throughput(pool), Statistics(pool), unrunnable]
-        leader = LeaderServices(elector, services, everywhere=frozenset({Promoter.name}))
-        control = Control(
-            pool,
-            producers,
-            s,
-            wake_leader=elector.wake,
-            stable_name=self.name if self._stable_name else None,
-        )
-        successor = None
-        if self._stable_name:
-            successor = Successor(
-                pool,
-                self.name,
-                lambda: [i for p in producers for i in p.ids()],
-                margin_s=s.heartbeat_timeout,
-                after_rescue=lambda: leader.wake(Promoter.name),
-                reports=reports,
-            )
-        strays = self._strays(pool, producers, completer, reports)
-        return _Parts(
-            producers, completer, heartbeater, elector, leader, rescuer, reaper, retention,
-            periodic, control, successor, strays, reports, unrunnable,
-        )  # fmt: skip
-
-    def _strays(
-        self, pool: Pool, producers: list[Producer], completer: Completer, reports: RescueReports
-    ) -> Strays:
-        s = self.settings
-        return Strays(
-            pool,
-            producers,
-            completer.pending_attempts,
-            s.stale_after,
-            reports,
-            async_commit=s.async_commit,
-        )
-
     async def _serve(
-        self, pool: Pool, parts: _Parts, burst: bool, task_status: anyio.abc.TaskStatus[None]
+        self, pool: Pool, parts: Parts, burst: bool, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
         self._started_at = anyio.current_time()
         rows = [ProducerRow(p.id, p.queue, p.concurrency) for p in parts.producers]
-        await store_producers.register(pool, self.id, self.name, rows, self._bounds())
+        await store_producers.register(pool, self.id, self.name, rows, self._identity().bounds())
         try:
             async with anyio.create_task_group() as tg:
                 await self._start_services(tg, parts)
@@ -483,7 +302,7 @@ class Worker:
 
         return all_producers
 
-    async def _start_services(self, tg: anyio.abc.TaskGroup, parts: _Parts) -> None:
+    async def _start_services(self, tg: anyio.abc.TaskGroup, parts: Parts) -> None:
         if not self.settings.poll_only and self._target.can_listen:
             await tg.start(parts.control.notifier(self._target.listen_target(), self.name).run)
         tg.start_soon(parts.completer.run)
@@ -561,7 +380,7 @@ class Worker:
                 reason,
             )
 
-    async def _settle(self, parts: _Parts) -> None:
+    async def _settle(self, parts: Parts) -> None:
         # A rescue, takeover or hand-back whose commit's reply was lost is reported if it
         # landed, before the last rescue reports go out: after the stop, nothing would ask.
         # The leader's duties, the successor's watch and the checks for strays have ended
@@ -596,7 +415,7 @@ class Worker:
                     self._unsettled(parts, errors.get(what)),
                 )
 
-    def _unsettled(self, parts: _Parts, error: str | None) -> str:
+    def _unsettled(self, parts: Parts, error: str | None) -> str:
         """Why the stop could not settle a rescue whose commit's reply was lost."""
         if self._stop_now:
             return "stopping at once"
@@ -637,42 +456,7 @@ class Worker:
         attempts that failed for want of memory, file descriptors or disk (per producer: by
         task); and, on the leader, the jobs no live worker of their queue serves
         (``unrunnable``: queue, task, count and ``oldest_s``, as its last look found them)."""
-        p = self._parts
-        return {
-            "worker_id": str(self.id),
-            "worker_name": self.name,
-            "time": time.time(),
-            "leader": p is not None and p.elector.is_leader,
-            "leader_terms": p.elector.terms if p else 0,
-            "rescued": p.rescuer.rescued if p else 0,
-            "reaped": p.reaper.reaped if p else 0,
-            "retention_deleted": p.retention.deleted if p else 0,
-            "periodic_enqueued": p.periodic.enqueued if p and p.periodic else 0,
-            "leader_services": (
-                {n: st.snapshot() for n, st in p.leader.status.items()} if p else {}
-            ),
-            "heartbeats": p.heartbeater.beats if p else 0,
-            "heartbeat_failures": p.heartbeater.failures if p else 0,
-            "job_log_suppressed": self._observers.joblog.suppressed,
-            "predecessor_rescued": p.successor.rescued if p and p.successor else 0,
-            "duplicate_names": len(p.successor.duplicates) if p and p.successor else 0,
-            "reregistrations": p.heartbeater.reregistrations if p else 0,
-            "strays_handed_back": p.strays.handed_back if p else 0,
-            "rescue_events_waiting": p.reports.waiting if p else 0,
-            "cancelled_on_request": p.control.cancelled if p else 0,
-            "listen_reconnects": p.control.listen_reconnects if p else 0,
-            "outcomes_pending": p.completer.pending if p else 0,
-            "outcomes_held": p.completer.held if p else 0,
-            "outcomes_salvaged": p.completer.salvaged if p else 0,
-            "outcomes_waiting_on_locks": p.completer.waiting_on_locks if p else 0,
-            "resource_failures": sum(pr.resources.total for pr in p.producers) if p else 0,
-            "unrunnable": (
-                [dataclasses.asdict(u) for u in p.unrunnable.found]
-                if p and p.elector.is_leader
-                else []
-            ),
-            "producers": [producer.stats() for producer in p.producers] if p else [],
-        }
+        return worker_stats(self.id, self.name, self._parts, self._observers.joblog.suppressed)
 
     async def render_metrics(self) -> bytes:
         """This worker's metrics in the Prometheus text format, with the queue gauges when

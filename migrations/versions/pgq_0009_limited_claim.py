@@ -32,7 +32,8 @@ CREATE TYPE pgq_claimed_job AS (
 
 LIMITED_CLAIM_FUNCTION = """
 CREATE FUNCTION pgq_claim_limited(
-    p_queue text, p_tasks text[], p_limit integer, p_producer uuid, p_timeouts float8[],
+    p_queue text, p_tasks text[], p_limit integer, p_ahead integer, p_producer uuid,
+    p_timeouts float8[],
     p_max_attempts integer[], p_worker text, p_keyless_search integer, p_async_commit boolean,
     OUT held_back boolean, OUT concurrency integer, OUT rate_count integer,
     OUT rate_period_s float8, OUT key_concurrency integer, OUT key_rate_count integer,
@@ -43,7 +44,13 @@ DECLARE
     v_now timestamptz;
     v_running integer := 0;
     v_started integer := 0;
+    v_room integer;
     v_budget integer;
+    v_ahead integer;
+    v_take integer;
+    v_candidates bigint[] := '{}';
+    v_found bigint[];
+    v_found_keys text[];
     v_keys text[];
     v_rooms integer[];
     v_keyless integer := 0;
@@ -89,9 +96,18 @@ BEGIN
         WHERE l.queue = p_queue
           AND l.started_at > v_now - make_interval(secs => COALESCE(rate_period_s, 0));
     END IF;
-    v_budget := LEAST(p_limit, concurrency - v_running, rate_count - v_started);
-    IF v_budget <= 0 THEN
-        held_back := true;
+    -- The room the queue's limits leave (NULL: no limit of the whole queue), the free slots'
+    -- part of it, and the jobs to start ahead of the free slots: only out of half the room
+    -- left beyond the slots' part, so that ahead jobs never take a slot another worker could
+    -- start a job in now while the limit binds, and take every one asked for while it does not.
+    v_room := LEAST(concurrency - v_running, rate_count - v_started);
+    v_budget := GREATEST(LEAST(p_limit, v_room), 0);
+    v_ahead := GREATEST(LEAST(p_ahead, (v_room - v_budget) / 2), 0);
+    IF v_room IS NULL THEN
+        v_ahead := GREATEST(p_ahead, 0);
+    END IF;
+    IF v_budget + v_ahead = 0 THEN
+        held_back := p_limit + p_ahead > 0;
         RETURN;
     END IF;
     IF key_concurrency IS NULL AND key_rate_count IS NULL THEN
@@ -99,7 +115,7 @@ BEGIN
             SELECT j.id FROM pgq_jobs j
             WHERE j.state = 'available' AND j.queue = p_queue AND j.task = ANY(p_tasks)
             ORDER BY j.priority DESC, j.scheduled_at, j.id
-            LIMIT v_budget
+            LIMIT v_budget + v_ahead
             FOR UPDATE SKIP LOCKED
         ) s;
     ELSE
@@ -153,7 +169,8 @@ BEGIN
                    ELSE 0 END
         ), rooms AS (
             SELECT u.key, u.running, u.started,
-                   LEAST(v_budget, key_concurrency - u.running, key_rate_count - u.started) AS room
+                   LEAST(v_budget + v_ahead, key_concurrency - u.running,
+                         key_rate_count - u.started) AS room
             FROM usage u
         )
         -- Whether keyless jobs wait is unknown here; if some run or started, they may.
@@ -164,35 +181,52 @@ BEGIN
                                 AND (r.key IS NOT NULL OR r.running > 0 OR r.started > 0)), false)
         INTO v_keys, v_rooms, v_keyless, v_keys_held
         FROM rooms r;
+        -- First the free slots' part (each key up to its room), then the ahead part, with
+        -- each key and the keyless jobs held to half the room the first part left them.
+        v_take := v_budget;
+        FOR v_phase IN 1..2 LOOP
+            SELECT array_agg(c.id), array_agg(c.limit_key) INTO v_found, v_found_keys FROM (
+                SELECT j.id, j.priority, j.scheduled_at, j.limit_key
+                FROM unnest(v_keys, v_rooms) AS b(key, room)
+                CROSS JOIN LATERAL (
+                    SELECT id, priority, scheduled_at, limit_key FROM pgq_jobs
+                    WHERE queue = p_queue AND state = 'available' AND limit_key = b.key
+                      AND task = ANY(p_tasks) AND id <> ALL(v_candidates)
+                    ORDER BY priority DESC, scheduled_at, id
+                    LIMIT b.room
+                ) j
+                UNION ALL
+                SELECT n.id, n.priority, n.scheduled_at, NULL FROM (
+                    SELECT h.id, h.priority, h.scheduled_at FROM (
+                        SELECT id, priority, scheduled_at, limit_key, task FROM pgq_jobs
+                        WHERE queue = p_queue AND state = 'available' AND v_keyless > 0
+                        ORDER BY priority DESC, scheduled_at, id
+                        LIMIT p_keyless_search
+                    ) h
+                    WHERE h.limit_key IS NULL AND h.task = ANY(p_tasks)
+                      AND h.id <> ALL(v_candidates)
+                    ORDER BY h.priority DESC, h.scheduled_at, h.id
+                    LIMIT v_keyless
+                ) n
+                ORDER BY 2 DESC, 3, 1
+                LIMIT v_take
+            ) c;
+            v_candidates := v_candidates || COALESCE(v_found, '{}');
+            EXIT WHEN v_phase = 2 OR v_ahead = 0;
+            SELECT array_agg(b.key ORDER BY b.key),
+                   array_agg((b.room - f.n) / 2 ORDER BY b.key)
+            INTO v_keys, v_rooms
+            FROM unnest(v_keys, v_rooms) AS b(key, room),
+                 LATERAL (SELECT count(*)::integer AS n FROM unnest(v_found_keys) AS k
+                          WHERE k = b.key) f
+            WHERE (b.room - f.n) / 2 > 0;
+            v_keyless := (v_keyless - (SELECT count(*)::integer FROM unnest(v_found_keys) AS k
+                                       WHERE k IS NULL)) / 2;
+            v_take := v_ahead;
+        END LOOP;
         SELECT array_agg(l.id) INTO v_ids FROM (
             SELECT id FROM pgq_jobs
-            WHERE id IN (
-                SELECT c.id FROM (
-                    SELECT j.id, j.priority, j.scheduled_at
-                    FROM unnest(v_keys, v_rooms) AS b(key, room)
-                    CROSS JOIN LATERAL (
-                        SELECT id, priority, scheduled_at FROM pgq_jobs
-                        WHERE queue = p_queue AND state = 'available' AND limit_key = b.key
-                          AND task = ANY(p_tasks)
-                        ORDER BY priority DESC, scheduled_at, id
-                        LIMIT b.room
-                    ) j
-                    UNION ALL
-                    SELECT n.id, n.priority, n.scheduled_at FROM (
-                        SELECT h.id, h.priority, h.scheduled_at FROM (
-                            SELECT id, priority, scheduled_at, limit_key, task FROM pgq_jobs
-                            WHERE queue = p_queue AND state = 'available' AND v_keyless > 0
-                            ORDER BY priority DESC, scheduled_at, id
-                            LIMIT p_keyless_search
-                        ) h
-                        WHERE h.limit_key IS NULL AND h.task = ANY(p_tasks)
-                        ORDER BY h.priority DESC, h.scheduled_at, h.id
-                        LIMIT v_keyless
-                    ) n
-                ) c
-                ORDER BY c.priority DESC, c.scheduled_at, c.id
-                LIMIT v_budget
-            ) AND state = 'available'
+            WHERE id = ANY(v_candidates) AND state = 'available'
             FOR UPDATE SKIP LOCKED
         ) l;
     END IF;
@@ -241,8 +275,10 @@ BEGIN
         INSERT INTO pgq_rate_log (queue, limit_key, started_at)
         SELECT p_queue, k, v_now FROM unnest(v_started_keys) AS k;
     END IF;
-    held_back := (v_budget < p_limit AND v_claimed = v_budget)
-                 OR (v_keys_held AND v_claimed < v_budget);
+    -- Held back: the claim took all the limits allowed, and they allowed less than asked;
+    -- or a key had no room, and the claim found fewer jobs than allowed.
+    held_back := (v_claimed >= v_budget + v_ahead AND v_budget + v_ahead < p_limit + p_ahead)
+                 OR (v_keys_held AND v_claimed < v_budget + v_ahead);
 END
 $$
 """

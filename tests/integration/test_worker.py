@@ -951,28 +951,38 @@ async def _state_is(client: pgq.Client, job_id: int, state: pgq.JobState) -> boo
     return job is not None and job.state is state
 
 
-async def test_no_jobs_are_claimed_ahead_on_a_queue_with_limits(
+async def test_jobs_are_claimed_ahead_on_a_limited_queue_only_out_of_room_to_spare(
     dsn: str, client: pgq.Client
 ) -> None:
-    """A limited queue's budget is shared by every worker: a worker claims only for its
-    free slots there, however many it would claim ahead on an unlimited queue."""
+    """A limited queue's budget is shared by every worker: beyond its free slots, a worker
+    claims ahead only half the room its slots leave, so another worker still finds a slot;
+    where the limit is far from binding, it claims ahead as on an unlimited queue."""
     app, began, release = holding_app()
-    await client.set_queue_limits("default", concurrency=20)
+    await client.set_queue_limits("default", concurrency=4)
     await client.enqueue_many([pgq.JobSpec("hold") for _ in range(20)])
-    async with pgq.Worker(app, dsn, concurrency=2, claim_ahead=5, poll_interval=0.05) as worker:
-        (producer,) = worker._by_queue.values()
 
-        async def both_began() -> bool:
-            return len(began) == 2
+    async def running(n: int) -> bool:
+        count = await client.pool.fetchval("SELECT count(*) FROM pgq_jobs WHERE state = 'running'")
+        return bool(count == n)
 
-        await until(both_began)
-        # Claiming 5 ahead would have taken at least 4 in its first claim; a later job's
-        # notification finds the two slots taken and claims nothing.
-        await client.enqueue("hold")
-        running = await client.pool.fetchval(
-            "SELECT count(*) FROM pgq_jobs WHERE state = 'running'"
-        )
-        assert running == 2 and len(producer.running) == 2
+    async with pgq.Worker(app, dsn, concurrency=2, claim_ahead=5, poll_interval=0.05):
+        # Its 2 slots, and 1 ahead: half of the 2 the slots leave (taking all 4 would leave
+        # the second worker idle until a job ends).
+        await until(lambda: running(3))
+        async with pgq.Worker(app, dsn, concurrency=1, claim_ahead=0, poll_interval=0.05):
+
+            async def third_began() -> bool:
+                return len(began) == 3
+
+            await until(third_began)
+            assert await running(4)
+            release.set()
+    # Far from binding: 2 slots and the 5 ahead it asks for.
+    app, _, release = holding_app()
+    await client.set_queue_limits("default", concurrency=1_000)
+    await client.enqueue_many([pgq.JobSpec("hold") for _ in range(20)])
+    async with pgq.Worker(app, dsn, concurrency=2, claim_ahead=5, poll_interval=0.05):
+        await until(lambda: running(7))
         release.set()
     await client.set_queue_limits("default", concurrency=None)
 
@@ -1214,7 +1224,7 @@ async def test_a_limited_claim_counts_its_queues_running_jobs_without_reading_th
             )
             before = await conn.fetchval(read_so_far)
             row = await conn.fetchrow(
-                sql.CLAIM_LIMITED, "limited", ["noop"], 10, producers["limited"], [None], [25],
+                sql.CLAIM_LIMITED, "limited", ["noop"], 10, 0, producers["limited"], [None], [25],
                 "test", 1000, False,
             )  # fmt: skip
             read = await conn.fetchval(read_so_far) - before

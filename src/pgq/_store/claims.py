@@ -115,18 +115,22 @@ async def claim_limited(
     worker_name: str,
     limit: int,
     *,
+    ahead: int = 0,
     async_commit: bool = False,
 ) -> tuple[list[Job], bool, QueueLimits]:
-    """Claim from a queue with limits: under its row's lock, at most ``limit`` jobs and no
-    more than its limits leave (running jobs of every worker, starts within the window;
-    with per-key limits, the same for each key). One round trip, in a transaction of its
-    own: ``db`` must not be in one. Returns the jobs, whether the limits held the claim back
-    (jobs were left that a limit kept), and the limits as read under the lock."""
+    """Claim from a queue with limits: under its row's lock, at most ``limit`` jobs (the
+    free slots) and ``ahead`` more (to start as slots free), and no more than its limits
+    leave (running jobs of every worker, starts within the window; with per-key limits, the
+    same for each key); jobs ahead only out of half the room left beyond the free slots'
+    part. One round trip, in a transaction of its own: ``db`` must not be in one. Returns
+    the jobs, whether the limits held the claim back (jobs were left that a limit kept),
+    and the limits as read under the lock."""
     row = await db.fetchrow(
         sql.CLAIM_LIMITED,
         plan.queue,
         plan.tasks,
         limit,
+        ahead,
         producer_id,
         plan.timeouts,
         plan.max_attempts,

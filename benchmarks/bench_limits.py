@@ -6,14 +6,15 @@ same round.
 cell). Each drain runs in worker processes of their own (started, then told to go: their
 start-up is not timed) from a table of exactly its jobs with fresh statistics. With
 `--old SRC` (another checkout's `src`, at an older schema revision this one's schema still
-serves), every limited cell also runs on that code, in the same rounds, interleaved.
+serves), the limited no-op cells also run on that code, in the same rounds, interleaved.
 
 Cells, and the reference each is compared with:
 
-- `unlimited`: one worker at concurrency 10 draining 20,000 no-op jobs (the reference of
+- `unlimited`: one worker at concurrency 10 draining 10,000 no-op jobs (the reference of
   the no-op cells);
 - `limited`: the same under a concurrency limit of 10,000 and a rate of 1,000,000 a second,
   limits that never bind: the limited claim's own cost;
+- `concurrency-10000`: the concurrency limit alone (no rate, so no log of starts);
 - `concurrency-5`: a concurrency limit of 5, below the worker's 10 slots;
 - `keyed-100`: jobs spread over 100 limit keys, a per-key limit that never binds;
 - `keyed-1000-1`: 1,000 keys, at most 1 running per key;
@@ -22,7 +23,9 @@ Cells, and the reference each is compared with:
 - `unlimited-50`: one worker with 50 slots draining 20,000 jobs that each await 10 ms (the
   reference of the binding cells: at most 5,000 a second);
 - `binding-50`: the same jobs under a concurrency limit of 50, one worker with 100 slots;
-- `binding-50x3`: the same limit, three worker processes with 100 slots each.
+- `binding-50x3`: the same limit, three worker processes with 100 slots each;
+- `unlimited-50-async`, `binding-50-async`: `unlimited-50` and `binding-50` with the
+  workers' `async_commit` on (claims and outcomes commit without waiting for the disk).
 
 Prints each round, then per cell and code the median jobs/s with its range, and the
 median (with range) of its ratio to its reference's rate in the same round; writes them to
@@ -47,7 +50,8 @@ from common import fresh_database, pgq_migrate, reset_jobs
 
 import pgq
 
-N = 20_000
+N_NOOP = 10_000
+N_SLEEP = 20_000
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 app = pgq.App()
@@ -75,6 +79,12 @@ class Cell:
     keys: int = 0
     chains: bool = False
     reference: str = "unlimited"
+    async_commit: bool = False
+    old_too: bool = True  # run on the old code too, with --old (if limited)
+
+    @property
+    def n(self) -> int:
+        return N_NOOP if self.task == "noop" else N_SLEEP
 
     @property
     def limited(self) -> bool:
@@ -84,14 +94,31 @@ class Cell:
 CELLS = {
     "unlimited": Cell("noop", 10),
     "limited": Cell("noop", 10, limits=(("concurrency", 10_000), ("rate", (1_000_000, 1.0)))),
+    "concurrency-10000": Cell("noop", 10, limits=(("concurrency", 10_000),)),
     "concurrency-5": Cell("noop", 10, limits=(("concurrency", 5),)),
     "keyed-100": Cell("noop", 10, limits=(("key_concurrency", 10_000),), keys=100),
     "keyed-1000-1": Cell("noop", 10, limits=(("key_concurrency", 1),), keys=1_000),
     "chained": Cell("noop", 10, chains=True),
     "unlimited-50": Cell("sleep10", 50, reference="unlimited-50"),
-    "binding-50": Cell("sleep10", 100, limits=(("concurrency", 50),), reference="unlimited-50"),
+    "binding-50": Cell(
+        "sleep10", 100, limits=(("concurrency", 50),), reference="unlimited-50", old_too=False
+    ),
     "binding-50x3": Cell(
-        "sleep10", 100, workers=3, limits=(("concurrency", 50),), reference="unlimited-50"
+        "sleep10",
+        100,
+        workers=3,
+        limits=(("concurrency", 50),),
+        reference="unlimited-50",
+        old_too=False,
+    ),
+    "unlimited-50-async": Cell("sleep10", 50, reference="unlimited-50-async", async_commit=True),
+    "binding-50-async": Cell(
+        "sleep10",
+        100,
+        limits=(("concurrency", 50),),
+        reference="unlimited-50-async",
+        async_commit=True,
+        old_too=False,
     ),
 }
 
@@ -102,12 +129,12 @@ async def fill(dsn: str, cell: Cell) -> None:
     async with pgq.Client(dsn, app=app) as client:
         await client.set_queue_limits("default", **dict(cell.limits))  # type: ignore[arg-type]
         if cell.chains:
-            for start in range(0, N, 10):
+            for start in range(0, cell.n, 10):
                 await client.enqueue_chain(
                     [pgq.JobSpec(cell.task, {"i": i}) for i in range(start, start + 10)]
                 )
         else:
-            for start in range(0, N, 5_000):
+            for start in range(0, cell.n, 5_000):
                 await client.enqueue_many(
                     [
                         pgq.JobSpec(
@@ -128,7 +155,9 @@ async def drain(dsn: str, cell: Cell, src: str | None) -> float:
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    command = (sys.executable, __file__, "--worker", dsn, str(cell.concurrency))
+    command = (
+        sys.executable, __file__, "--worker", dsn, str(cell.concurrency), str(cell.async_commit)
+    )  # fmt: skip
     pipe = asyncio.subprocess.PIPE
     procs = [
         await asyncio.create_subprocess_exec(*command, stdin=pipe, stdout=pipe, env=env, cwd=HERE)
@@ -153,7 +182,7 @@ async def drain(dsn: str, cell: Cell, src: str | None) -> float:
     left = await _left(dsn)
     if left:
         raise RuntimeError(f"{left} jobs were not completed")
-    return N / (max(ends) - started)
+    return cell.n / (max(ends) - started)
 
 
 async def _left(dsn: str) -> int:
@@ -164,10 +193,10 @@ async def _left(dsn: str) -> int:
         await conn.close()
 
 
-async def worker(dsn: str, concurrency: int) -> None:
+async def worker(dsn: str, concurrency: int, async_commit: bool) -> None:
     """One worker process: says it is ready, waits to be told to go, drains in burst mode,
     prints the time it finished (the clock of the machine the parent shares)."""
-    w = pgq.Worker(app, dsn, concurrency=concurrency, metrics=False)
+    w = pgq.Worker(app, dsn, concurrency=concurrency, metrics=False, async_commit=async_commit)
     print("ready", flush=True)
     await anyio.to_thread.run_sync(sys.stdin.readline)
     await w.run(burst=True)
@@ -183,7 +212,7 @@ async def main(rounds: int, names: list[str], old: str | None) -> None:
     await pgq_migrate(dsn)  # in a process of its own: alembic is not the worker's
     runs = [(name, None) for name in names]
     if old is not None:
-        runs += [(name, old) for name in names if CELLS[name].limited]
+        runs += [(name, old) for name in names if CELLS[name].limited and CELLS[name].old_too]
     runs.sort(key=lambda r: names.index(r[0]))
     rates: dict[tuple[str, str | None], list[float]] = {r: [] for r in runs}
     refs = {CELLS[n].reference for n in names}
@@ -198,6 +227,11 @@ async def main(rounds: int, names: list[str], old: str | None) -> None:
             + ", ".join(f"{_label(n, s)}: {v[-1]:,.0f}" for (n, s), v in rates.items()),
             flush=True,
         )
+        report(r + 1, rates)
+
+
+def report(rounds: int, rates: dict[tuple[str, str | None], list[float]]) -> None:
+    """The table of the rounds so far, printed and written to results/limits.*."""
     rows = []
     for (name, src), values in rates.items():
         ref = rates[CELLS[name].reference, None]
@@ -214,21 +248,22 @@ async def main(rounds: int, names: list[str], old: str | None) -> None:
             }
         )
     lines = [
-        f"bench_limits.py: {rounds} interleaved rounds, {N:,} jobs a drain, "
+        f"bench_limits.py: {rounds} interleaved rounds, {N_NOOP:,} no-op or {N_SLEEP:,} "
+        "10 ms jobs a drain, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}",
         "",
-        f"{'cell':14} {'code':4} {'jobs/s':>8} {'range':>15}  {'vs reference':>12} "
+        f"{'cell':18} {'code':4} {'jobs/s':>8} {'range':>15}  {'vs reference':>12} "
         f"{'range':>11}  reference",
     ]
     for row in rows:
         values, ratios = row["jobs_per_s"], row["ratio_to_reference"]
         lines.append(
-            f"{row['cell']:14} {row['code']:4} {row['median']:8,.0f} "
+            f"{row['cell']:18} {row['code']:4} {row['median']:8,.0f} "
             f"{min(values):7,.0f}-{max(values):<7,.0f}  {row['median_ratio']:12.2f} "
             f"{spread(ratios):>11}  {row['reference']}"
         )
     text = "\n".join(lines)
-    print("\n" + text)
+    print("\n" + text, flush=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "limits.txt").write_text(text + "\n")
     (RESULTS / "limits.json").write_text(json.dumps({"rounds": rounds, "rows": rows}, indent=1))
@@ -241,7 +276,7 @@ def _label(name: str, src: str | None) -> str:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args and args[0] == "--worker":
-        anyio.run(worker, args[1], int(args[2]))
+        anyio.run(worker, args[1], int(args[2]), args[3] == "True")
         sys.exit(0)
     n = int(args.pop(0)) if args and args[0].isdigit() else 5
     old_src = None

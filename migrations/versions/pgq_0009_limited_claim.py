@@ -55,6 +55,8 @@ DECLARE
     v_rooms integer[];
     v_keyless integer := 0;
     v_keys_held boolean := false;
+    v_least_room integer;
+    v_plain boolean;
     v_ids bigint[];
     v_started_keys text[];
     v_claimed integer;
@@ -178,50 +180,66 @@ BEGIN
                array_agg(r.room ORDER BY r.key) FILTER (WHERE r.key IS NOT NULL AND r.room > 0),
                COALESCE(max(GREATEST(r.room, 0)) FILTER (WHERE r.key IS NULL), 0),
                COALESCE(bool_or(r.room <= 0
-                                AND (r.key IS NOT NULL OR r.running > 0 OR r.started > 0)), false)
-        INTO v_keys, v_rooms, v_keyless, v_keys_held
+                                AND (r.key IS NOT NULL OR r.running > 0 OR r.started > 0)), false),
+               min(r.room)
+        INTO v_keys, v_rooms, v_keyless, v_keys_held, v_least_room
         FROM rooms r;
         -- First the free slots' part (each key up to its room), then the ahead part, with
         -- each key and the keyless jobs held to half the room the first part left them.
+        -- Where every key (and the keyless jobs) has room for all a part takes, the part is
+        -- the queue's next jobs, one scan of the fetch index: no key can be exceeded, and
+        -- reading each key's next jobs (keys times jobs) is for limits that bind.
         v_take := v_budget;
+        v_plain := v_least_room > 0;
         FOR v_phase IN 1..2 LOOP
-            SELECT array_agg(c.id), array_agg(c.limit_key) INTO v_found, v_found_keys FROM (
-                SELECT j.id, j.priority, j.scheduled_at, j.limit_key
-                FROM unnest(v_keys, v_rooms) AS b(key, room)
-                CROSS JOIN LATERAL (
-                    SELECT id, priority, scheduled_at, limit_key FROM pgq_jobs
-                    WHERE queue = p_queue AND state = 'available' AND limit_key = b.key
-                      AND task = ANY(p_tasks) AND id <> ALL(v_candidates)
+            IF v_plain AND v_least_room >= v_take THEN
+                SELECT array_agg(s.id), array_agg(s.limit_key) INTO v_found, v_found_keys FROM (
+                    SELECT id, limit_key FROM pgq_jobs
+                    WHERE queue = p_queue AND state = 'available' AND task = ANY(p_tasks)
+                      AND id <> ALL(v_candidates)
                     ORDER BY priority DESC, scheduled_at, id
-                    LIMIT b.room
-                ) j
-                UNION ALL
-                SELECT n.id, n.priority, n.scheduled_at, NULL FROM (
-                    SELECT h.id, h.priority, h.scheduled_at FROM (
-                        SELECT id, priority, scheduled_at, limit_key, task FROM pgq_jobs
-                        WHERE queue = p_queue AND state = 'available' AND v_keyless > 0
+                    LIMIT v_take
+                ) s;
+            ELSE
+                SELECT array_agg(c.id), array_agg(c.limit_key) INTO v_found, v_found_keys FROM (
+                    SELECT j.id, j.priority, j.scheduled_at, j.limit_key
+                    FROM unnest(v_keys, v_rooms) AS b(key, room)
+                    CROSS JOIN LATERAL (
+                        SELECT id, priority, scheduled_at, limit_key FROM pgq_jobs
+                        WHERE queue = p_queue AND state = 'available' AND limit_key = b.key
+                          AND task = ANY(p_tasks) AND id <> ALL(v_candidates)
                         ORDER BY priority DESC, scheduled_at, id
-                        LIMIT p_keyless_search
-                    ) h
-                    WHERE h.limit_key IS NULL AND h.task = ANY(p_tasks)
-                      AND h.id <> ALL(v_candidates)
-                    ORDER BY h.priority DESC, h.scheduled_at, h.id
-                    LIMIT v_keyless
-                ) n
-                ORDER BY 2 DESC, 3, 1
-                LIMIT v_take
-            ) c;
+                        LIMIT b.room
+                    ) j
+                    UNION ALL
+                    SELECT n.id, n.priority, n.scheduled_at, NULL FROM (
+                        SELECT h.id, h.priority, h.scheduled_at FROM (
+                            SELECT id, priority, scheduled_at, limit_key, task FROM pgq_jobs
+                            WHERE queue = p_queue AND state = 'available' AND v_keyless > 0
+                            ORDER BY priority DESC, scheduled_at, id
+                            LIMIT p_keyless_search
+                        ) h
+                        WHERE h.limit_key IS NULL AND h.task = ANY(p_tasks)
+                          AND h.id <> ALL(v_candidates)
+                        ORDER BY h.priority DESC, h.scheduled_at, h.id
+                        LIMIT v_keyless
+                    ) n
+                    ORDER BY 2 DESC, 3, 1
+                    LIMIT v_take
+                ) c;
+            END IF;
             v_candidates := v_candidates || COALESCE(v_found, '{}');
             EXIT WHEN v_phase = 2 OR v_ahead = 0;
-            SELECT array_agg(b.key ORDER BY b.key),
-                   array_agg((b.room - f.n) / 2 ORDER BY b.key)
-            INTO v_keys, v_rooms
-            FROM unnest(v_keys, v_rooms) AS b(key, room),
-                 LATERAL (SELECT count(*)::integer AS n FROM unnest(v_found_keys) AS k
-                          WHERE k = b.key) f
-            WHERE (b.room - f.n) / 2 > 0;
+            SELECT array_agg(b.key ORDER BY b.key) FILTER (WHERE b.half > 0),
+                   array_agg(b.half ORDER BY b.key) FILTER (WHERE b.half > 0),
+                   min(b.half)
+            INTO v_keys, v_rooms, v_least_room
+            FROM (SELECT u.key, (u.room - (SELECT count(*)::integer FROM unnest(v_found_keys) AS k
+                                           WHERE k = u.key)) / 2 AS half
+                  FROM unnest(v_keys, v_rooms) AS u(key, room)) b;
             v_keyless := (v_keyless - (SELECT count(*)::integer FROM unnest(v_found_keys) AS k
                                        WHERE k IS NULL)) / 2;
+            v_least_room := LEAST(v_least_room, v_keyless);
             v_take := v_ahead;
         END LOOP;
         SELECT array_agg(l.id) INTO v_ids FROM (

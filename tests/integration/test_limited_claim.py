@@ -100,3 +100,23 @@ async def test_a_paused_limited_queue_gives_nothing_until_resumed(
         assert len(jobs) == 3 and not held_back
     finally:
         await pool.close()
+
+
+async def test_a_per_key_limit_far_from_binding_claims_in_queue_order_and_near_it_per_key(
+    client: pgq.Client, dsn: str
+) -> None:
+    """Where every key has room for the whole claim, the claim takes the queue's next jobs
+    (one scan); where a key has less, each key gets no more than its room."""
+    await client.enqueue_many(
+        [pgq.JobSpec("work", {"i": i}, queue="limited", limit_key="a") for i in range(10)]
+        + [pgq.JobSpec("work", {"i": i}, queue="limited", limit_key="b") for i in range(10)]
+    )
+    await client.set_queue_limits("limited", key_concurrency=5)
+    pool = await create_pool(dsn, min_size=1, max_size=1)
+    try:
+        first, held_back, _ = await claims.claim_limited(pool, PLAN, uuid.uuid4(), "t", 4)
+        assert [j.limit_key for j in first] == ["a"] * 4 and not held_back
+        second, _, _ = await claims.claim_limited(pool, PLAN, uuid.uuid4(), "t", 4)
+        assert sorted(j.limit_key or "" for j in second) == ["a", "b", "b", "b"]
+    finally:
+        await pool.close()

@@ -35,7 +35,7 @@ class ClaimLoop:
     woken (new jobs announced, the producer healthy again, an outcome written while the
     queue's limits held claims back), when a slot frees after a full batch, or every
     ``poll_interval``. An unhealthy producer claims nothing until a heartbeat succeeds; a
-    limited queue's claims go no further than the free slots."""
+    limited queue's claim grants jobs ahead of the free slots only out of room to spare."""
 
     __slots__ = (
         "_claimer", "_concurrency", "_counters", "_half_slots", "_health", "_identity",

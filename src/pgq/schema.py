@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 
+from pgq._store import sql
 from pgq._store.revision import SCHEMA_REVISION, VERSION_TABLE
 from pgq._store.sql import CHANNEL_DONE, CHANNEL_JOBS
 from pgq.job import FINAL_STATES, JobState
@@ -411,6 +412,14 @@ rate_log = Table(
     # Per-key rates: one key's starts within the window.
     Index("pgq_rate_log_key_idx", "queue", "limit_key", "started_at"),
 )
+
+# The limited claim in one round trip (docs/flow-control.md): a function, so that its count
+# takes a snapshot after the queue's lock. Its text lives in claims.sql beside the statement
+# that calls it; migrations keep frozen copies, and a test checks they agree.
+event.listen(rate_log, "after_create", DDL(sql.CLAIMED_JOB_TYPE))  # type: ignore[no-untyped-call]
+event.listen(rate_log, "after_create", DDL(sql.LIMITED_CLAIM_FUNCTION))  # type: ignore[no-untyped-call]
+event.listen(rate_log, "after_drop", DDL("DROP FUNCTION IF EXISTS pgq_claim_limited"))  # type: ignore[no-untyped-call]
+event.listen(rate_log, "after_drop", DDL("DROP TYPE IF EXISTS pgq_claimed_job"))  # type: ignore[no-untyped-call]
 
 # The oldest code revision this schema still serves (docs/migrations.md, "Rolling
 # upgrades"): one row, set by the revision that brought the rule (pgq_0008) and raised only

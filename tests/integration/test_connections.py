@@ -110,3 +110,25 @@ async def test_a_worker_and_a_client_ask_the_server_about_no_type(
     assert sorted(done) == [0, 1, 2, 3]
     assert len(completed) == 3 and deleted == 3
     assert sorted(j.state.value for j in left) == ["completed"] * 3 + ["retryable"]
+
+
+async def test_a_limited_claim_reads_its_jobs_without_asking_about_a_type(
+    dsn: str, introspections: list[list[int]]
+) -> None:
+    """The limited claim returns its jobs as an array of anonymous records (tags and
+    dependencies, arrays, inside each): read with the declared codecs, no question asked."""
+    app = pgq.App()
+    seen: list[tuple[int, list[str], list[int] | None]] = []
+
+    @app.task(queue="limited")
+    async def step(ctx: pgq.JobContext, i: int) -> None:
+        seen.append((i, ctx.job.tags, ctx.job.depends_on))
+
+    async with pgq.Client(dsn, app=app) as client:
+        await client.set_queue_limits("limited", concurrency=2, key_concurrency=1)
+        first = await client.enqueue("step", {"i": 0}, queue="limited", tags=["a", "b"])
+        await client.enqueue("step", {"i": 1}, queue="limited", depends_on=[first], limit_key="k")
+        with anyio.fail_after(30):
+            await pgq.Worker(app, dsn, concurrency=4).run(burst=True)
+        assert introspections == []
+    assert seen == [(0, ["a", "b"], None), (1, [], [first.id])]

@@ -42,9 +42,17 @@ CATALOG = {
         FROM pg_type t JOIN pg_enum e ON e.enumtypid = t.oid GROUP BY 1 ORDER BY 1""",
     # Laid out alike or not, the same text (an older revision wrapped a body's lines).
     "functions": """
-        SELECT proname, regexp_replace(pg_get_functiondef(oid), '\\s+', ' ', 'g') FROM pg_proc
-        WHERE pronamespace = 'public'::regnamespace AND proname LIKE 'pgq\\_%'
+        SELECT proname, pg_get_function_arguments(oid), pg_get_function_result(oid), provolatile,
+               btrim(regexp_replace(prosrc, '\\s+', ' ', 'g'))  -- layout aside
+        FROM pg_proc WHERE pronamespace = 'public'::regnamespace AND proname LIKE 'pgq\\_%'
         ORDER BY 1""",
+    "row types": """
+        SELECT t.typname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod)
+        FROM pg_type t JOIN pg_class c ON c.oid = t.typrelid
+        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0
+        WHERE t.typnamespace = 'public'::regnamespace AND c.relkind = 'c'
+          AND t.typname LIKE 'pgq\\_%'
+        ORDER BY 1, 2""",
 }
 
 

@@ -131,11 +131,13 @@ async def test_the_limits_are_read_once_then_again_after_a_change() -> None:
         return reads[-1]
 
     limits = LimitsCache(read)
-    assert not limits.unlimited and not limits.held_back
+    assert not limits.unlimited and not limits.held_back and not limits.known
     assert (await limits.current(0.0)).limited
+    assert limits.known and not limits.unlimited  # limited: jobs ahead only as granted
     await limits.current(1.0)
     assert len(reads) == 1
     limits.changed()
+    assert not limits.known  # none claimed ahead until they are read again
     await limits.current(2.0)
     assert len(reads) == 2
     limits.claimed_limited(True, QueueLimits(concurrency=5))
@@ -153,7 +155,7 @@ async def test_a_read_overtaken_by_a_change_is_used_once_and_not_kept() -> None:
 
     limits = LimitsCache(read)
     assert not (await limits.current(0.0)).limited
-    assert not limits.unlimited  # not kept: read again before the next claim
+    assert not limits.unlimited and not limits.known  # not kept: read again before the next claim
 
 
 async def test_an_unlimited_claim_that_finds_nothing_reads_old_limits_again() -> None:
@@ -318,7 +320,7 @@ class ScriptedClaimer(Claimer):
         self.limits: list[int] = []
         self.before = before
 
-    async def claim(self, limit: int, producer_id: uuid.UUID) -> list[Job]:
+    async def claim(self, limit: int, producer_id: uuid.UUID, *, slots_free: int) -> list[Job]:
         self.limits.append(limit)
         if self.before is not None:
             self.before()

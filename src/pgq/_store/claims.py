@@ -11,7 +11,7 @@ from typing import Protocol
 
 from pgq._store import sql
 from pgq._store.codec import RowLike, jobs_from_claim
-from pgq._store.connections import Connection, Db, Pool
+from pgq._store.connections import Connection, Db
 from pgq.job import Job
 
 
@@ -109,91 +109,44 @@ async def queue_limits(db: Db, queue: str) -> QueueLimits:
 
 
 async def claim_limited(
-    pool: Pool,
+    db: Db,
     plan: ClaimPlan,
     producer_id: uuid.UUID,
     worker_name: str,
     limit: int,
     *,
+    ahead: int = 0,
     async_commit: bool = False,
 ) -> tuple[list[Job], bool, QueueLimits]:
-    """Claim from a queue with limits: under its row's lock, at most ``limit`` jobs and no
-    more than its limits leave (running jobs of every worker, starts within the window;
-    with per-key limits, the same for each key). Returns the jobs, whether the limits held
-    the claim back (jobs were left that a limit kept), and the limits as read under the
-    lock."""
-    async with pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(sql.LOCK_LIMITED_QUEUE, plan.queue)
-        limits = limits_from_row(row) if row is not None else QueueLimits()
-        period = limits.rate_period_s or 0.0
-        usage = await conn.fetchrow(sql.LIMIT_USAGE, plan.queue, period)
-        assert usage is not None  # one row, always
-        budget = limit
-        if limits.concurrency is not None:
-            budget = min(budget, limits.concurrency - usage["running"])
-        if limits.rate_count is not None:
-            budget = min(budget, limits.rate_count - usage["started"])
-        if budget <= 0:
-            return [], True, limits
-        args = (plan.tasks, budget, producer_id, plan.timeouts, plan.max_attempts, worker_name)
-        keys_held = False
-        if limits.keyed:
-            rooms = await _key_rooms(conn, plan.queue, limits, budget)
-            keys_held = rooms.held
-            rows = await conn.fetch(
-                sql.CLAIM_KEYED,
-                plan.queue,
-                *args,
-                rooms.keys,
-                rooms.rooms,
-                rooms.keyless,
-                KEYLESS_SEARCH,
-                async_commit,
-            )
-        else:
-            rows = await conn.fetch(sql.CLAIM_LIMITED, plan.queue, *args, async_commit)
-        if rows and (limits.rate_count is not None or limits.key_rate_count is not None):
-            window = max(period, limits.key_rate_period_s or 0.0)
-            await conn.execute(sql.LOG_STARTS, plan.queue, [r["limit_key"] for r in rows], window)
-    held_back = (budget < limit and len(rows) == budget) or (keys_held and len(rows) < budget)
-    return jobs_from_claim(rows, plan.queue, producer_id, worker_name), held_back, limits
+    """Claim from a queue with limits: under its row's lock, at most ``limit`` jobs (the
+    free slots) and ``ahead`` more (to start as slots free), and no more than its limits
+    leave (running jobs of every worker, starts within the window; with per-key limits, the
+    same for each key); jobs ahead only out of half the room left beyond the free slots'
+    part. One round trip, in a transaction of its own: ``db`` must not be in one. Returns
+    the jobs, whether the limits held the claim back (jobs were left that a limit kept),
+    and the limits as read under the lock."""
+    row = await db.fetchrow(
+        sql.CLAIM_LIMITED,
+        plan.queue,
+        plan.tasks,
+        limit,
+        ahead,
+        producer_id,
+        plan.timeouts,
+        plan.max_attempts,
+        worker_name,
+        KEYLESS_SEARCH,
+        async_commit,
+    )
+    assert row is not None  # one row, always
+    # The jobs come as an array of records, each in CLAIM_JOBS' columns.
+    jobs = jobs_from_claim(row["jobs"], plan.queue, producer_id, worker_name)
+    return jobs, row["held_back"], limits_from_row(row)
 
 
 #: In a queue with per-key limits, jobs without a key are looked for among this many of
 #: its next available jobs (they have no index of their own).
 KEYLESS_SEARCH = 1_000
-
-
-@dataclass(slots=True)
-class _Rooms:
-    """How many jobs each key may start now: keys with room (and the room of each), the
-    room of the jobs without a key, and whether some key with jobs waiting had none."""
-
-    keys: list[str]
-    rooms: list[int]
-    keyless: int
-    held: bool
-
-
-async def _key_rooms(conn: Connection, queue: str, limits: QueueLimits, budget: int) -> _Rooms:
-    rows = await conn.fetch(sql.KEY_USAGE, queue, limits.key_rate_period_s or 0.0)
-    out = _Rooms([], [], 0, False)
-    for r in rows:
-        room = budget
-        if limits.key_concurrency is not None:
-            room = min(room, limits.key_concurrency - r["running"])
-        if limits.key_rate_count is not None:
-            room = min(room, limits.key_rate_count - r["started"])
-        if r["key"] is None:
-            # Whether keyless jobs wait is unknown here; if some run or started, they may.
-            out.keyless = max(room, 0)
-            out.held = out.held or (room <= 0 and (r["running"] > 0 or r["started"] > 0))
-        elif room > 0:
-            out.keys.append(r["key"])
-            out.rooms.append(room)
-        else:
-            out.held = True
-    return out
 
 
 class OutcomeRow(Protocol):

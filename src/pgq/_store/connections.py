@@ -119,6 +119,9 @@ _ARRAY_TYPES = (
     (1022, 701, "float8"),
     (1185, 1184, "timestamptz"),
     (2951, 2950, "uuid"),
+    # The limited claim's jobs, anonymous records: asyncpg reads their fields by the types
+    # declared here (their int8[] and text[] too), which it would not ask the server about.
+    (2287, 2249, "record"),
 )
 # Each in the shape of a row of asyncpg's type introspection, which is what it registers.
 _ARRAY_TYPE_ROWS = tuple(

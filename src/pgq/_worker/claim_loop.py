@@ -35,7 +35,7 @@ class ClaimLoop:
     woken (new jobs announced, the producer healthy again, an outcome written while the
     queue's limits held claims back), when a slot frees after a full batch, or every
     ``poll_interval``. An unhealthy producer claims nothing until a heartbeat succeeds; a
-    limited queue's claims go no further than the free slots."""
+    limited queue's claim grants jobs ahead of the free slots only out of room to spare."""
 
     __slots__ = (
         "_claimer", "_concurrency", "_counters", "_half_slots", "_health", "_identity",
@@ -94,10 +94,11 @@ class ClaimLoop:
                 await health.wait_healthy()
                 more = True
                 continue
-            # A limited queue's budget is shared by every worker: claim none ahead there
-            # (nor before the limits are known), or one worker would take the whole budget
-            # and leave the others idle.
-            capacity = self._concurrency + (self._sizing.ahead if self._limits.unlimited else 0)
+            # Jobs ahead of the free slots: not before the limits are known. A limited
+            # queue's budget is shared by every worker: its claim grants jobs ahead only out
+            # of room to spare, so one worker never takes the whole budget and leaves the
+            # others idle.
+            capacity = self._concurrency + (self._sizing.ahead if self._limits.known else 0)
             if len(runner.running) >= capacity:
                 await runner.wait_for_room(capacity)
                 continue
@@ -157,7 +158,9 @@ class ClaimLoop:
             producer_id = self._identity.claim_sent()
             self._counters.claim_sent()
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
-                jobs = await self._claimer.claim(limit, producer_id)
+                jobs = await self._claimer.claim(
+                    limit, producer_id, slots_free=self._concurrency - len(self._runner.running)
+                )
             self._sizing.claim_took(monotonic() - started)
         finally:
             self.fetching = False

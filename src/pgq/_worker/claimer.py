@@ -37,17 +37,21 @@ class Claimer:
         self._worker_name = worker_name
         self._async_commit = async_commit
 
-    async def claim(self, limit: int, producer_id: uuid.UUID) -> list[Job]:
-        """Claim up to ``limit`` jobs under ``producer_id``, in claim order."""
+    async def claim(self, limit: int, producer_id: uuid.UUID, *, slots_free: int) -> list[Job]:
+        """Claim up to ``limit`` jobs under ``producer_id``, in claim order; those beyond
+        ``slots_free`` are claimed ahead, which a limited queue grants only where its
+        limits leave room to spare."""
         now = anyio.current_time()
         limits = await self._limits.current(now)
         if limits.limited:
+            now_part = max(0, min(limit, slots_free))
             jobs, held_back, under_lock = await claims.claim_limited(
                 self._pool,
                 self._plan,
                 producer_id,
                 self._worker_name,
-                limit,
+                now_part,
+                ahead=limit - now_part,
                 async_commit=self._async_commit,
             )
             self._limits.claimed_limited(held_back, under_lock)

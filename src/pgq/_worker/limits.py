@@ -33,6 +33,11 @@ class LimitsCache:
         return limits is not None and not limits.limited
 
     @property
+    def known(self) -> bool:
+        """Whether the queue's limits are known (read, and no change announced since)."""
+        return self._limits is not None
+
+    @property
     def held_back(self) -> bool:
         """Whether the limits held the last claim back: look again soon, not after a poll,
         and as soon as an outcome is written."""

@@ -441,7 +441,7 @@ async def test_re_registration_adopts_jobs_running_under_the_old_id_it_has_not_r
 LOCK_WAITS = """
 SELECT count(*) FROM pg_stat_activity
 WHERE wait_event_type = 'Lock' AND datname = current_database()
-  AND query LIKE '%FROM pgq_queues WHERE name = $1 FOR UPDATE%'
+  AND query LIKE '%FROM pgq_claim_limited(%'
 """
 
 

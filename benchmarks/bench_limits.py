@@ -5,8 +5,9 @@ same round.
 `python benchmarks/bench_limits.py [ROUNDS] [--old SRC] [CELL ...]` (default 5 rounds, every
 cell). Each drain runs in worker processes of their own (started, then told to go: their
 start-up is not timed) from a table of exactly its jobs with fresh statistics. With
-`--old SRC` (another checkout's `src`, at an older schema revision this one's schema still
-serves), the limited no-op cells also run on that code, in the same rounds, interleaved.
+`--old SRC` (another checkout's `src`), every cell but the references also runs on that
+code, in the same rounds, interleaved, on a database of its own that the old code migrated
+(its schema, its functions); each process fills its own drain's table, with its own code.
 
 Cells, and the reference each is compared with:
 
@@ -80,7 +81,6 @@ class Cell:
     chains: bool = False
     reference: str = "unlimited"
     async_commit: bool = False
-    old_too: bool = True  # run on the old code too, with --old (if limited)
 
     @property
     def n(self) -> int:
@@ -100,16 +100,13 @@ CELLS = {
     "keyed-1000-1": Cell("noop", 10, limits=(("key_concurrency", 1),), keys=1_000),
     "chained": Cell("noop", 10, chains=True),
     "unlimited-50": Cell("sleep10", 50, reference="unlimited-50"),
-    "binding-50": Cell(
-        "sleep10", 100, limits=(("concurrency", 50),), reference="unlimited-50", old_too=False
-    ),
+    "binding-50": Cell("sleep10", 100, limits=(("concurrency", 50),), reference="unlimited-50"),
     "binding-50x3": Cell(
         "sleep10",
         100,
         workers=3,
         limits=(("concurrency", 50),),
         reference="unlimited-50",
-        old_too=False,
     ),
     "unlimited-50-async": Cell("sleep10", 50, reference="unlimited-50-async", async_commit=True),
     "binding-50-async": Cell(
@@ -118,7 +115,6 @@ CELLS = {
         limits=(("concurrency", 50),),
         reference="unlimited-50-async",
         async_commit=True,
-        old_too=False,
     ),
 }
 
@@ -150,19 +146,20 @@ async def fill(dsn: str, cell: Cell) -> None:
 
 async def drain(dsn: str, cell: Cell, src: str | None) -> float:
     """Jobs/s of the cell's workers, processes running the code under ``src`` (None: this
-    tree's), from the moment they are told to go until the last one finds nothing left."""
-    await fill(dsn, cell)
+    tree's), from the moment they are told to go until the last one finds nothing left.
+    The first fills the table, with its own code, before it says it is ready."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-    command = (
-        sys.executable, __file__, "--worker", dsn, str(cell.concurrency), str(cell.async_commit)
-    )  # fmt: skip
     pipe = asyncio.subprocess.PIPE
-    procs = [
-        await asyncio.create_subprocess_exec(*command, stdin=pipe, stdout=pipe, env=env, cwd=HERE)
-        for _ in range(cell.workers)
-    ]
+    procs = []
+    for i in range(cell.workers):
+        command = (sys.executable, __file__, "--worker", dsn, name_of(cell), str(i == 0))
+        procs.append(
+            await asyncio.create_subprocess_exec(
+                *command, stdin=pipe, stdout=pipe, env=env, cwd=HERE
+            )
+        )
     for p in procs:
         assert p.stdout is not None
         line = await p.stdout.readline()
@@ -193,10 +190,20 @@ async def _left(dsn: str) -> int:
         await conn.close()
 
 
-async def worker(dsn: str, concurrency: int, async_commit: bool) -> None:
-    """One worker process: says it is ready, waits to be told to go, drains in burst mode,
-    prints the time it finished (the clock of the machine the parent shares)."""
-    w = pgq.Worker(app, dsn, concurrency=concurrency, metrics=False, async_commit=async_commit)
+def name_of(cell: Cell) -> str:
+    return next(name for name, c in CELLS.items() if c is cell)
+
+
+async def worker(dsn: str, name: str, fills: bool) -> None:
+    """One worker process of cell ``name``: fills the table if ``fills``, says it is ready,
+    waits to be told to go, drains in burst mode, prints the time it finished (the clock of
+    the machine the parent shares)."""
+    cell = CELLS[name]
+    if fills:
+        await fill(dsn, cell)
+    w = pgq.Worker(
+        app, dsn, concurrency=cell.concurrency, metrics=False, async_commit=cell.async_commit
+    )
     print("ready", flush=True)
     await anyio.to_thread.run_sync(sys.stdin.readline)
     await w.run(burst=True)
@@ -210,9 +217,12 @@ def spread(values: list[float]) -> str:
 async def main(rounds: int, names: list[str], old: str | None) -> None:
     dsn = await fresh_database("pgq_bench_limits")
     await pgq_migrate(dsn)  # in a process of its own: alembic is not the worker's
+    dsns = {None: dsn}
     runs = [(name, None) for name in names]
     if old is not None:
-        runs += [(name, old) for name in names if CELLS[name].limited and CELLS[name].old_too]
+        dsns[old] = await fresh_database("pgq_bench_limits_old")
+        await pgq_migrate(dsns[old], src=old)
+        runs += [(name, old) for name in names if CELLS[name].reference != name]
     runs.sort(key=lambda r: names.index(r[0]))
     rates: dict[tuple[str, str | None], list[float]] = {r: [] for r in runs}
     refs = {CELLS[n].reference for n in names}
@@ -221,7 +231,7 @@ async def main(rounds: int, names: list[str], old: str | None) -> None:
         raise SystemExit(f"cells need their references too: {', '.join(sorted(missing))}")
     for r in range(rounds):
         for name, src in runs:
-            rates[name, src].append(await drain(dsn, CELLS[name], src))
+            rates[name, src].append(await drain(dsns[src], CELLS[name], src))
         print(
             f"round {r + 1}: "
             + ", ".join(f"{_label(n, s)}: {v[-1]:,.0f}" for (n, s), v in rates.items()),
@@ -276,7 +286,7 @@ def _label(name: str, src: str | None) -> str:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args and args[0] == "--worker":
-        anyio.run(worker, args[1], int(args[2]), args[3] == "True")
+        anyio.run(worker, args[1], args[2], args[3] == "True")
         sys.exit(0)
     n = int(args.pop(0)) if args and args[0].isdigit() else 5
     old_src = None

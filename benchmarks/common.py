@@ -162,14 +162,19 @@ async def pgq_backlog(dsn: str, app: Any, task: Any, n: int) -> None:
     await reset_jobs(dsn, analyze=True)
 
 
-async def pgq_migrate(dsn: str) -> None:
+async def pgq_migrate(dsn: str, src: str | None = None) -> None:
     """Install pgq's schema with `pgq migrate` in a process of its own, as a deployment
     does: the measuring process then holds what an application's would (asyncpg and pgq,
-    not alembic and SQLAlchemy, whose objects would weigh on its garbage collector)."""
+    not alembic and SQLAlchemy, whose objects would weigh on its garbage collector). With
+    ``src`` (another checkout's `src`), that code's migrations."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
     # `python -m pgq`: in this environment PgQueuer's console script is named `pgq` too.
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "pgq", "migrate", "--dsn", dsn, stdout=asyncio.subprocess.DEVNULL
-    )
+        sys.executable, "-m", "pgq", "migrate", "--dsn", dsn,
+        stdout=asyncio.subprocess.DEVNULL, env=env,
+    )  # fmt: skip
     if await proc.wait() != 0:
         raise RuntimeError(f"pgq migrate failed with exit code {proc.returncode}")
 

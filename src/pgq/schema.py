@@ -134,12 +134,15 @@ Index(
     jobs.c.id,
     postgresql_where=text("state = 'available' AND limit_key IS NOT NULL"),
 )
-# Dependencies: the jobs that wait for a parent.
+# Dependencies: the jobs that wait for a parent. Without GIN's fast update: each parent's
+# outcome looks its dependents up, and a lookup reads the whole pending list (up to 4 MB of
+# entries not yet merged) where an insert without it adds one entry per parent.
 Index(
     "pgq_jobs_depends_on_idx",
     jobs.c.depends_on,
     postgresql_using="gin",
     postgresql_where=text("depends_on IS NOT NULL"),
+    postgresql_with={"fastupdate": "off"},
 )
 # Retention and operator listings: finished jobs by state and age.
 Index(

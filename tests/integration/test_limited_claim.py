@@ -120,3 +120,25 @@ async def test_a_per_key_limit_far_from_binding_claims_in_queue_order_and_near_i
         assert sorted(j.limit_key or "" for j in second) == ["a", "b", "b", "b"]
     finally:
         await pool.close()
+
+
+async def test_per_key_limits_the_whole_queue_fits_within_grant_every_job_asked_for(
+    client: pgq.Client, dsn: str
+) -> None:
+    """While the queue's running jobs and the claim fit within one key's limit, no key can
+    be short of room: the claim takes all it asks for, ahead of the free slots too, even
+    from one key (halving a key's room for the jobs ahead is for limits near binding)."""
+    await client.enqueue_many(
+        [pgq.JobSpec("work", {"i": i}, queue="limited", limit_key="a") for i in range(60)]
+    )
+    await client.set_queue_limits("limited", key_concurrency=40)
+    pool = await create_pool(dsn, min_size=1, max_size=1)
+    try:
+        jobs, held_back, _ = await claims.claim_limited(pool, PLAN, uuid.uuid4(), "t", 5, ahead=20)
+        assert len(jobs) == 25 and not held_back
+        # 25 of the key run: another claim of 25 no longer fits, and the key's room (15)
+        # is what it gets: 5 for the free slots, then half the 10 left ahead of them.
+        jobs, _, _ = await claims.claim_limited(pool, PLAN, uuid.uuid4(), "t", 5, ahead=20)
+        assert len(jobs) == 10
+    finally:
+        await pool.close()

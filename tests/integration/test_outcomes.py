@@ -361,3 +361,39 @@ async def test_a_batch_is_written_while_another_is_out(
         await pool.close()
     assert await states(conn, ids) == {"completed"}
     assert written == Counter(ids) and rejected == []
+
+
+async def test_hurry_writes_what_waits_without_the_rest_of_the_gather_window(
+    conn: Conn, client: pgq.Client, dsn: str
+) -> None:
+    """A producer held back by its queue's limits hurries its outcomes: each frees a slot.
+    With a gather window of an hour, what waits is written once hurried, and only then."""
+    token = await running_attempts(conn, client, 2)
+    ids = sorted(token)
+    written: list[int] = []
+
+    def report(ok: list[Outcome], refused: list[Outcome]) -> None:
+        written.extend(o.job_id for o in ok)
+
+    pool = await create_pool(dsn, min_size=1, max_size=completer.WRITERS + 1)
+    try:
+        writer = completer.Completer(pool, report, interval_s=3600)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writer.run)
+            writer.hurry()  # nothing waits: nothing to write, and the window stays
+            writer.add(Outcome(ids[0], token[ids[0]], 1, "default", "completed"))
+            with anyio.move_on_after(0.5):
+                await writer.wait_idle()
+            assert written == [] and await states(conn, ids[:1]) == {"running"}
+            writer.hurry()
+            with anyio.fail_after(15):
+                await writer.wait_idle()
+            assert written == ids[:1]
+            writer.add(Outcome(ids[1], token[ids[1]], 1, "default", "completed"))
+            writer.hurry()
+            with anyio.fail_after(15):
+                await writer.wait_idle()
+            tg.cancel_scope.cancel()
+    finally:
+        await pool.close()
+    assert written == ids and await states(conn, ids) == {"completed"}

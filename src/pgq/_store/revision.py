@@ -15,7 +15,7 @@ from pgq._store.connections import Db
 from pgq.errors import SchemaMismatch
 
 #: The alembic revision this code runs on; a test checks it is the migrations' head.
-SCHEMA_REVISION = "pgq_0010"
+SCHEMA_REVISION = "pgq_0011"
 
 #: Revisions any pgq release has shipped, oldest first; used to read a shared version table.
 KNOWN_REVISIONS = (
@@ -29,6 +29,7 @@ KNOWN_REVISIONS = (
     "pgq_0008",
     "pgq_0009",
     "pgq_0010",
+    "pgq_0011",
 )
 
 #: The ids the first revisions had before they were prefixed (they collided with projects

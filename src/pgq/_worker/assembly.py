@@ -39,9 +39,8 @@ from pgq.settings import WorkerSettings
 @dataclass(frozen=True, slots=True)
 class Pools:
     """The worker's connections: ``main`` plans every statement for its parameters
-    (outcomes, limited claims, liveness, the leader's services); ``claims`` keeps
-    Postgres's cached plans, for the single-statement claims of queues without limits
-    (docs/architecture.md). The same pool behind a transaction pooler."""
+    (outcomes, liveness, the leader's services); ``claims`` keeps Postgres's cached plans,
+    for the claims (docs/architecture.md). The same pool behind a transaction pooler."""
 
     main: Pool
     claims: Pool
@@ -61,8 +60,9 @@ async def open_pools(target: Target, worker_name: str, queues: int) -> Pools:
     pool = await create_pool(
         target.dsn,
         min_size=1,
-        # A limited claim per queue, the batches of outcomes being written, a leader
-        # service or two, and the outcomes that wait alone for rows locked elsewhere.
+        # A claim per queue (behind a transaction pooler, where this pool serves them), the
+        # batches of outcomes being written, a leader service or two, and the outcomes that
+        # wait alone for rows locked elsewhere.
         max_size=queues + 2 + WRITERS + LOCK_WAITERS,
         **target.options(application_name, WORKER_SESSION_SETTINGS),
     )
@@ -220,6 +220,7 @@ def _producer(
         pool=pools.main,
         claim_pool=pools.claims,
         outcomes=completer.add,
+        hurry_outcomes=completer.hurry,
         limiter=limiter,
         poll_interval=s.poll_interval,
         fence_after_s=s.fencing_bound,

@@ -15,8 +15,9 @@ from pgq.job import Job
 
 class Claimer:
     """Claims up to ``limit`` jobs of the plan's queue and tasks: in one statement on an
-    unlimited queue (on ``claim_pool`` when given: connections that keep cached plans),
-    under the queue's lock (usage counted) on a limited one."""
+    unlimited queue, under the queue's lock (usage counted) in one call on a limited one;
+    both on ``claim_pool`` when given (connections that keep cached plans, which the
+    limited claim's function keeps for its own statements too)."""
 
     __slots__ = ("_async_commit", "_claim_pool", "_limits", "_plan", "_pool", "_worker_name")
 
@@ -46,7 +47,7 @@ class Claimer:
         if limits.limited:
             now_part = max(0, min(limit, slots_free))
             jobs, held_back, under_lock = await claims.claim_limited(
-                self._pool,
+                self._claim_pool,
                 self._plan,
                 producer_id,
                 self._worker_name,

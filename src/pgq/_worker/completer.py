@@ -155,6 +155,11 @@ class Completer:
         elif len(self._buffer) == self._batch_size // 4:
             self._more.set()
 
+    def hurry(self) -> None:
+        """Write what waits now, without the rest of the gather window."""
+        if self._buffer:
+            self._full.set()
+
     async def wait_idle(self) -> None:
         """Return once every outcome added so far is written (or rejected)."""
         await self._idle.wait()

@@ -6,7 +6,7 @@ ids and health are liveness's."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -51,6 +51,7 @@ class Producer:
         tasks: Mapping[str, Task],
         pool: Pool,
         outcomes: OutcomeSink,
+        hurry_outcomes: Callable[[], None] = lambda: None,
         claim_pool: Pool | None = None,
         limiter: anyio.CapacityLimiter,
         poll_interval: float,
@@ -75,6 +76,8 @@ class Producer:
             tuple(t.max_attempts for t in tasks.values()),
         )
         self.counters = ProducerCounters()
+        self._outcomes = outcomes
+        self._hurry_outcomes = hurry_outcomes
         self.sizing = AheadSizing(concurrency, claim_ahead)
         self.limits = LimitsCache(lambda: claims.queue_limits(pool, queue))
         self.runner = BatchRunner(
@@ -82,7 +85,7 @@ class Producer:
             tasks=tasks,
             execute=runner(hooks if hooks else None),
             settle=SettleCheck({name: Settler(pool, task) for name, task in tasks.items()}),
-            outcomes=outcomes,
+            outcomes=self._outcome,
             limiter=limiter,
             health=self.health,
             sizing=self.sizing,
@@ -189,6 +192,13 @@ class Producer:
     async def wait_empty(self) -> None:
         """Return when no job runs."""
         await self.runner.wait_empty()
+
+    def _outcome(self, outcome: Outcome) -> None:
+        """An attempt ended: its outcome to the completer, written at once (not after the
+        gather window) while the queue's limits hold claims back: it frees a slot."""
+        self._outcomes(outcome)
+        if self.limits.held_back:
+            self._hurry_outcomes()
 
     def counted(self, outcomes: list[Outcome], accepted: bool) -> None:
         """Count outcomes of this producer's as the database took them (written, or

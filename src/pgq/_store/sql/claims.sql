@@ -113,7 +113,10 @@ CREATE TYPE pgq_claimed_job AS (
 -- The sub-select per producer (OFFSET 0 in the per-key count) keeps the planner from
 -- joining all running jobs by hash, which statistics taken while few jobs ran would invite.
 --
--- Per-key limits: every key with available jobs is found by a skip scan of the key index
+-- Per-key limits: while the queue's running jobs and its starts within the key rate's
+-- window, with this claim's, fit within one key's limits, no key can be short of room, and
+-- the claim is the queue's next jobs (one index scan, as without per-key limits). Otherwise
+-- every key with available jobs is found by a skip scan of the key index
 -- (one probe per key, however many jobs each holds), with its running jobs and its starts
 -- within the key rate's window; the jobs without a key count as one more key (NULL). For
 -- each key with room, its next jobs, at most its room each; for keyless jobs, at most their
@@ -123,7 +126,7 @@ CREATE TYPE pgq_claimed_job AS (
 --
 -- Returns the limits as read under the lock, the claimed jobs in claim order (NULL: none),
 -- and held_back: a limit kept jobs back (of the free slots' part or the ahead part).
-CREATE FUNCTION pgq_claim_limited(
+CREATE OR REPLACE FUNCTION pgq_claim_limited(
     p_queue text, p_tasks text[], p_limit integer, p_ahead integer, p_producer uuid,
     p_timeouts float8[],
     p_max_attempts integer[], p_worker text, p_keyless_search integer, p_async_commit boolean,
@@ -136,6 +139,7 @@ DECLARE
     v_now timestamptz;
     v_running integer := 0;
     v_started integer := 0;
+    v_key_started integer := 0;
     v_room integer;
     v_budget integer;
     v_ahead integer;
@@ -167,7 +171,7 @@ BEGIN
                WHERE q.name IN (p_queue, '*') AND q.paused_at IS NOT NULL) THEN
         RETURN;
     END IF;
-    IF concurrency IS NOT NULL THEN
+    IF concurrency IS NOT NULL OR key_concurrency IS NOT NULL THEN
         WITH RECURSIVE producers_running(id) AS (
             (SELECT producer_id FROM pgq_jobs WHERE state = 'running' AND producer_id IS NOT NULL
              ORDER BY producer_id LIMIT 1)
@@ -204,7 +208,16 @@ BEGIN
         held_back := p_limit + p_ahead > 0;
         RETURN;
     END IF;
-    IF key_concurrency IS NULL AND key_rate_count IS NULL THEN
+    IF key_rate_count IS NOT NULL THEN
+        SELECT count(*)::integer INTO v_key_started FROM pgq_rate_log l
+        WHERE l.queue = p_queue
+          AND l.started_at > v_now - make_interval(secs => COALESCE(key_rate_period_s, 0));
+    END IF;
+    -- No key can be short of room while the whole queue's usage and this claim fit within
+    -- one key's limits: then the claim is the queue's next jobs, as without per-key limits.
+    IF (key_concurrency IS NULL OR v_running + v_budget + v_ahead <= key_concurrency)
+       AND (key_rate_count IS NULL OR v_key_started + v_budget + v_ahead <= key_rate_count)
+    THEN
         SELECT array_agg(s.id) INTO v_ids FROM (
             SELECT j.id FROM pgq_jobs j
             WHERE j.state = 'available' AND j.queue = p_queue AND j.task = ANY(p_tasks)
@@ -263,8 +276,7 @@ BEGIN
                    ELSE 0 END
         ), rooms AS (
             SELECT u.key, u.running, u.started,
-                   LEAST(v_budget + v_ahead, key_concurrency - u.running,
-                         key_rate_count - u.started) AS room
+                   LEAST(key_concurrency - u.running, key_rate_count - u.started) AS room
             FROM usage u
         )
         -- Whether keyless jobs wait is unknown here; if some run or started, they may.
@@ -301,7 +313,7 @@ BEGIN
                         WHERE queue = p_queue AND state = 'available' AND limit_key = b.key
                           AND task = ANY(p_tasks) AND id <> ALL(v_candidates)
                         ORDER BY priority DESC, scheduled_at, id
-                        LIMIT b.room
+                        LIMIT LEAST(b.room, v_take)
                     ) j
                     UNION ALL
                     SELECT n.id, n.priority, n.scheduled_at, NULL FROM (

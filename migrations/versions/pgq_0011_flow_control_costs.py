@@ -6,6 +6,14 @@ instead of reading every key's usage, and a key's room is no longer capped at th
 size (only a key's next jobs are). The function is replaced in place: same signature, same
 result, so the oldest served code revision stays.
 
+A rate limit's starts are summed as well as logged: each limited claim that starts jobs
+adds a row to the new ``pgq_rate_sums`` (its count and the queue's running total), so a
+claim counts the window's starts in two index probes (``pgq_rate_started``) instead of
+reading a row per start. Starts are still logged one row each, now marked ``summed``: code
+of the revision before counts those rows as it did, and this code counts the unmarked rows
+that code logs, so both count every start during a rolling upgrade. Additive: the oldest
+served code revision stays.
+
 The index of dependencies loses GIN's fast update: each parent's outcome looks its
 dependents up, and a lookup read the whole pending list (chains drained at half the rate).
 
@@ -20,6 +28,7 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
+import sqlalchemy as sa
 from alembic import op
 
 revision: str = "pgq_0011"
@@ -38,6 +47,20 @@ def _function_of(module: str) -> str:
     return text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
 
+RATE_STARTED_FUNCTION = """
+CREATE OR REPLACE FUNCTION pgq_rate_started(p_queue text, p_total bigint, p_since timestamptz)
+RETURNS integer LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- plpgsql, not sql: its statements keep their plans from call to call.
+    RETURN (COALESCE((SELECT p_total - s.total + s.starts FROM pgq_rate_sums s
+                      WHERE s.queue = p_queue AND s.started_at > p_since
+                      ORDER BY s.started_at, s.total LIMIT 1), 0)
+            + (SELECT count(*) FROM pgq_rate_log l
+               WHERE l.queue = p_queue AND l.summed IS NULL AND l.started_at > p_since))::integer;
+END
+$$
+"""
+
 LIMITED_CLAIM_FUNCTION = """
 CREATE OR REPLACE FUNCTION pgq_claim_limited(
     p_queue text, p_tasks text[], p_limit integer, p_ahead integer, p_producer uuid,
@@ -53,6 +76,8 @@ DECLARE
     v_running integer := 0;
     v_started integer := 0;
     v_key_started integer := 0;
+    v_total bigint := 0;
+    v_last_at timestamptz;
     v_room integer;
     v_budget integer;
     v_ahead integer;
@@ -102,10 +127,14 @@ BEGIN
                                AND j.queue = p_queue)), 0)::integer
         INTO v_running FROM counted c;
     END IF;
+    IF rate_count IS NOT NULL OR key_rate_count IS NOT NULL THEN
+        SELECT s.started_at, s.total INTO v_last_at, v_total FROM pgq_rate_sums s
+        WHERE s.queue = p_queue ORDER BY s.started_at DESC, s.total DESC LIMIT 1;
+        v_total := COALESCE(v_total, 0);
+    END IF;
     IF rate_count IS NOT NULL THEN
-        SELECT count(*)::integer INTO v_started FROM pgq_rate_log l
-        WHERE l.queue = p_queue
-          AND l.started_at > v_now - make_interval(secs => COALESCE(rate_period_s, 0));
+        v_started := pgq_rate_started(p_queue, v_total,
+                                      v_now - make_interval(secs => COALESCE(rate_period_s, 0)));
     END IF;
     -- The room the queue's limits leave (NULL: no limit of the whole queue), the free slots'
     -- part of it, and the jobs to start ahead of the free slots: only out of half the room
@@ -122,9 +151,8 @@ BEGIN
         RETURN;
     END IF;
     IF key_rate_count IS NOT NULL THEN
-        SELECT count(*)::integer INTO v_key_started FROM pgq_rate_log l
-        WHERE l.queue = p_queue
-          AND l.started_at > v_now - make_interval(secs => COALESCE(key_rate_period_s, 0));
+        v_key_started := pgq_rate_started(
+            p_queue, v_total, v_now - make_interval(secs => COALESCE(key_rate_period_s, 0)));
     END IF;
     -- No key can be short of room while the whole queue's usage and this claim fit within
     -- one key's limits: then the claim is the queue's next jobs, as without per-key limits.
@@ -302,13 +330,21 @@ BEGIN
     INTO jobs, v_started_keys, v_claimed
     FROM ordered o;
     IF v_claimed > 0 AND (rate_count IS NOT NULL OR key_rate_count IS NOT NULL) THEN
-        -- The starts, with their keys; the log's entries older than the longest window go.
+        -- The starts: their sum, and each with its key (marked summed); the entries older
+        -- than the longest window go. A sum's time never goes back (a clock stepped back
+        -- would misplace the window's first sum).
         DELETE FROM pgq_rate_log l
         WHERE l.queue = p_queue
           AND l.started_at <= v_now - make_interval(secs => GREATEST(
                   COALESCE(rate_period_s, 0), COALESCE(key_rate_period_s, 0)));
-        INSERT INTO pgq_rate_log (queue, limit_key, started_at)
-        SELECT p_queue, k, v_now FROM unnest(v_started_keys) AS k;
+        DELETE FROM pgq_rate_sums s
+        WHERE s.queue = p_queue
+          AND s.started_at <= v_now - make_interval(secs => GREATEST(
+                  COALESCE(rate_period_s, 0), COALESCE(key_rate_period_s, 0)));
+        INSERT INTO pgq_rate_sums (queue, started_at, starts, total)
+        VALUES (p_queue, GREATEST(v_now, v_last_at), v_claimed, v_total + v_claimed);
+        INSERT INTO pgq_rate_log (queue, limit_key, started_at, summed)
+        SELECT p_queue, k, v_now, true FROM unnest(v_started_keys) AS k;
     END IF;
     -- Held back: the claim took all the limits allowed, and they allowed less than asked;
     -- or a key had no room, and the claim found fewer jobs than allowed.
@@ -320,6 +356,22 @@ $$
 
 
 def upgrade() -> None:
+    op.create_table(
+        "pgq_rate_sums",
+        sa.Column("queue", sa.Text(), nullable=False),
+        sa.Column("started_at", sa.TIMESTAMP(timezone=True), nullable=False),
+        sa.Column("starts", sa.Integer(), nullable=False),
+        sa.Column("total", sa.BigInteger(), nullable=False),
+    )
+    op.create_index("pgq_rate_sums_idx", "pgq_rate_sums", ["queue", "started_at", "total"])
+    op.add_column("pgq_rate_log", sa.Column("summed", sa.Boolean(), nullable=True))
+    op.create_index(
+        "pgq_rate_log_unsummed_idx",
+        "pgq_rate_log",
+        ["queue", "started_at"],
+        postgresql_where=sa.text("summed IS NULL"),
+    )
+    op.execute(RATE_STARTED_FUNCTION)
     op.execute(LIMITED_CLAIM_FUNCTION)
     op.execute("ALTER INDEX pgq_jobs_depends_on_idx SET (fastupdate = off)")
     # The entries already pending are merged now, not at the next vacuum.
@@ -329,3 +381,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("ALTER INDEX pgq_jobs_depends_on_idx RESET (fastupdate)")
     op.execute(_function_of("pgq_0010_limited_claim"))
+    op.execute("DROP FUNCTION pgq_rate_started")
+    op.drop_index("pgq_rate_log_unsummed_idx", table_name="pgq_rate_log")
+    op.drop_column("pgq_rate_log", "summed")
+    op.drop_table("pgq_rate_sums")

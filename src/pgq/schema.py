@@ -411,10 +411,35 @@ rate_log = Table(
     Column("queue", Text, nullable=False),
     Column("started_at", TSTZ, nullable=False),
     Column("limit_key", Text),
+    # True where the start is summed in pgq_rate_sums too; NULL where code of a revision
+    # before pgq_0011 logged it (it sums nothing).
+    Column("summed", Boolean),
     Index("pgq_rate_log_idx", "queue", "started_at"),
     # Per-key rates: one key's starts within the window.
     Index("pgq_rate_log_key_idx", "queue", "limit_key", "started_at"),
+    # The starts only logged, not summed: counted one by one, beside the sums.
+    Index(
+        "pgq_rate_log_unsummed_idx",
+        "queue",
+        "started_at",
+        postgresql_where=text("summed IS NULL"),
+    ),
 )
+
+# A rate limit's starts as sums: one row per limited claim that started jobs, with its
+# count and the queue's running total, so that the starts within a window are two index
+# probes (pgq_rate_started) however many there were.
+rate_sums = Table(
+    "pgq_rate_sums",
+    metadata,
+    Column("queue", Text, nullable=False),
+    Column("started_at", TSTZ, nullable=False),
+    Column("starts", Integer, nullable=False),
+    Column("total", BigInteger, nullable=False),
+    Index("pgq_rate_sums_idx", "queue", "started_at", "total"),
+)
+event.listen(rate_sums, "after_create", DDL(sql.RATE_STARTED_FUNCTION))  # type: ignore[no-untyped-call]
+event.listen(rate_sums, "after_drop", DDL("DROP FUNCTION IF EXISTS pgq_rate_started"))  # type: ignore[no-untyped-call]
 
 # The limited claim in one round trip (docs/flow-control.md): a function, so that its count
 # takes a snapshot after the queue's lock. Its text lives in claims.sql beside the statement

@@ -142,3 +142,41 @@ async def test_per_key_limits_the_whole_queue_fits_within_grant_every_job_asked_
         assert len(jobs) == 10
     finally:
         await pool.close()
+
+
+async def test_a_rate_counts_the_summed_starts_within_its_window_and_old_code_s_rows(
+    client: pgq.Client, dsn: str
+) -> None:
+    """A rate's starts within the window come from the claims' running sums (the window's
+    first sum onwards, not every sum kept), plus the starts that code of a revision before
+    the sums logged one row each, unmarked: in a rolling upgrade, both are counted."""
+    await client.enqueue_many([pgq.JobSpec("work", {"i": i}, queue="limited") for i in range(30)])
+    await client.set_queue_limits("limited", rate=(5, 60))
+    pool = await create_pool(dsn, min_size=1, max_size=1)
+    try:
+        assert len((await claims.claim_limited(pool, PLAN, uuid.uuid4(), "t", 2))[0]) == 2
+        # That claim's starts leave the window (as if a minute went by): 5 are allowed again.
+        await pool.execute("UPDATE pgq_rate_sums SET started_at = started_at - interval '61 s'")
+        await pool.execute("UPDATE pgq_rate_log SET started_at = started_at - interval '61 s'")
+        assert len((await claims.claim_limited(pool, PLAN, uuid.uuid4(), "t", 3))[0]) == 3
+        assert len((await claims.claim_limited(pool, PLAN, uuid.uuid4(), "t", 5))[0]) == 2
+        # The running total goes on from the sum that left the window (2 + 3 + 2).
+        assert await pool.fetchval("SELECT max(total) FROM pgq_rate_sums") == 7
+        # A minute on again, then two starts that older code logged (no sum, no mark).
+        await pool.execute("UPDATE pgq_rate_sums SET started_at = started_at - interval '61 s'")
+        await pool.execute("UPDATE pgq_rate_log SET started_at = started_at - interval '61 s'")
+        await pool.execute(
+            "INSERT INTO pgq_rate_log (queue, limit_key, started_at)"
+            " VALUES ('limited', NULL, now()), ('limited', NULL, now())"
+        )
+        jobs, held_back, _ = await claims.claim_limited(pool, PLAN, uuid.uuid4(), "t", 5)
+        assert len(jobs) == 3 and held_back
+        # What this code logs, older code counts: one marked row per start.
+        assert (
+            await pool.fetchval(
+                "SELECT count(*) FROM pgq_rate_log WHERE started_at > now() - interval '60 s'"
+            )
+            == 5
+        )
+    finally:
+        await pool.close()

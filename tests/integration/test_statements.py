@@ -23,6 +23,7 @@ NOT_PREPARED = {
     # Schema: run by pgq.schema (create_all) and frozen in the migrations.
     "CLAIMED_JOB_TYPE": "schema",
     "LIMITED_CLAIM_FUNCTION": "schema",
+    "RATE_STARTED_FUNCTION": "schema",
 }
 
 

@@ -92,6 +92,26 @@ CREATE TYPE pgq_claimed_job AS (
     unique_key text, attempt_token uuid, limit_key text, depends_on bigint[]
 );
 
+-- name: RATE_STARTED_FUNCTION
+-- Schema (created by pgq.schema and the migrations). The starts of queue p_queue after
+-- p_since, for its rate limits, in two index probes however many there were: each limited
+-- claim adds a row to pgq_rate_sums with its count of starts and the running total
+-- (p_total: the newest row's), so the window's starts are the newest total less the total
+-- before the window's first row. Plus the starts logged one row each by code of a revision
+-- before pgq_0011, which sums nothing (its rows have no mark; a partial index holds them):
+-- during a rolling upgrade, old and new workers count each other's starts.
+CREATE OR REPLACE FUNCTION pgq_rate_started(p_queue text, p_total bigint, p_since timestamptz)
+RETURNS integer LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    -- plpgsql, not sql: its statements keep their plans from call to call.
+    RETURN (COALESCE((SELECT p_total - s.total + s.starts FROM pgq_rate_sums s
+                      WHERE s.queue = p_queue AND s.started_at > p_since
+                      ORDER BY s.started_at, s.total LIMIT 1), 0)
+            + (SELECT count(*) FROM pgq_rate_log l
+               WHERE l.queue = p_queue AND l.summed IS NULL AND l.started_at > p_since))::integer;
+END
+$$;
+
 -- name: LIMITED_CLAIM_FUNCTION
 -- Schema (created by pgq.schema and the migrations). Flow control (docs/flow-control.md):
 -- claims up to p_limit jobs of a limited queue for a producer's free slots (and up to
@@ -140,6 +160,8 @@ DECLARE
     v_running integer := 0;
     v_started integer := 0;
     v_key_started integer := 0;
+    v_total bigint := 0;
+    v_last_at timestamptz;
     v_room integer;
     v_budget integer;
     v_ahead integer;
@@ -189,10 +211,14 @@ BEGIN
                                AND j.queue = p_queue)), 0)::integer
         INTO v_running FROM counted c;
     END IF;
+    IF rate_count IS NOT NULL OR key_rate_count IS NOT NULL THEN
+        SELECT s.started_at, s.total INTO v_last_at, v_total FROM pgq_rate_sums s
+        WHERE s.queue = p_queue ORDER BY s.started_at DESC, s.total DESC LIMIT 1;
+        v_total := COALESCE(v_total, 0);
+    END IF;
     IF rate_count IS NOT NULL THEN
-        SELECT count(*)::integer INTO v_started FROM pgq_rate_log l
-        WHERE l.queue = p_queue
-          AND l.started_at > v_now - make_interval(secs => COALESCE(rate_period_s, 0));
+        v_started := pgq_rate_started(p_queue, v_total,
+                                      v_now - make_interval(secs => COALESCE(rate_period_s, 0)));
     END IF;
     -- The room the queue's limits leave (NULL: no limit of the whole queue), the free slots'
     -- part of it, and the jobs to start ahead of the free slots: only out of half the room
@@ -209,9 +235,8 @@ BEGIN
         RETURN;
     END IF;
     IF key_rate_count IS NOT NULL THEN
-        SELECT count(*)::integer INTO v_key_started FROM pgq_rate_log l
-        WHERE l.queue = p_queue
-          AND l.started_at > v_now - make_interval(secs => COALESCE(key_rate_period_s, 0));
+        v_key_started := pgq_rate_started(
+            p_queue, v_total, v_now - make_interval(secs => COALESCE(key_rate_period_s, 0)));
     END IF;
     -- No key can be short of room while the whole queue's usage and this claim fit within
     -- one key's limits: then the claim is the queue's next jobs, as without per-key limits.
@@ -389,13 +414,21 @@ BEGIN
     INTO jobs, v_started_keys, v_claimed
     FROM ordered o;
     IF v_claimed > 0 AND (rate_count IS NOT NULL OR key_rate_count IS NOT NULL) THEN
-        -- The starts, with their keys; the log's entries older than the longest window go.
+        -- The starts: their sum, and each with its key (marked summed); the entries older
+        -- than the longest window go. A sum's time never goes back (a clock stepped back
+        -- would misplace the window's first sum).
         DELETE FROM pgq_rate_log l
         WHERE l.queue = p_queue
           AND l.started_at <= v_now - make_interval(secs => GREATEST(
                   COALESCE(rate_period_s, 0), COALESCE(key_rate_period_s, 0)));
-        INSERT INTO pgq_rate_log (queue, limit_key, started_at)
-        SELECT p_queue, k, v_now FROM unnest(v_started_keys) AS k;
+        DELETE FROM pgq_rate_sums s
+        WHERE s.queue = p_queue
+          AND s.started_at <= v_now - make_interval(secs => GREATEST(
+                  COALESCE(rate_period_s, 0), COALESCE(key_rate_period_s, 0)));
+        INSERT INTO pgq_rate_sums (queue, started_at, starts, total)
+        VALUES (p_queue, GREATEST(v_now, v_last_at), v_claimed, v_total + v_claimed);
+        INSERT INTO pgq_rate_log (queue, limit_key, started_at, summed)
+        SELECT p_queue, k, v_now, true FROM unnest(v_started_keys) AS k;
     END IF;
     -- Held back: the claim took all the limits allowed, and they allowed less than asked;
     -- or a key had no room, and the claim found fewer jobs than allowed.

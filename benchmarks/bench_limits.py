@@ -120,8 +120,15 @@ CELLS = {
 
 
 async def fill(dsn: str, cell: Cell) -> None:
-    """An empty table, the cell's limits, then its N jobs, analyzed."""
+    """An empty table and log of starts, the cell's limits, then its N jobs, analyzed."""
     await reset_jobs(dsn)
+    conn = await asyncpg.connect(dsn)
+    try:  # the previous drain's starts: each claim would trim them (the sums: not on old code)
+        await conn.execute("TRUNCATE pgq_rate_log")
+        if await conn.fetchval("SELECT to_regclass('pgq_rate_sums') IS NOT NULL"):
+            await conn.execute("TRUNCATE pgq_rate_sums")
+    finally:
+        await conn.close()
     async with pgq.Client(dsn, app=app) as client:
         await client.set_queue_limits("default", **dict(cell.limits))  # type: ignore[arg-type]
         if cell.chains:

@@ -46,6 +46,10 @@ CATALOG = {
                btrim(regexp_replace(prosrc, '\\s+', ' ', 'g'))  -- layout aside
         FROM pg_proc WHERE pronamespace = 'public'::regnamespace AND proname LIKE 'pgq\\_%'
         ORDER BY 1""",
+    "triggers": """
+        SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger
+        WHERE NOT tgisinternal AND tgrelid::regclass::text LIKE 'pgq\\_%'
+        ORDER BY 1""",
     "row types": """
         SELECT t.typname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod)
         FROM pg_type t JOIN pg_class c ON c.oid = t.typrelid
@@ -72,6 +76,9 @@ async def test_migrating_equals_create_all(dsn: str, empty_dsn: str) -> None:
     migrated, created = await snapshot(dsn), await snapshot(empty_dsn)
     assert migrated["columns"] and migrated["indexes"] and migrated["constraints"]
     assert {"pgq_outcome_state", "pgq_unique_active"} <= {f[0] for f in migrated["functions"]}
+    assert {"pgq_jobs_parent_finished", "pgq_jobs_parent_finishing"} <= {
+        t[0] for t in migrated["triggers"]
+    }
     assert migrated == created
 
 

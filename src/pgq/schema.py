@@ -445,11 +445,12 @@ rate_log = Table(
 rate_sums = Table(
     "pgq_rate_sums",
     metadata,
-    Column("queue", Text, nullable=False),
-    Column("started_at", TSTZ, nullable=False),
+    # A queue's totals only grow (its newest row is never trimmed): the key is unique, and
+    # gives the table a replica identity for logical replication.
+    Column("queue", Text, primary_key=True),
+    Column("started_at", TSTZ, primary_key=True),
+    Column("total", BigInteger, primary_key=True),
     Column("starts", Integer, nullable=False),
-    Column("total", BigInteger, nullable=False),
-    Index("pgq_rate_sums_idx", "queue", "started_at", "total"),
 )
 event.listen(rate_sums, "after_create", DDL(sql.RATE_STARTED_FUNCTION))  # type: ignore[no-untyped-call]
 event.listen(rate_sums, "after_drop", DDL("DROP FUNCTION IF EXISTS pgq_rate_started"))  # type: ignore[no-untyped-call]

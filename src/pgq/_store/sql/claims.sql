@@ -101,14 +101,14 @@ CREATE TYPE pgq_claimed_job AS (
 -- before pgq_0011, which sums nothing (its rows have no mark; a partial index holds them):
 -- during a rolling upgrade, old and new workers count each other's starts.
 CREATE OR REPLACE FUNCTION pgq_rate_started(p_queue text, p_total bigint, p_since timestamptz)
-RETURNS integer LANGUAGE plpgsql STABLE AS $$
+RETURNS bigint LANGUAGE plpgsql STABLE AS $$
 BEGIN
     -- plpgsql, not sql: its statements keep their plans from call to call.
     RETURN (COALESCE((SELECT p_total - s.total + s.starts FROM pgq_rate_sums s
                       WHERE s.queue = p_queue AND s.started_at > p_since
                       ORDER BY s.started_at, s.total LIMIT 1), 0)
             + (SELECT count(*) FROM pgq_rate_log l
-               WHERE l.queue = p_queue AND l.summed IS NULL AND l.started_at > p_since))::integer;
+               WHERE l.queue = p_queue AND l.summed IS NULL AND l.started_at > p_since));
 END
 $$;
 
@@ -158,8 +158,8 @@ CREATE OR REPLACE FUNCTION pgq_claim_limited(
 DECLARE
     v_now timestamptz;
     v_running integer := 0;
-    v_started integer := 0;
-    v_key_started integer := 0;
+    v_started bigint := 0;
+    v_key_started bigint := 0;
     v_total bigint := 0;
     v_last_at timestamptz;
     v_room integer;
@@ -224,7 +224,7 @@ BEGIN
     -- part of it, and the jobs to start ahead of the free slots: only out of half the room
     -- left beyond the slots' part, so that ahead jobs never take a slot another worker could
     -- start a job in now while the limit binds, and take every one asked for while it does not.
-    v_room := LEAST(concurrency - v_running, rate_count - v_started);
+    v_room := LEAST(concurrency - v_running, rate_count - LEAST(v_started, rate_count));
     v_budget := GREATEST(LEAST(p_limit, v_room), 0);
     v_ahead := GREATEST(LEAST(p_ahead, (v_room - v_budget) / 2), 0);
     IF v_room IS NULL THEN
@@ -323,9 +323,11 @@ BEGIN
         FOR v_phase IN 1..2 LOOP
             IF v_plain AND v_least_room >= v_take THEN
                 SELECT array_agg(s.id), array_agg(s.limit_key) INTO v_found, v_found_keys FROM (
+                    -- Of the keys counted: a job of another key, enqueued since, is not.
                     SELECT id, limit_key FROM pgq_jobs
                     WHERE queue = p_queue AND state = 'available' AND task = ANY(p_tasks)
                       AND id <> ALL(v_candidates)
+                      AND (limit_key IS NULL OR limit_key = ANY(v_keys))
                     ORDER BY priority DESC, scheduled_at, id
                     LIMIT v_take
                 ) s;

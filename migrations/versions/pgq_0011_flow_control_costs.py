@@ -14,10 +14,6 @@ of the revision before counts those rows as it did, and this code counts the unm
 that code logs, so both count every start during a rolling upgrade. Additive: the oldest
 served code revision stays.
 
-A parent's mark (``has_dependents``) is cleared by a BEFORE trigger as its finishing row is
-written, instead of by a second UPDATE of the row in the trigger that releases its
-dependents (one row version fewer per parent).
-
 The index of dependencies loses GIN's fast update: each parent's outcome looks its
 dependents up, and a lookup read the whole pending list (chains drained at half the rate).
 
@@ -55,84 +51,6 @@ def _function_of(module: str, name: str) -> str:
     """Function ``name`` as the revision file ``module`` has it, to replace the one here."""
     return _text_of(module, name).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
-
-RELEASE_FUNCTION = """
-CREATE OR REPLACE FUNCTION pgq_release_dependents() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    parent bigint;
-    outcome text;
-    told bigint;
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        parent := OLD.id;
-        outcome := 'deleted';
-    ELSE
-        parent := NEW.id;
-        outcome := NEW.state::text;
-    END IF;
-    WITH released AS (
-        UPDATE pgq_jobs c
-        SET deps_left = c.deps_left - 1,
-            state = CASE WHEN c.deps_left > 1 THEN c.state
-                         WHEN c.scheduled_at > clock_timestamp() THEN 'scheduled'
-                         ELSE 'available' END
-        WHERE c.depends_on @> ARRAY[parent] AND c.state = 'pending'
-          AND (outcome = 'completed' OR c.on_parent_failure = 'run')
-        RETURNING c.queue, c.state
-    )
-    SELECT count(pg_notify('pgq_jobs', q.queue)) INTO told
-    FROM (SELECT DISTINCT queue FROM released WHERE state = 'available') q;
-    IF outcome = 'completed' THEN
-        RETURN NULL;
-    END IF;
-    -- Every pending descendant that does not run anyway is cancelled in this one statement
-    -- (a chain of any length, no nesting of this trigger per link), each saying which
-    -- parent failed; the dependents of these that run anyway are counted down as each
-    -- cancelled job's own trigger fires.
-    WITH RECURSIVE doomed(id, via) AS (
-        SELECT c.id, parent FROM pgq_jobs c
-        WHERE c.depends_on @> ARRAY[parent] AND c.state = 'pending'
-          AND c.on_parent_failure <> 'run'
-        UNION
-        SELECT c.id, d.id FROM doomed d JOIN pgq_jobs c ON c.depends_on @> ARRAY[d.id]
-        WHERE c.state = 'pending' AND c.on_parent_failure <> 'run'
-    ), cancelled AS (
-        UPDATE pgq_jobs c
-        SET state = 'cancelled', finalized_at = now(), deps_left = 0,
-            errors = c.errors || jsonb_build_array(jsonb_build_object(
-                'attempt', c.attempt, 'kind', 'dependency',
-                'message', 'parent job ' || d.via || ' was '
-                           || CASE WHEN d.via = parent THEN outcome ELSE 'cancelled' END,
-                'traceback', NULL, 'at', now()))
-        FROM (SELECT DISTINCT ON (id) id, via FROM doomed ORDER BY id, via) d
-        WHERE c.id = d.id
-        RETURNING c.id
-    )
-    SELECT count(pg_notify('pgq_done', cancelled.id::text)) INTO told FROM cancelled;
-    RETURN NULL;
-END
-$$
-"""
-MARK_RELEASED_FUNCTION = """
-CREATE FUNCTION pgq_mark_released() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.has_dependents := false;
-    RETURN NEW;
-END
-$$
-"""
-MARK_ON_FINISH = """
-CREATE TRIGGER pgq_jobs_parent_finishing BEFORE UPDATE OF state ON pgq_jobs
-FOR EACH ROW
-WHEN (OLD.has_dependents AND NEW.state IN ('completed', 'discarded', 'cancelled') AND OLD.state NOT IN ('completed', 'discarded', 'cancelled'))
-EXECUTE FUNCTION pgq_mark_released()
-"""
-RELEASE_ON_FINISH = """
-CREATE TRIGGER pgq_jobs_parent_finished AFTER UPDATE OF state ON pgq_jobs
-FOR EACH ROW
-WHEN (OLD.has_dependents AND NEW.state IN ('completed', 'discarded', 'cancelled') AND OLD.state NOT IN ('completed', 'discarded', 'cancelled'))
-EXECUTE FUNCTION pgq_release_dependents()
-"""
 
 RATE_STARTED_FUNCTION = """
 CREATE OR REPLACE FUNCTION pgq_rate_started(p_queue text, p_total bigint, p_since timestamptz)
@@ -462,22 +380,12 @@ def upgrade() -> None:
     )
     op.execute(RATE_STARTED_FUNCTION)
     op.execute(LIMITED_CLAIM_FUNCTION)
-    op.execute(RELEASE_FUNCTION)
-    op.execute(MARK_RELEASED_FUNCTION)
-    op.execute(MARK_ON_FINISH)
-    op.execute("DROP TRIGGER pgq_jobs_parent_finished ON pgq_jobs")
-    op.execute(RELEASE_ON_FINISH)
     op.execute("ALTER INDEX pgq_jobs_depends_on_idx SET (fastupdate = off)")
     # The entries already pending are merged now, not at the next vacuum.
     op.execute("SELECT gin_clean_pending_list('pgq_jobs_depends_on_idx')")
 
 
 def downgrade() -> None:
-    op.execute("DROP TRIGGER pgq_jobs_parent_finished ON pgq_jobs")
-    op.execute(_text_of("pgq_0006_keys_and_dependencies", "RELEASE_ON_FINISH"))
-    op.execute("DROP TRIGGER pgq_jobs_parent_finishing ON pgq_jobs")
-    op.execute("DROP FUNCTION pgq_mark_released")
-    op.execute(_function_of("pgq_0006_keys_and_dependencies", "RELEASE_FUNCTION"))
     op.execute("ALTER INDEX pgq_jobs_depends_on_idx RESET (fastupdate)")
     op.execute(_function_of("pgq_0010_limited_claim", "LIMITED_CLAIM_FUNCTION"))
     op.execute("DROP FUNCTION pgq_rate_started")

@@ -245,10 +245,7 @@ Index(
 # path that finishes a job (outcomes, rescue, cancel, operator actions, a task's own
 # transaction) releases dependents in the same transaction; its WHEN clause reads only the
 # row, so jobs without dependents pay nothing. The row-level locks of the UPDATEs order
-# two parents finishing at once: the second sees the first's decrement. A parent's
-# dependents are acted on once: should it run again (an operator's retry), they are not
-# counted down twice, because the row that finishes loses its mark as it is written (a
-# BEFORE trigger, not a second UPDATE of the row).
+# two parents finishing at once: the second sees the first's decrement.
 RELEASE_FUNCTION = (
     """CREATE FUNCTION pgq_release_dependents() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -262,6 +259,9 @@ BEGIN
     ELSE
         parent := NEW.id;
         outcome := NEW.state::text;
+        -- Acted on once: should this job run again (an operator's retry), its dependents
+        -- are not counted down twice. (Not an update of state: this trigger does not fire.)
+        UPDATE pgq_jobs SET has_dependents = false WHERE id = parent;
     END IF;
     WITH released AS (
         UPDATE pgq_jobs c
@@ -310,31 +310,18 @@ BEGIN
 END
 $$"""
 )
-MARK_RELEASED_FUNCTION = """CREATE FUNCTION pgq_mark_released() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.has_dependents := false;
-    RETURN NEW;
-END
-$$"""
-MARK_ON_FINISH = f"""CREATE TRIGGER pgq_jobs_parent_finishing BEFORE UPDATE OF state ON pgq_jobs
-FOR EACH ROW
-WHEN (OLD.has_dependents AND NEW.state IN ({_FINAL_SQL}) AND OLD.state NOT IN ({_FINAL_SQL}))
-EXECUTE FUNCTION pgq_mark_released()"""
 RELEASE_ON_FINISH = f"""CREATE TRIGGER pgq_jobs_parent_finished AFTER UPDATE OF state ON pgq_jobs
 FOR EACH ROW
-WHEN (OLD.has_dependents AND NEW.state IN ({_FINAL_SQL}) AND OLD.state NOT IN ({_FINAL_SQL}))
+WHEN (NEW.has_dependents AND NEW.state IN ({_FINAL_SQL}) AND OLD.state NOT IN ({_FINAL_SQL}))
 EXECUTE FUNCTION pgq_release_dependents()"""
 RELEASE_ON_DELETE = f"""CREATE TRIGGER pgq_jobs_parent_deleted AFTER DELETE ON pgq_jobs
 FOR EACH ROW
 WHEN (OLD.has_dependents AND OLD.state NOT IN ({_FINAL_SQL}))
 EXECUTE FUNCTION pgq_release_dependents()"""
 event.listen(jobs, "after_create", DDL(RELEASE_FUNCTION))  # type: ignore[no-untyped-call]
-event.listen(jobs, "after_create", DDL(MARK_RELEASED_FUNCTION))  # type: ignore[no-untyped-call]
-event.listen(jobs, "after_create", DDL(MARK_ON_FINISH))  # type: ignore[no-untyped-call]
 event.listen(jobs, "after_create", DDL(RELEASE_ON_FINISH))  # type: ignore[no-untyped-call]
 event.listen(jobs, "after_create", DDL(RELEASE_ON_DELETE))  # type: ignore[no-untyped-call]
 event.listen(jobs, "after_drop", DDL("DROP FUNCTION IF EXISTS pgq_release_dependents"))  # type: ignore[no-untyped-call]
-event.listen(jobs, "after_drop", DDL("DROP FUNCTION IF EXISTS pgq_mark_released"))  # type: ignore[no-untyped-call]
 
 # Periodic schedules: the last slot the leader enqueued, so a slot is enqueued once.
 periodic = Table(

@@ -76,7 +76,7 @@ async def test_migrating_equals_create_all(dsn: str, empty_dsn: str) -> None:
     migrated, created = await snapshot(dsn), await snapshot(empty_dsn)
     assert migrated["columns"] and migrated["indexes"] and migrated["constraints"]
     assert {"pgq_outcome_state", "pgq_unique_active"} <= {f[0] for f in migrated["functions"]}
-    assert {"pgq_jobs_parent_finished", "pgq_jobs_parent_finishing"} <= {
+    assert {"pgq_jobs_parent_finished", "pgq_jobs_parent_deleted"} <= {
         t[0] for t in migrated["triggers"]
     }
     assert migrated == created

@@ -37,19 +37,16 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
-def _text_of(module: str, name: str) -> str:
-    """Statement ``name`` as the revision file ``module`` (beside this one) has it."""
+def _previous_claim_function() -> str:
+    """pgq_0010's ``LIMITED_CLAIM_FUNCTION`` (the revision file beside this one), to put back
+    in place of this revision's."""
+    module = "pgq_0010_limited_claim"
     spec = importlib.util.spec_from_file_location(module, Path(__file__).with_name(module + ".py"))
     assert spec is not None and spec.loader is not None
     loaded = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)
-    text: str = getattr(loaded, name)
-    return text
-
-
-def _function_of(module: str, name: str) -> str:
-    """Function ``name`` as the revision file ``module`` has it, to replace the one here."""
-    return _text_of(module, name).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+    text: str = loaded.LIMITED_CLAIM_FUNCTION
+    return text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 
 
 RATE_STARTED_FUNCTION = """
@@ -387,7 +384,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.execute("ALTER INDEX pgq_jobs_depends_on_idx RESET (fastupdate)")
-    op.execute(_function_of("pgq_0010_limited_claim", "LIMITED_CLAIM_FUNCTION"))
+    op.execute(_previous_claim_function())
     op.execute("DROP FUNCTION pgq_rate_started")
     op.drop_index("pgq_rate_log_unsummed_idx", table_name="pgq_rate_log")
     op.drop_column("pgq_rate_log", "summed")

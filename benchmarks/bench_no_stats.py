@@ -40,7 +40,7 @@ async def claim_times(conn: asyncpg.Connection[asyncpg.Record]) -> list[float]:
     for _ in range(CLAIMS):
         t = time.perf_counter()
         rows = await conn.fetch(
-            sql.CLAIM_JOBS, "default", ["noop"], LIMIT, producer, [None], [20], "bench"
+            sql.CLAIM_JOBS, "default", ["noop"], LIMIT, producer, [None], [20], "bench", False
         )
         times.append(time.perf_counter() - t)
         assert len(rows) == LIMIT, f"claimed {len(rows)} of {LIMIT}"

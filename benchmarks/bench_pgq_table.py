@@ -52,7 +52,7 @@ async def claim_timings(dsns: dict[str, str], rounds: int, warmup: int) -> dict[
             for name, conn in conns.items():
                 t = time.perf_counter()
                 await conn.fetch(
-                    sql.CLAIM_JOBS, "default", ["noop"], 10, producer, [None], [20], "bench"
+                    sql.CLAIM_JOBS, "default", ["noop"], 10, producer, [None], [20], "bench", False
                 )
                 if round_ >= warmup:
                     samples[name].append(time.perf_counter() - t)

@@ -102,3 +102,61 @@ async def test_the_claims_generic_plan_walks_the_queues_index_and_updates_by_pri
     assert "$1" in plan, "not the generic plan"
     assert "pgq_jobs_fetch_idx" in plan and "pgq_jobs_pkey" in plan, plan
     assert "Seq Scan" not in plan and "Hash" not in plan and "Bitmap" not in plan, plan
+
+
+async def test_plans_cached_while_the_table_was_small_scan_no_table_once_it_has_grown(
+    dsn: str, conn: "asyncpg.Connection[asyncpg.Record]"
+) -> None:
+    """A claim connection caches its plans while the jobs table is still small (a fresh
+    database, never analyzed): once the table has grown, with no ANALYZE or VACUUM to make
+    them again, the claims of both kinds still find their jobs through indexes. A generic
+    plan made on a small table scans it whole (its rows looked up by id): each claim then
+    read every row of the grown table."""
+    app = pgq.App()
+
+    @app.task(queue="q")
+    async def noop(ctx: pgq.JobContext) -> None:
+        """Never runs: the test claims by hand."""
+
+    limited = ClaimPlan("lim", ("noop",), (None,), (3,))
+    await queues.set_limits(conn, "lim", QueueLimits(concurrency=1_000_000))
+    pools = await pgq.Worker(app, dsn)._open()
+    try:
+        async with pools.claims.acquire() as c:
+            producer = uuid.uuid4()
+            for _ in range(RUNS_BEFORE_GENERIC + 3):
+                await conn.execute(
+                    "INSERT INTO pgq_jobs (queue, task, args) VALUES ('q', 'noop', '{}'),"
+                    " ('lim', 'noop', '{}')"
+                )
+                assert len(await claims.claim(c, PLAN, producer, "w", 50)) == 1
+                jobs, _, _ = await claims.claim_limited(c, limited, producer, "w", 50)
+                assert len(jobs) == 1
+            await conn.execute(
+                "INSERT INTO pgq_jobs (queue, task, args, state, finalized_at)"
+                " SELECT 'q', 'noop', '{}', 'completed', now() FROM generate_series(1, 20000)"
+            )
+            await conn.execute(
+                "INSERT INTO pgq_jobs (queue, task, args) VALUES ('q', 'noop', '{}'),"
+                " ('lim', 'noop', '{}')"
+            )
+            assert await c.fetchval(
+                "SELECT generic_plans FROM pg_prepared_statements WHERE statement = $1",
+                sql.CLAIM_JOBS,
+            )
+            # The connection's table scans not yet reported (of the claims on the small
+            # table) go to the server when this statement ends: from here it counts anew.
+            await c.execute("SELECT pg_stat_force_next_flush()")
+            # In one transaction, so that nothing is reported before it is read (the
+            # limited claim's queue lock is held until then: no other claimer here).
+            async with c.transaction():
+                assert len(await claims.claim(c, PLAN, producer, "w", 50)) == 1
+                jobs, _, _ = await claims.claim_limited(c, limited, producer, "w", 50)
+                assert len(jobs) == 1
+                scanned = await c.fetch(
+                    "SELECT relname, seq_scan FROM pg_stat_xact_user_tables"
+                    " WHERE relname LIKE 'pgq%' AND seq_scan > 0"
+                )
+            assert scanned == [], scanned
+    finally:
+        await pools.close()

@@ -256,6 +256,14 @@ async def connect(
 #: connections of their own: their generic plan is the custom one, see docs/architecture.md.)
 WORKER_SESSION_SETTINGS = {"plan_cache_mode": "force_custom_plan"}
 
+#: Session settings for the worker's claim connections, which keep cached plans: a plan
+#: cached while the jobs table was small would otherwise keep scanning it whole once it
+#: has grown (a table that grows without being analyzed or vacuumed never has its plans
+#: made again). Every claim statement finds its rows through an index (the queue's in claim
+#: order, the primary key, the limits' own), so the planner is left no other way. No JIT:
+#: a plan that could not avoid a disabled scan would cost enough to be compiled every run.
+CLAIM_SESSION_SETTINGS = {"enable_seqscan": "off", "enable_bitmapscan": "off", "jit": "off"}
+
 
 POOLERS = ("none", "transaction")
 

@@ -11,7 +11,13 @@ from dataclasses import dataclass
 import anyio
 
 from pgq._store import producers as store_producers
-from pgq._store.connections import WORKER_SESSION_SETTINGS, Pool, Target, create_pool
+from pgq._store.connections import (
+    CLAIM_SESSION_SETTINGS,
+    WORKER_SESSION_SETTINGS,
+    Pool,
+    Target,
+    create_pool,
+)
 from pgq._store.revision import check_schema
 from pgq._worker.completer import LOCK_WAITERS, WRITERS, Completer
 from pgq._worker.control import Control
@@ -74,7 +80,7 @@ async def open_pools(target: Target, worker_name: str, queues: int) -> Pools:
             target.dsn,
             min_size=1,
             max_size=queues,  # one claim in flight per producer
-            **target.options(application_name),
+            **target.options(application_name, CLAIM_SESSION_SETTINGS),
         )
     except BaseException:
         await pool.close()

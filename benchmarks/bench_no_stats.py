@@ -4,7 +4,8 @@ table analyzed"; the leader analyzes such a table, src/pgq/_worker/leader/statis
 `python benchmarks/bench_no_stats.py [AVAILABLE]` (default 100,000) fills a fresh database's
 jobs table with AVAILABLE jobs of one queue, with autovacuum off for the table, and times
 the claim statement (10 jobs, as a worker at its defaults claims) 50 times in each of four
-states of the table's statistics:
+states of the table's statistics, on a connection with the settings of the worker's claim
+connections (index scans only) and on one with the server's defaults:
 
 - `never vacuumed or analyzed`: the planner knows only the table's size (its row count was
   never taken), as in a new deployment before autovacuum's first visit;
@@ -29,6 +30,7 @@ import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate, run, summary_ms
 
 from pgq._store import sql
+from pgq._store.connections import CLAIM_SESSION_SETTINGS
 
 CLAIMS = 50
 LIMIT = 10
@@ -63,17 +65,24 @@ async def main(available: int = 100_000) -> None:
     dsn = await fresh_database("bench_pgq_no_stats")
     await pgq_migrate(dsn)
     conn = await asyncpg.connect(dsn)
+    claimers = {
+        "worker's claim connection": await asyncpg.connect(
+            dsn, server_settings=CLAIM_SESSION_SETTINGS
+        ),
+        "server's defaults": await asyncpg.connect(dsn),
+    }
     result: dict[str, object] = {"system": "pgq", "workload": "no_stats", "available": available}
 
     async def measure(state: str) -> None:
-        times = summary_ms(await claim_times(conn))
-        result[state] = times
-        rate = LIMIT / (times["p50_ms"] / 1000)
-        print(
-            f"{state:>40}: claim of {LIMIT} p50 {times['p50_ms']:8.2f} ms,"
-            f" p99 {times['p99_ms']:8.2f} ms (about {rate:,.0f} jobs/s for one claimer)",
-            flush=True,
-        )
+        for name, claimer in claimers.items():
+            times = summary_ms(await claim_times(claimer))
+            result[f"{state}, {name}"] = times
+            rate = LIMIT / (times["p50_ms"] / 1000)
+            print(
+                f"{state:>41}, {name:>25}: claim of {LIMIT} p50 {times['p50_ms']:8.2f} ms,"
+                f" p99 {times['p99_ms']:8.2f} ms (about {rate:,.0f} jobs/s for one claimer)",
+                flush=True,
+            )
 
     try:
         await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = false)")
@@ -90,7 +99,8 @@ async def main(available: int = 100_000) -> None:
         await measure("analyzed with no job waiting, then filled")
         emit(result)
     finally:
-        await conn.close()
+        for c in (conn, *claimers.values()):
+            await c.close()
         await drop_database("bench_pgq_no_stats")
 
 

@@ -1,5 +1,6 @@
 """The claim of one job, planned afresh (``plan_cache_mode = force_custom_plan``, the
-worker's other connections) against its cached plan (the claim connections).
+worker's other connections) against its cached plan (the claim connections); both
+connections with the claim connections' settings (index scans only).
 
 `python benchmarks/bench_claim_plans.py [CLAIMS]` (default 2,000): a fresh database with
 pgq's schema and 20,000 jobs of another queue (half finished); then, CLAIMS times in turn
@@ -19,6 +20,7 @@ import asyncpg
 from common import drop_database, fresh_database, percentile, pgq_migrate, run
 
 from pgq._store import sql
+from pgq._store.connections import CLAIM_SESSION_SETTINGS
 
 NAME = "bench_claim_plans"
 
@@ -37,7 +39,9 @@ async def main(claims: int) -> None:
     await setup.execute("VACUUM ANALYZE pgq_jobs")
     modes = {"planned afresh": "force_custom_plan", "cached plan": "auto"}
     conns = {
-        name: await asyncpg.connect(dsn, server_settings={"plan_cache_mode": mode})
+        name: await asyncpg.connect(
+            dsn, server_settings={**CLAIM_SESSION_SETTINGS, "plan_cache_mode": mode}
+        )
         for name, mode in modes.items()
     }
     times: dict[str, list[float]] = {name: [] for name in modes}

@@ -82,6 +82,10 @@ async def test_the_lifespan_closes_when_leaving_async_with_on_an_error(dsn: str)
 
 async def test_a_start_up_that_fails_after_the_lifespan_closes_it(dsn: str) -> None:
     events: list[str] = []
+    # Without TLS: a connect that the failed start-up cuts off during asyncpg's TLS probe
+    # leaves a future's error unread, which the event loop reports (and the test runner
+    # raises) on a loaded machine. This test is about the lifespan, not about TLS.
+    dsn += ("&" if "?" in dsn else "?") + "sslmode=disable"
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 from typing import Any
 
+from pgq._cli.flags import MAX_LIST, health_port, host_list, job_id, port, whole
 from pgq._cli.supervisor import process_count
-from pgq.job import MAX_JOB_ID, JobState
+from pgq.job import JobState
 from pgq.settings import env_name, optional_setting, parse_optional_seconds, setting_help
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -124,7 +124,7 @@ def _worker(sub: Any) -> None:
     )
     p.add_argument(
         "--health-port",
-        type=_health_port,
+        type=health_port,
         metavar="P",
         default=os.environ.get("PGQ_HEALTH_PORT") or None,  # a string: checked by the type
         help="serve GET /healthz on this port (200, or 503 with a JSON reason; 0 takes a "
@@ -233,18 +233,18 @@ def _stats_jobs_queues(sub: Any) -> None:
     p.add_argument("--queue")
     p.add_argument("--task")
     p.add_argument(
-        "--limit", type=_whole(1, MAX_LIST), default=50, help="at most this many (default 50)"
+        "--limit", type=whole(1, MAX_LIST), default=50, help="at most this many (default 50)"
     )
     p = _command(
         actions, "show", "one job: args, attempts, errors with tracebacks, producer", json=True
     )
-    p.add_argument("id", type=_job_id)
+    p.add_argument("id", type=job_id)
     for action, text in (
         ("retry", "run finished, retryable or scheduled jobs again now"),
         ("cancel", "cancel jobs (running ones are stopped by their worker)"),
     ):
         p = _command(actions, action, f"{text}: by id, or every job the filters match", json=True)
-        p.add_argument("ids", type=_job_id, nargs="*", metavar="ID")
+        p.add_argument("ids", type=job_id, nargs="*", metavar="ID")
         p.add_argument(
             "--state", action="append", choices=[s.value for s in JobState], help="repeatable"
         )
@@ -360,39 +360,6 @@ def _enqueue(sub: Any) -> None:
     )
 
 
-#: The most rows a listing returns.
-MAX_LIST = 100_000
-
-
-def _whole(lowest: int, highest: int) -> Callable[[str], int]:
-    """An argument type: a whole number from ``lowest`` to ``highest``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not lowest <= value <= highest:
-            raise argparse.ArgumentTypeError(
-                f"expected a whole number from {lowest:,} to {highest:,}, got {text!r}"
-            )
-        return value
-
-    return parse
-
-
-_job_id = _whole(1, MAX_JOB_ID)
-_port = _whole(1, 65535)
-_health_port = _whole(0, 65535)
-
-
-def _host_list(text: str | None) -> list[str] | None:
-    """``a.example,b.example`` as a list (None: not given)."""
-    if text is None:
-        return None
-    return [name.strip() for name in text.split(",") if name.strip()]
-
-
 def _dashboard(sub: Any) -> None:
     p = _command(sub, "dashboard", "serve the web dashboard (needs the dashboard extra)")
     p.add_argument(
@@ -401,11 +368,11 @@ def _dashboard(sub: Any) -> None:
         help="address to listen on (default 127.0.0.1; another address needs --auth or "
         "--read-only)",
     )
-    p.add_argument("--port", type=_port, default=8181, help="port to listen on (default 8181)")
+    p.add_argument("--port", type=port, default=8181, help="port to listen on (default 8181)")
     p.add_argument(
         "--allowed-hosts",
-        type=_host_list,
-        default=_host_list(os.environ.get("PGQ_DASHBOARD_ALLOWED_HOSTS")),
+        type=host_list,
+        default=host_list(os.environ.get("PGQ_DASHBOARD_ALLOWED_HOSTS")),
         metavar="HOST[,HOST...]",
         help="also answer requests whose Host header names one of these (a name, *.suffix, an "
         "address, or * for any); others get 400, against DNS rebinding (default: "

@@ -1,8 +1,9 @@
-"""Alembic environment for pgq's migrations.
+"""The repository's alembic environment for pgq's migrations (alembic.ini at the root).
 
-Used by `pgq migrate`, by `alembic upgrade head` from the repo root, and not needed when a
-project runs pgq's revisions from its own environment (branch label ``pgq``; see
-docs/migrations.md).
+Used by `alembic upgrade head` and `alembic revision --autogenerate` from the repo root, on
+the revisions in src/pgq/migrations/versions. `pgq migrate` (:mod:`pgq.migrate`) runs the
+same revisions without it, as does a project's own environment (docs/migrations.md). A
+caller may pass the DSN as ``config.attributes["pgq_dsn"]``.
 """
 
 from __future__ import annotations

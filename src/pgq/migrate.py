@@ -48,23 +48,16 @@ __all__ = (
 
 
 def migrations_dir() -> Path:
-    """Where the migrations live: inside the installed package, or the source checkout's
-    top-level ``migrations/`` (the package's copy is a link to it)."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "migrations", here.parent.parent / "migrations"):
-        if (candidate / "env.py").is_file():
-            return candidate
-    raise FileNotFoundError("pgq's migrations are missing from this installation")
-
-
-def _config(dsn: str | None, output: io.StringIO | None = None) -> Any:
-    from alembic.config import Config
-
-    cfg = Config(output_buffer=output) if output is not None else Config()
-    cfg.set_main_option("script_location", str(migrations_dir()))
-    cfg.attributes["pgq_dsn"] = dsn
-    cfg.attributes["configure_logger"] = False
-    return cfg
+    """Where pgq's revisions live: ``pgq/migrations`` in the package, holding
+    ``versions/``. Raises :class:`~pgq.ConfigError` when this installation has none."""
+    here = Path(__file__).resolve().parent / "migrations"
+    if not any((here / "versions").glob(f"{SCHEMA_REVISION}_*.py")):
+        raise ConfigError(
+            f"pgq's migrations are missing from this installation (no {SCHEMA_REVISION} in "
+            f"{here / 'versions'}): it was built without pgq/migrations; reinstall pgq-async "
+            "from a release wheel or sdist"
+        )
+    return here
 
 
 def upgrade(dsn: str | None, revision: str = "head") -> str:
@@ -75,41 +68,40 @@ def upgrade(dsn: str | None, revision: str = "head") -> str:
     :class:`~pgq.ConfigError` when the project's own alembic environment runs pgq's
     revisions, :class:`~pgq.SchemaMismatch` at a newer revision that no longer serves this
     pgq (the advice says what to run instead)."""
-    from alembic import command
-
-    found = anyio.run(_check_ready, dsn)
-    if found.revision is not None and is_unknown(found):
-        return found.revision
-    command.upgrade(_config(dsn), revision)
-    return head_revision() if revision == "head" else revision
+    return anyio.run(upgrade_async, dsn, revision)
 
 
 def downgrade(dsn: str | None, revision: str = "base") -> None:
     """Undo pgq's migrations down to ``revision`` (``base`` drops every pgq table and
     every job in them: how to remove pgq on purpose)."""
-    from alembic import command
-
-    _refuse_newer(anyio.run(_check_ready, dsn))
-    command.downgrade(_config(dsn), revision)
+    anyio.run(downgrade_async, dsn, revision)
 
 
 async def downgrade_async(dsn: str | None, revision: str = "base") -> None:
-    """:func:`downgrade` from async code (runs alembic in a thread)."""
+    """:func:`downgrade` from async code."""
     _refuse_newer(await _check_ready(dsn))
-    from alembic import command
-
-    await anyio.to_thread.run_sync(lambda: command.downgrade(_config(dsn), revision))
+    await _apply(dsn, revision, downgrade=True)
 
 
 async def upgrade_async(dsn: str | None, revision: str = "head") -> str:
-    """:func:`upgrade` from async code (runs alembic in a thread)."""
+    """:func:`upgrade` from async code."""
     found = await _check_ready(dsn)
     if found.revision is not None and is_unknown(found):
         return found.revision
-    from alembic import command
-
-    await anyio.to_thread.run_sync(lambda: command.upgrade(_config(dsn), revision))
+    await _apply(dsn, revision, downgrade=False)
     return head_revision() if revision == "head" else revision
+
+
+async def _apply(dsn: str | None, revision: str, *, downgrade: bool) -> None:
+    """Run pgq's revisions up (or down) to ``revision`` on a connection of pgq's own, in
+    one transaction (PostgreSQL's DDL is transactional: all of them or none)."""
+    engine = sqlalchemy_engine(dsn)
+    try:
+        async with engine.connect() as connection:
+            await connection.run_sync(lambda c: _run_pgq(c, revision, downgrade=downgrade))
+            await connection.commit()
+    finally:
+        await engine.dispose()
 
 
 # What ``-x pgq=...`` may say when a downgrade goes past pgq's base.
@@ -140,7 +132,7 @@ def upgrade_on(connection: Connection | None, revision: str = "head") -> None:
     if env is not None and command == "downgrade":
         _on_downgrade(env, connection)
     elif command == "upgrade":
-        _run_pgq(connection, env, revision, downgrade=False)
+        _run_in_env(connection, env, revision, downgrade=False)
 
 
 def _running_environment() -> EnvironmentContext | None:
@@ -161,15 +153,46 @@ def _command(env: EnvironmentContext | None) -> str:
     return name if name in ("upgrade", "downgrade") else "other"
 
 
-def _run_pgq(
+def _run_in_env(
     connection: Connection | None,
     env: EnvironmentContext | None,
     revision: str,
     *,
     downgrade: bool,
 ) -> None:
-    """Run pgq's revisions up (or down) to ``revision`` on ``connection``, or, in alembic's
-    offline mode, write their SQL where alembic writes the project's."""
+    """pgq's revisions from inside the project's alembic environment ``env``: on
+    ``connection``, or, in alembic's offline mode, as SQL written where alembic writes the
+    project's."""
+    if env is None or not env.is_offline_mode():
+        if connection is None:
+            raise ConfigError(
+                "pgq.migrate.upgrade_on needs the connection your env.py migrates with (only "
+                "offline mode, alembic --sql, takes None)"
+            )
+        _run_pgq(connection, revision, downgrade=downgrade)
+    elif downgrade:
+        _run_pgq(None, revision, downgrade=True, output=_output(env), starting=SCHEMA_REVISION)
+    elif env.context_opts.get("starting_rev") is not None:
+        # The range is the project's: where pgq's schema stands then is unknown here.
+        _output(env).write(
+            "-- pgq's DDL is left out: a starting revision was given, and pgq's revisions "
+            "keep their own. `pgq migrate --sql` prints it.\n\n"
+        )
+    else:
+        _run_pgq(None, revision, downgrade=False, output=_output(env))
+
+
+def _run_pgq(
+    connection: Connection | None,
+    revision: str,
+    *,
+    downgrade: bool,
+    output: TextIO | None = None,
+    starting: str | None = None,
+) -> None:
+    """Run pgq's revisions up (or down) to ``revision`` on ``connection``, in pgq's own
+    version table under the migration lock; with ``output`` instead (offline), write their
+    SQL there, from ``starting`` (None: from base)."""
     from alembic.operations import Operations
     from alembic.script import ScriptDirectory
     from sqlalchemy import text
@@ -185,25 +208,12 @@ def _run_pgq(
         "fn": lambda rev, _context: steps(revision, rev),
         _REMOVAL_ASKED: downgrade,  # only ever called to go down when asked (-x pgq=remove)
     }
-    offline = env is not None and env.is_offline_mode()
-    if offline:
-        assert env is not None
-        if downgrade:
-            opts["starting_rev"] = SCHEMA_REVISION
-        elif env.context_opts.get("starting_rev") is not None:
-            # The range is the project's: where pgq's schema stands then is unknown here.
-            _output(env).write(
-                "-- pgq's DDL is left out: a starting revision was given, and pgq's revisions "
-                "keep their own. `pgq migrate --sql` prints it.\n\n"
-            )
-            return
-        context = _migration_context(None, {**opts, "as_sql": True, "output_buffer": _output(env)})
-    elif connection is None:
-        raise ConfigError(
-            "pgq.migrate.upgrade_on needs the connection your env.py migrates with (only "
-            "offline mode, alembic --sql, takes None)"
-        )
+    if output is not None:
+        if starting is not None:
+            opts["starting_rev"] = starting
+        context = _migration_context(None, {**opts, "as_sql": True, "output_buffer": output})
     else:
+        assert connection is not None
         context = _migration_context(connection, opts)
     # alembic.op points at this context while pgq's revisions run, and at nothing after:
     # the caller's own context installs it again for its migrations.
@@ -260,7 +270,7 @@ def _on_downgrade(env: EnvironmentContext, connection: Connection | None) -> Non
     if choice == _KEEP:
         return
     if choice == _REMOVE:
-        _run_pgq(connection, env, "base", downgrade=True)
+        _run_in_env(connection, env, "base", downgrade=True)
         return
     raise _refused()(
         "this downgrade goes below pgq's tables (pgq_jobs and the rest, created by alembic "
@@ -368,10 +378,8 @@ def exclude_pgq(name: str | None, type_: str, parent_names: Any) -> bool:
 
 def sql_script(revision: str = "head") -> str:
     """The DDL of the migrations up to ``revision``, for DBAs who apply it themselves."""
-    from alembic import command
-
     out = io.StringIO()
-    command.upgrade(_config(None, out), revision, sql=True)
+    _run_pgq(None, revision, downgrade=False, output=out)
     return out.getvalue()
 
 
@@ -388,6 +396,7 @@ async def _check_ready(dsn: str | None) -> Revision:
     # alembic's own connection errors arrive as long SQLAlchemy tracebacks: fail first,
     # with pgq's one-line message. And a database whose pgq schema the project's own alembic
     # environment manages must not get a second copy from pgq's (type already exists).
+    migrations_dir()  # an installation without its migrations says so before connecting
     target = Target.resolve(dsn)  # the DSN env.py will use, and the same session options
     conn = await connect(target.dsn, **target.options("pgq migrate"))
     try:

@@ -1,6 +1,6 @@
 """The pgq schema as SQLAlchemy metadata: the single source of truth for migrations.
 
-Alembic revisions under ``migrations/versions`` are written from this module, and a test
+Alembic revisions under ``pgq/migrations/versions`` are written from this module, and a test
 proves ``alembic upgrade head`` yields exactly what ``metadata.create_all`` yields.
 """
 

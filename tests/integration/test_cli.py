@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import textwrap
 import uuid
@@ -261,6 +262,35 @@ def test_worker_on_unmigrated_database(python: str, empty_dsn: str, tmp_path: Pa
     assert out.returncode == 1
     assert f"this pgq needs {SCHEMA_REVISION}: run `pgq migrate`" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_an_installation_without_its_migrations_says_so(
+    python: str, empty_dsn: str, tmp_path: Path
+) -> None:
+    """pgq's package as a build that dropped its migrations leaves it (the sdist that
+    carried only a link to them did): `pgq migrate` says so in one line, before it
+    connects, with what to do."""
+    site = tmp_path / "site"
+    shutil.copytree(
+        Path(pgq.__file__).parent,
+        site / "pgq",
+        ignore=shutil.ignore_patterns("migrations", "__pycache__"),
+    )
+    for args in (["--sql"], ["--dsn", empty_dsn], ["--dsn", "postgresql://u@127.0.0.1:9/nowhere"]):
+        out = pgq_cmd(python, "migrate", *args, cwd=tmp_path, env={"PYTHONPATH": str(site)})
+        assert out.returncode == 1, out.stderr
+        assert out.stderr.startswith(
+            "pgq: error: pgq's migrations are missing from this installation"
+        ), out.stderr
+        assert "reinstall pgq-async from a release wheel or sdist" in out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_version_is_the_distributions(python: str, tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    out = pgq_cmd(python, "--version", cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout == f"pgq {version('pgq-async')}\n"
 
 
 def test_worker_with_a_bad_app_path(python: str, tmp_path: Path) -> None:

@@ -1,12 +1,18 @@
-"""pgq as a user has it: the wheel installed in a virtual environment of its own (with its
-extras), used from outside pgq's source tree."""
+"""pgq as a user has it: built as a release is (`python -m build`: the sdist, then the wheel
+from that sdist), installed in virtual environments of its own (the wheel with its extras,
+the sdist on its own), used from outside pgq's source tree."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import subprocess
+import sys
+import tarfile
 import textwrap
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -16,7 +22,8 @@ import pytest
 from pgq._dsn import sqlalchemy_url
 from pgq._store.revision import KNOWN_REVISIONS, SCHEMA_REVISION, check_schema
 
-# One process builds the wheel and its venv for the whole module (pytest-xdist's loadgroup).
+# One process builds the release and its venvs for the whole module (pytest-xdist's
+# loadgroup keeps the module's tests together).
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.timeout(600),
@@ -26,37 +33,130 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bin/ folder of a fresh venv where the built wheel is installed with its sync and
-    otel extras, OpenTelemetry's SDK, pytest and alembic (what an application's own
-    environment would hold)."""
-    import subprocess
-    import sys
+@dataclass(frozen=True)
+class Release:
+    """What `python -m build` made."""
 
-    python = sys.executable
-    base = tmp_path_factory.mktemp("wheel")
+    sdist: Path
+    wheel: Path
+
+
+@pytest.fixture(scope="session")
+def release(tmp_path_factory: pytest.TempPathFactory) -> Release:
+    """The release artifacts, built once per session as a release builds them: no flag, so
+    `build` makes the sdist from the checkout and then the wheel from that sdist (what
+    `pip wheel .` skips: it builds from the checkout, where a link would be followed)."""
+    out = tmp_path_factory.mktemp("release")
     subprocess.run(
-        [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(base), str(ROOT)],
+        [sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)],
         check=True,
         capture_output=True,
+        timeout=300,
     )
-    (wheel,) = base.glob("pgq_async-*.whl")
-    subprocess.run([python, "-m", "venv", str(base / "venv")], check=True)
+    (sdist,) = out.glob("pgq_async-*.tar.gz")
+    (wheel,) = out.glob("pgq_async-*.whl")
+    return Release(sdist, wheel)
+
+
+def _venv(base: Path, *install: str) -> Path:
+    """The bin/ folder of a fresh venv under ``base`` with ``install`` pip-installed."""
+    subprocess.run([sys.executable, "-m", "venv", str(base / "venv")], check=True)
     bin_ = base / "venv" / "bin"
     subprocess.run(
-        [
-            str(bin_ / "pip"),
-            "install",
-            "--quiet",
-            f"{wheel}[sync,otel]",
-            "opentelemetry-sdk",
-            "pytest",
-        ],
+        [str(bin_ / "pip"), "install", "--quiet", *install],
         check=True,
         capture_output=True,
+        timeout=300,
     )
     return bin_
+
+
+@pytest.fixture(scope="module")
+def installed(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bin/ folder of a fresh venv where the release wheel is installed with its sync
+    and otel extras, OpenTelemetry's SDK, pytest and alembic (what an application's own
+    environment would hold)."""
+    return _venv(
+        tmp_path_factory.mktemp("wheel"),
+        f"{release.wheel}[sync,otel]",
+        "opentelemetry-sdk",
+        "pytest",
+    )
+
+
+@pytest.fixture(scope="module")
+def installed_sdist(release: Release, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The bin/ folder of a fresh venv where pip installed the release sdist (building its
+    own wheel from it, as a user without a wheel for their platform would)."""
+    return _venv(tmp_path_factory.mktemp("sdist"), str(release.sdist))
+
+
+def _migration_files() -> list[str]:
+    """The package's migrations in the checkout, relative to ``src/pgq/migrations``."""
+    top = ROOT / "src" / "pgq" / "migrations"
+    return sorted(
+        str(p.relative_to(top))
+        for p in top.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+
+
+def test_the_release_ships_the_migrations_the_statements_and_py_typed(
+    release: Release,
+) -> None:
+    files = _migration_files()
+    revisions = ["_".join(Path(f).stem.split("_")[:2]) for f in files]
+    assert revisions == list(KNOWN_REVISIONS), "every known revision and nothing else"
+    with tarfile.open(release.sdist) as sdist:
+        members = sdist.getmembers()
+    assert [m.name for m in members if not (m.isfile() or m.isdir())] == [], "links or devices"
+    in_sdist = {m.name.split("/", 1)[1] for m in members if "/" in m.name}
+    assert {f"src/pgq/migrations/{f}" for f in files} <= in_sdist
+    assert {"alembic.ini", "migrations/env.py", "migrations/script.py.mako"} <= in_sdist
+    assert not any("__pycache__" in name for name in in_sdist)
+    in_wheel = set(zipfile.ZipFile(release.wheel).namelist())
+    for expected in (
+        *(f"pgq/migrations/{f}" for f in files),
+        "pgq/py.typed",
+        "pgq/_store/sql/claims.sql",
+        "pgq/_store/sql/outcomes.sql",
+    ):
+        assert expected in in_wheel
+    assert not any("__pycache__" in name or name.endswith(".pyc") for name in in_wheel)
+
+
+@pytest.mark.parametrize("artifact", ["wheel", "sdist"])
+async def test_each_release_artifact_migrates_a_fresh_database_and_runs_a_job(
+    artifact: str, request: pytest.FixtureRequest, empty_dsn: str, tmp_path: Path
+) -> None:
+    """What a new user does first, from each artifact: `pgq migrate`, then a job enqueued
+    from the shell and run by a burst worker."""
+    bin_: Path = request.getfixturevalue("installed" if artifact == "wheel" else "installed_sdist")
+    pgq_ = str(bin_ / "pgq")
+    version = await anyio.run_process([pgq_, "--version"], cwd=tmp_path)
+    assert version.stdout.decode() == "pgq 0.1.0\n"
+    migrated = await anyio.run_process([pgq_, "migrate", "--dsn", empty_dsn], cwd=tmp_path)
+    assert migrated.stdout.decode() == f"pgq schema at revision {SCHEMA_REVISION}\n"
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        await check_schema(conn)
+    finally:
+        await conn.close()
+    shutil.copy(ROOT / "docs" / "examples" / "lifespan.py", tmp_path)
+    env = {**os.environ, "PGQ_DSN": empty_dsn}
+    await anyio.run_process(
+        [pgq_, "enqueue", "greet", "--args", '{"name": "ada"}'], cwd=tmp_path, env=env
+    )
+    out = await anyio.run_process(
+        [pgq_, "worker", "lifespan:app", "--burst"], cwd=tmp_path, env=env
+    )
+    assert out.stdout.decode().splitlines()[-1] == "lifespan: closed after greeting ada"
+    conn = await asyncpg.connect(empty_dsn)
+    try:
+        done = await conn.fetchrow("SELECT state::text, result::text FROM pgq_jobs")
+    finally:
+        await conn.close()
+    assert done is not None and tuple(done) == ("completed", '"hello ada"')
 
 
 async def test_an_applications_suite_runs_with_the_installed_plugin(

@@ -17,14 +17,18 @@ from pgq._store.revision import KNOWN_REVISIONS, SCHEMA_REVISION, check_schema
 
 pytestmark = pytest.mark.anyio
 
+ROOT = Path(__file__).resolve().parents[2]
 FUTURE = Path(__file__).resolve().parent / "future_migrations"
 
 
 def apply_future(dsn: str) -> None:
     """`pgq migrate` of a future release: pgq's revisions and the test-only pgq_9999."""
     from alembic import command
+    from alembic.config import Config
 
-    cfg = migrate._config(dsn)
+    cfg = Config(str(ROOT / "alembic.ini"))  # the repo's environment, given more revisions
+    cfg.attributes["pgq_dsn"] = dsn
+    cfg.attributes["configure_logger"] = False
     cfg.set_main_option("path_separator", "space")
     cfg.set_main_option("version_locations", f"{migrate.migrations_dir() / 'versions'} {FUTURE}")
     command.upgrade(cfg, "pgq_9999")

@@ -27,6 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `pgq COMMAND --help` for a command's options.",
     )
     parser.add_argument(
+        "--version",
+        action="version",
+        version=f"pgq {distribution_version()}",
+        help="print the installed pgq-async's version and exit",
+    )
+    parser.add_argument(
         "--log-level",
         default=os.environ.get("PGQ_LOG_LEVEL", "INFO"),
         type=str.upper,
@@ -48,6 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     _enqueue(sub)
     _dashboard(sub)
     return parser
+
+
+def distribution_version() -> str:
+    """The installed pgq-async distribution's version, or a note that none is installed
+    (pgq run from a source tree put on the path by hand)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pgq-async")
+    except PackageNotFoundError:
+        return "(pgq-async is not installed: run from a source tree)"
 
 
 def _command(parent: Any, name: str, help: str, *, json: bool = False) -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pgq.errors import ConfigError
@@ -239,6 +240,20 @@ def scrub(text: str, dsn: str | None) -> str:
         return text
     for secret in sorted(_password_pieces(dsn), key=len, reverse=True):
         text = text.replace(secret, "***")
+    return text
+
+
+def scrub_arguments(text: str, arguments: Sequence[str]) -> str:
+    """``text`` (a usage error quoting command-line arguments) with the password of every
+    argument shaped like a DSN replaced by ``***``: the argument itself, the value of
+    ``--flag=value``, and either as a message quotes it (``repr``, escapes and all)."""
+    for argument in arguments:
+        values = [argument]
+        if argument.startswith("-") and "=" in argument:
+            values.insert(0, argument.partition("=")[2])
+        for value in values:
+            for shown in (value, repr(value)[1:-1]):
+                text = scrub(text, shown)
     return text
 
 

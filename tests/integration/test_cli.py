@@ -478,6 +478,37 @@ def test_no_shape_of_dsn_shows_its_password_on_the_command_line(
                 assert piece not in out.stderr + out.stdout, (dsn, out.stderr)
 
 
+def test_connection_flags_go_before_or_after_the_command_and_the_later_wins(
+    python: str, dsn: str, tmp_path: Path
+) -> None:
+    bad = "postgresql://u:S3cretPw@127.0.0.1:9/db"
+    out = pgq_cmd(python, "--dsn", bad, "stats", cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert "cannot connect to PostgreSQL at postgresql://u:***@127.0.0.1:9/db" in out.stderr
+    assert "S3cretPw" not in out.stderr + out.stdout
+    for args in (["--dsn", dsn, "stats"], ["--dsn", bad, "stats", "--dsn", dsn]):
+        out = pgq_cmd(python, *args, "--json", cwd=tmp_path)
+        assert out.returncode == 0, (args, out.stderr)
+    # --listen-dsn and --pooler are read before the command too: a malformed one is refused.
+    listen = "mysql://u:S3cretPw@h/db"
+    for args in (
+        ["--listen-dsn", listen, "stats", "--dsn", dsn],
+        ["--pooler", "transaction", "stats", "--pooler", "none", "--listen-dsn", listen],
+    ):
+        out = pgq_cmd(python, *args, cwd=tmp_path)
+        assert out.returncode == 1 and "malformed DSN 'mysql://u:***@h/db'" in out.stderr, args
+    out = pgq_cmd(python, "--pooler", "session-ish", "stats", cwd=tmp_path)
+    assert out.returncode == 2 and "argument --pooler: invalid choice" in out.stderr
+
+
+def test_a_dsn_taken_for_the_command_is_quoted_masked(python: str, tmp_path: Path) -> None:
+    """The issue's case, as a shell runs it (the rest: tests/unit/test_cli_usage.py)."""
+    out = pgq_cmd(python, "postgresql://u:S3cretPw@h/db", "stats", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "invalid choice: 'postgresql://u:***@h/db'" in out.stderr, out.stderr
+    assert "S3cretPw" not in out.stderr + out.stdout
+
+
 def test_enqueue_takes_tags_bounded_as_the_client_bounds_them(
     python: str, dsn: str, tmp_path: Path
 ) -> None:

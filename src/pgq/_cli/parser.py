@@ -8,6 +8,7 @@ from typing import Any
 
 from pgq._cli.flags import MAX_LIST, health_port, host_list, job_id, port, whole
 from pgq._cli.supervisor import process_count
+from pgq._cli.usage import Parser, SubParser
 from pgq.job import JobState
 from pgq.settings import env_name, optional_setting, parse_optional_seconds, setting_help
 
@@ -21,7 +22,7 @@ _DSN_HELP = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every command."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pgq",
         description="pgq: a PostgreSQL job queue for asyncio services.",
         epilog="Run `pgq COMMAND --help` for a command's options.",
@@ -46,7 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="text, or json: one object per line with the job's fields (default: text, or "
         "PGQ_LOG_FORMAT)",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # Also before the command, as --log-level may be (`pgq --dsn URL stats`).
+    _connection_flags(parser, default=None)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=SubParser
+    )
     _migrate(sub)
     _worker(sub)
     _producers(sub)
@@ -67,23 +72,30 @@ def distribution_version() -> str:
         return "(pgq-async is not installed: run from a source tree)"
 
 
-def _command(parent: Any, name: str, help: str, *, json: bool = False) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
-    p.add_argument("--dsn", help=_DSN_HELP)
+def _connection_flags(p: argparse.ArgumentParser, *, default: Any) -> None:
+    """--dsn, --pooler and --listen-dsn: every command's, before or after it."""
+    p.add_argument("--dsn", default=default, help=_DSN_HELP)
     p.add_argument(
         "--pooler",
+        default=default,
         choices=["none", "transaction"],
         help="'transaction' behind PgBouncer in transaction mode: no session state, no kept "
         "prepared statements, polling instead of LISTEN (default: PGQ_POOLER, else none)",
     )
     p.add_argument(
         "--listen-dsn",
+        default=default,
         metavar="DSN",
         help="with --pooler transaction: a DSN that reaches Postgres directly, for LISTEN "
         "(default: PGQ_LISTEN_DSN; without one, workers poll)",
     )
-    # Also after the command (`pgq worker app:app --log-level DEBUG`); the one before wins
-    # only when this one is not given.
+
+
+def _command(parent: Any, name: str, help: str, *, json: bool = False) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
+    # After the command too; the one before the command counts only when this one is not
+    # given (`pgq worker app:app --log-level DEBUG`).
+    _connection_flags(p, default=argparse.SUPPRESS)
     p.add_argument(
         "--log-level",
         default=argparse.SUPPRESS,

@@ -109,14 +109,20 @@ def dumps(value: Any, what: str = "args") -> str:
             text = _encode(value)
     except (TypeError, ValueError, RecursionError):
         path, problem = _find_bad(value, what)
-        if problem == "fine":  # nested deeper than the encoder goes, but not circular
-            path, problem = what, "nested too deeply to be stored as JSON (flatten it)"
+        if problem in ("fine", _DEEPER_THAN_PYTHON):  # too deep for the encoder, not circular
+            deep = _too_deep(value, what)
+            raise _nested_too_deeply(deep if deep is not None else what) from None
         raise SerializationError(
             f"{path} is {problem}: job {what.split('[')[0]} must be JSON "
             "(dict, list, str, int, float, bool, None); convert it before enqueueing, "
             "e.g. a datetime to .isoformat()",
             path,
         ) from None
+    # Each level opens a bracket: fewer brackets than the limit need no walk.
+    if not flat and text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        deep = _too_deep(value, what)
+        if deep is not None:
+            raise _nested_too_deeply(deep)
     if what in _STRING_KEYS_ONLY and not flat and not _keys_are_strings(value):
         path, key = _first_odd_key(value, what)
         raise SerializationError(
@@ -154,6 +160,42 @@ def dumps(value: Any, what: str = "args") -> str:
 
 
 _CONTAINERS = (dict, list, tuple)
+#: The deepest nesting of lists and dicts pgq stores. Every decoder that reads a value back
+#: (the standard library's, which recurses, and orjson's, which stops at 1,024) takes it
+#: from whatever call stack a task, a client or a page reads it in.
+MAX_JSON_DEPTH = 256
+_DEEPER_THAN_PYTHON = "nested too deeply to be stored as JSON"
+
+
+def _too_deep(value: Any, what: str) -> str | None:
+    """The field of ``value`` (its key, when it is a dict; else ``what``) that nests lists
+    and dicts more than :data:`MAX_JSON_DEPTH` levels, or None. Without recursion, and
+    never further than the limit (a circular value is too deep too)."""
+    stack: list[tuple[Any, int, str]] = [(value, 1, what)]
+    while stack:
+        item, depth, field = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return field
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if isinstance(inner, _CONTAINERS):
+                    stack.append((inner, depth + 1, f"{what}[{key!r}]" if depth == 1 else field))
+        elif isinstance(item, list | tuple):
+            stack.extend(
+                (inner, depth + 1, field) for inner in item if isinstance(inner, _CONTAINERS)
+            )
+    return None
+
+
+def _nested_too_deeply(field: str) -> SerializationError:
+    return SerializationError(
+        f"{field} is nested too deeply: more than {MAX_JSON_DEPTH} levels of lists and "
+        "dicts, the most pgq stores; flatten it, or store the data elsewhere and pass a "
+        "reference",
+        field,
+    )
+
+
 #: What is refused, rather than written with its keys turned into text, when a dict in it
 #: has a key that is not a string: what a caller enqueues (who can fix it). A task's
 #: result keeps the encoder's conversion: the work is done, and storing it matters more.
@@ -264,7 +306,7 @@ def _find_bad(value: Any, path: str) -> tuple[str, str]:
     try:
         return _find_bad_in(value, path, set())
     except RecursionError:
-        return path, "nested too deeply to be stored as JSON"
+        return path, _DEEPER_THAN_PYTHON
 
 
 def _find_bad_in(value: Any, path: str, seen: set[int]) -> tuple[str, str]:

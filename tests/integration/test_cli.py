@@ -322,6 +322,14 @@ def test_enqueue_rejects_bad_args_json(python: str, dsn: str, tmp_path: Path) ->
     assert out.returncode == 1 and "--args is not valid JSON" in out.stderr
     out = pgq_cmd(python, "enqueue", "t", "--queue", "bad queue", "--dsn", dsn, cwd=tmp_path)
     assert out.returncode == 1 and "invalid queue name" in out.stderr
+    for depth, says in (
+        (5_000, "pgq: error: --args is nested too deeply to read: pgq stores at most 256"),
+        (300, "pgq: error: args['a'] is nested too deeply: more than 256 levels"),
+    ):
+        deep = '{"a": ' + "[" * depth + "]" * depth + "}"
+        out = pgq_cmd(python, "enqueue", "t", "--args", deep, "--dsn", dsn, cwd=tmp_path)
+        assert out.returncode == 1 and out.stderr.startswith(says), out.stderr[-500:]
+        assert "Traceback" not in out.stderr
 
 
 SLOW_APP = textwrap.dedent("""\

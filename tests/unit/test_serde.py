@@ -73,9 +73,9 @@ def test_encodes_exactly_as_the_standard_library(value: object) -> None:
 
 def test_args_with_a_key_that_is_not_a_string_are_refused_at_any_depth() -> None:
     deep: dict[str, object] = {"k": 1}
-    for _ in range(200):
+    for _ in range(120):  # 241 levels: within MAX_JSON_DEPTH
         deep = {"k": [deep]}
-    assert serde.dumps(deep, "args").count('"k"') == 201
+    assert serde.dumps(deep, "args").count('"k"') == 121
     with pytest.raises(SerializationError, match=r"has the key 2\.5, of type float") as info:
         serde.dumps({"a": [0, {"b": {2.5: 1}}]}, "metadata")
     assert info.value.path == "metadata['a'][1]['b']"
@@ -94,6 +94,29 @@ def test_a_value_nested_deeper_than_json_goes_is_refused_with_a_reason() -> None
     with pytest.raises(SerializationError, match="nested too deeply") as info:
         serde.dumps(value, "result")
     assert info.value.path == "result"
+
+
+def _args_nested(levels: int) -> dict[str, object]:
+    """Job arguments nesting ``levels`` levels: the args dict, then lists in lists."""
+    inner: list[object] = []
+    for _ in range(levels - 2):
+        inner = [inner]
+    return {"fine": [[1]], "tree": inner}
+
+
+@pytest.mark.parametrize("levels", [serde.MAX_JSON_DEPTH + 1, 5_000])
+def test_args_nested_past_the_limit_are_refused_naming_the_field(levels: int) -> None:
+    """Past the limit every decoder takes (5,000: deeper than the encoder itself goes), the
+    error names the argument, not a traceback's RecursionError."""
+    with pytest.raises(SerializationError, match="nested too deeply: more than 256") as info:
+        serde.dumps(_args_nested(levels), "args")
+    assert info.value.path == "args['tree']"
+    assert "datetime" not in str(info.value)
+
+
+def test_args_nested_to_the_limit_are_stored() -> None:
+    text = serde.dumps(_args_nested(serde.MAX_JSON_DEPTH), "args")
+    assert text.count("[") == serde.MAX_JSON_DEPTH - 1 + 2
 
 
 def test_a_lone_surrogate_is_refused_with_its_path() -> None:

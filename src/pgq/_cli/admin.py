@@ -15,6 +15,7 @@ from pgq._cli.render import ids as _ids
 from pgq._cli.worker import load_app
 from pgq._dsn import resolve_dsn
 from pgq._names import check_queue_name
+from pgq._serde import MAX_JSON_DEPTH
 from pgq._store import jobs as store_jobs
 from pgq._store import leader as store_leader
 from pgq._store import producers as store_producers
@@ -62,6 +63,11 @@ async def enqueue(args: argparse.Namespace) -> int:
         job_args = json.loads(args.args)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--args is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ConfigError(
+            f"--args is nested too deeply to read: pgq stores at most {MAX_JSON_DEPTH} levels "
+            "of lists and objects; flatten it"
+        ) from None
     if not isinstance(job_args, dict):
         raise ConfigError("--args must be a JSON object of keyword arguments, e.g. '{\"n\": 1}'")
     if args.count < 1:

@@ -286,6 +286,31 @@ def test_an_installation_without_its_migrations_says_so(
         assert "Traceback" not in out.stderr
 
 
+def test_a_health_address_that_cannot_be_bound_is_one_clear_line(
+    python: str, dsn: str, tmp_path: Path
+) -> None:
+    import socket
+
+    (tmp_path / "cli_tasks.py").write_text(APP)
+    worker = ["worker", "cli_tasks:app", "--dsn", dsn, "--burst"]
+    out = pgq_cmd(python, *worker, "--health-host", "not an address", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "argument --health-host: expected an address of this machine" in out.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args, why in (
+            (["--health-host", "192.0.2.1", "--health-port", "0"], "192.0.2.1:0: Cannot assign"),
+            (["--health-port", port], f"127.0.0.1:{port}: Address already in use"),
+        ):
+            for processes in ("1", "2"):  # the worker's own endpoint, and the supervisor's
+                out = pgq_cmd(python, *worker, *args, "--processes", processes, cwd=tmp_path)
+                assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+                line = f"pgq: error: cannot serve the health endpoint on {why}"
+                assert line in out.stderr.splitlines()[-1], out.stderr
+
+
 def test_version_is_the_distributions(python: str, tmp_path: Path) -> None:
     from importlib.metadata import version
 

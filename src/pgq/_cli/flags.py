@@ -4,6 +4,8 @@ one that cannot work, saying what a valid one looks like."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import re
 from collections.abc import Callable
 
 from pgq.job import MAX_JOB_ID
@@ -39,3 +41,25 @@ def host_list(text: str | None) -> list[str] | None:
     if text is None:
         return None
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+#: A host name's label (RFC 1123): letters, digits and inner hyphens, at most 63 characters.
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+
+
+def bind_host(text: str) -> str:
+    """An argument type: an address to listen on, an IP address (``127.0.0.1``, ``::``) or a
+    host name (``localhost``, ``pod.internal``); whether this machine has it shows at bind."""
+    name = text.strip()
+    try:
+        ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
+        return name.removeprefix("[").removesuffix("]")
+    except ValueError:
+        pass
+    labels = name.removesuffix(".").split(".")
+    if len(name) <= 253 and all(_LABEL.fullmatch(label) for label in labels):
+        return name
+    raise argparse.ArgumentTypeError(
+        f"expected an address of this machine (127.0.0.1, or 0.0.0.0 or :: for every "
+        f"interface) or a host name, got {text!r}"
+    )

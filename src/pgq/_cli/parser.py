@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from pgq._cli.flags import MAX_LIST, health_port, host_list, job_id, port, whole
+from pgq._cli.flags import MAX_LIST, bind_host, health_port, host_list, job_id, port, whole
 from pgq._cli.supervisor import process_count
 from pgq._cli.usage import Parser, SubParser
 from pgq.job import JobState
@@ -161,8 +161,9 @@ def _worker(sub: Any) -> None:
     )
     p.add_argument(
         "--health-host",
-        default=os.environ.get("PGQ_HEALTH_HOST", "127.0.0.1"),
-        help="address the health endpoint binds (default 127.0.0.1)",
+        type=bind_host,
+        default=os.environ.get("PGQ_HEALTH_HOST") or "127.0.0.1",
+        help="address the health endpoint binds (default 127.0.0.1; 0.0.0.0: every interface)",
     )
     p.add_argument(
         "--processes",

@@ -15,6 +15,7 @@ import anyio
 import anyio.abc
 
 from pgq._metrics import CONTENT_TYPE as METRICS_TYPE
+from pgq.errors import ConfigError
 
 log = logging.getLogger("pgq.health")
 
@@ -45,7 +46,15 @@ async def serve(
 ) -> None:
     """Serve ``/healthz`` (and ``/metrics``) on ``host:port`` (loopback unless told
     otherwise) until cancelled. ``task_status`` receives the bound port (for ``port=0``)."""
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    try:
+        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    except OSError as exc:  # a name that does not resolve, an address not ours, a port taken
+        raise ConfigError(
+            f"cannot serve the health endpoint on {host}:{port}: {exc.strerror or exc}; "
+            "--health-host (health_host=) takes an address of this machine (127.0.0.1, or "
+            "0.0.0.0 or :: for every interface) or a name that resolves to one, and "
+            "--health-port (health_port=) a free port (0 takes any)"
+        ) from exc
     bound = listener.extra(anyio.abc.SocketAttribute.local_port)
     log.info(
         "health endpoint on http://%s:%d/healthz%s",

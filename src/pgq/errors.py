@@ -106,7 +106,7 @@ class TransactionConflict(DatabaseError):
 class SchemaMismatch(DatabaseError):
     """The pgq schema is missing or at a revision this pgq does not run on. ``shared``: pgq's
     revisions are recorded in the project's own alembic version table, so the project's
-    alembic environment migrates them."""
+    alembic environment migrates them. ``fix``: advice that replaces the usual."""
 
     def __init__(
         self,
@@ -116,10 +116,13 @@ class SchemaMismatch(DatabaseError):
         shared: bool = False,
         newer: bool = False,
         min_code: str | None = None,
+        fix: str | None = None,
     ) -> None:
         shown = found if found is not None else "none (pgq tables not found)"
         head = f"schema at revision {shown}, this pgq needs {needed}"
-        if newer and min_code is not None:
+        if fix is not None:  # the caller knows more of what went wrong
+            pass
+        elif newer and min_code is not None:
             head = (
                 f"schema at revision {shown}, which serves pgq code from revision {min_code} "
                 f"on, and this pgq is at {needed}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import io
+import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from alembic.runtime.environment import EnvironmentContext
     from alembic.runtime.migration import MigrationContext
     from sqlalchemy.engine import Connection
+    from sqlalchemy.exc import DBAPIError
 
 __all__ = (
     "downgrade",
@@ -196,6 +198,7 @@ def _run_pgq(
     from alembic.operations import Operations
     from alembic.script import ScriptDirectory
     from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
 
     from pgq.schema import metadata
 
@@ -222,12 +225,80 @@ def _run_pgq(
             connection.execute(text(sql.MIGRATION_LOCK))
             rename_old_ids(connection)
             found = _revision_on(connection)
+            _refuse_unrecorded(found)
             if is_unknown(found):  # a newer pgq's: left as it is if it serves this pgq
                 if downgrade:
                     _refuse_newer(found)
                 require_current(found)
                 return
-        context.run_migrations()
+            try:
+                context.run_migrations()
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) not in _NOT_THAT_SHAPE:
+                    raise
+                raise _tables_not_at(found, exc) from exc
+        else:
+            context.run_migrations()
+
+
+#: What a revision's DDL meets on tables of another shape than the revision it starts from:
+#: a duplicate (column, object, table, function) or a missing one (column, table, object,
+#: function).
+_NOT_THAT_SHAPE = frozenset({
+    "42701", "42710", "42P07", "42723", "42703", "42P01", "42704", "42883",
+})  # fmt: skip
+_RECORD = (
+    "find the revision the tables are at (the pgq release that last migrated them; `pgq "
+    "migrate --sql` prints each revision's DDL), record it"
+)
+
+
+def _tables_not_at(found: Revision, exc: DBAPIError) -> SchemaMismatch:
+    """A revision's DDL failed on pgq's tables: they are not at the recorded revision."""
+    reason = str(exc.orig.__cause__ or exc.orig) if exc.orig is not None else str(exc)
+    return SchemaMismatch(
+        found.revision,
+        SCHEMA_REVISION,
+        fix=(
+            f"migrating from {found.revision or 'base'} failed ({reason}), so the tables are "
+            f"not at {found.revision or 'base'}: {VERSION_TABLE} or the tables were changed "
+            f"by hand. Nothing was changed; {_RECORD} (UPDATE {VERSION_TABLE} SET "
+            "version_num = 'pgq_00NN'), then run `pgq migrate` again"
+        ),
+    )
+
+
+_PGQ_ID = re.compile(r"pgq_(\d{4,})")
+
+
+def _refuse_unrecorded(found: Revision) -> None:
+    """Raise :class:`~pgq.SchemaMismatch` when pgq's version table cannot say where its
+    tables stand: no row beside the tables, or an id no pgq release writes (a newer pgq's is
+    ``pgq_`` and a number past this one's). Migrating from there would fail half-way."""
+    if found.revision is None or found.shared:
+        return
+    if found.revision.startswith("unknown"):  # read_revision: tables, no version
+        raise SchemaMismatch(
+            found.revision,
+            SCHEMA_REVISION,
+            fix=(
+                f"pgq's tables exist but {VERSION_TABLE} records no revision (it was emptied "
+                f"or dropped). Nothing was changed; {_RECORD} (CREATE TABLE IF NOT EXISTS "
+                f"{VERSION_TABLE} (version_num varchar(32) PRIMARY KEY); INSERT INTO "
+                f"{VERSION_TABLE} VALUES ('pgq_00NN')), then run `pgq migrate` again"
+            ),
+        )
+    newer = _PGQ_ID.fullmatch(found.revision)
+    if is_unknown(found) and (newer is None or int(newer[1]) <= int(SCHEMA_REVISION[4:])):
+        raise SchemaMismatch(
+            found.revision,
+            SCHEMA_REVISION,
+            fix=(
+                f"no pgq release has revision {found.revision!r} ({VERSION_TABLE} was changed "
+                f"by hand or by another tool). Nothing was changed; {_RECORD} (UPDATE "
+                f"{VERSION_TABLE} SET version_num = 'pgq_00NN'), then run `pgq migrate` again"
+            ),
+        )
 
 
 def _migration_context(connection: Connection | None, opts: dict[str, Any]) -> MigrationContext:
@@ -255,7 +326,10 @@ def _revision_on(connection: Connection) -> Revision:
     own: list[str] = []
     if connection.execute(text(sql.OWN_VERSION_TABLE_EXISTS)).scalar():
         own = [str(r[0]) for r in connection.execute(text(sql.PGQ_VERSION))]
-    found = read_revision(own, [], has_jobs=False)
+    has_jobs = bool(
+        connection.execute(text(sql.SCHEMA_VERSION_TABLES)).mappings().one()["has_jobs"]
+    )
+    found = read_revision(own, [], has_jobs=has_jobs)
     if is_unknown(found) and connection.execute(text(sql.SCHEMA_COMPAT_EXISTS)).scalar():
         found = replace(found, min_code=connection.execute(text(sql.MIN_CODE_REVISION)).scalar())
     return found
@@ -403,6 +477,7 @@ async def _check_ready(dsn: str | None) -> Revision:
         found = await schema_revision(conn)
     finally:
         await conn.close()
+    _refuse_unrecorded(found)
     if is_unknown(found):
         require_current(found)  # a newer schema that no longer serves this pgq
     if found.shared:

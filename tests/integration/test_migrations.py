@@ -264,6 +264,59 @@ async def test_old_revision_ids_are_read_as_theirs_and_pgq_migrate_renames_and_u
         await conn.close()
 
 
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (
+            "UPDATE pgq_alembic_version SET version_num = 'deadbeef'",
+            "schema at revision deadbeef, this pgq needs {head}: no pgq release has "
+            "revision 'deadbeef'",
+        ),
+        (
+            "UPDATE pgq_alembic_version SET version_num = 'pgq_0005'",
+            "schema at revision pgq_0005, this pgq needs {head}: migrating from pgq_0005 "
+            'failed (column "limit_key" of relation "pgq_jobs" already exists), so the '
+            "tables are not at pgq_0005",
+        ),
+        (
+            "DELETE FROM pgq_alembic_version",
+            "pgq's tables exist but pgq_alembic_version records no revision",
+        ),
+        (
+            "DROP TABLE pgq_alembic_version",
+            "pgq's tables exist but pgq_alembic_version records no revision",
+        ),
+    ],
+)
+async def test_a_version_table_that_cannot_say_where_the_tables_stand_gets_advice(
+    dsn: str, python: str, damage: str, says: str
+) -> None:
+    """An unknown id, an older revision than the tables are at, no row or no table: `pgq
+    migrate` changes nothing and says what to do, and the advice works."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("INSERT INTO pgq_jobs (task) VALUES ('kept')")
+        await conn.execute(damage)
+        before = await snapshot(dsn)
+        out = await pgq_cli(python, "migrate", "--dsn", dsn)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.startswith("pgq: error: "), out.stderr
+        assert says.format(head=SCHEMA_REVISION) in out.stderr
+        assert "Nothing was changed" in out.stderr and "run `pgq migrate` again" in out.stderr
+        assert await snapshot(dsn) == before
+        assert await conn.fetchval("SELECT task FROM pgq_jobs") == "kept"
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS pgq_alembic_version (version_num varchar(32) PRIMARY KEY);"
+            "DELETE FROM pgq_alembic_version"
+        )
+        await conn.execute("INSERT INTO pgq_alembic_version VALUES ($1)", SCHEMA_REVISION)
+        again = await pgq_cli(python, "migrate", "--dsn", dsn)
+        assert again.returncode == 0, again.stderr
+        await check_schema(conn)
+    finally:
+        await conn.close()
+
+
 async def test_a_project_whose_alembic_runs_pgq_gets_advice_not_a_traceback(
     dsn: str, python: str
 ) -> None:

@@ -340,3 +340,44 @@ def test_pgq_dashboard_answers_its_bind_address_and_the_hosts_it_is_told(
     ]  # fmt: skip
     monkeypatch.setenv("PGQ_DASHBOARD_ALLOWED_HOSTS", "dash.example")
     assert hosts() == ["dash.example", "127.0.0.1"]
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ("https://dash.example", "it is a URL: give its host alone"),
+        ("dash.example/jobs", "it is a URL: give its host alone"),
+        ("dash.example:8181", "a name with a port: a Host's port is not compared"),
+        ("[::1]:8181", "a name with a port"),
+        ("dash example", "a name with a space in it"),
+        ("*.", "a suffix with no name after '*.'"),
+        ("a.*.example", "a '*' where only a leading '*.'"),
+        ("-dash", "not a host name, a suffix or an IP address"),
+    ],
+)
+def test_an_allowed_host_that_can_never_match_is_refused_saying_what_would(
+    given: str, says: str, dsn: str, python: str, tmp_path: Any
+) -> None:
+    """Each would be kept and never match a Host header, so the page would answer 400 to
+    the very name it was told to serve: refused at construction, and by `pgq dashboard`."""
+    import subprocess
+
+    with pytest.raises(pgq.ConfigError, match="can never match a request's Host") as info:
+        create_app(dsn, allowed_hosts=["ok.example", given])
+    assert says in str(info.value) and repr(given) in str(info.value)
+    assert "*.example.com" in str(info.value), "says what a valid value looks like"
+    out = subprocess.run(
+        [python, "-m", "pgq", "dashboard", "--dsn", dsn, "--allowed-hosts", f"ok.example,{given}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("pgq: error: allowed_hosts (--allowed-hosts, "), out.stderr
+
+
+def test_every_kind_of_allowed_host_that_can_match_is_taken(dsn: str) -> None:
+    for given in ("dash.example", "dash.example.", "my_service", "*.example.com", "*",
+                  "10.0.0.5", "[::1]", "::1", "0.0.0.0", " Dash.Example ", ""):  # fmt: skip
+        create_app(dsn, allowed_hosts=[given])

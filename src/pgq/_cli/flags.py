@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import re
 from collections.abc import Callable
 
+from pgq._names import is_host_name
 from pgq.job import MAX_JOB_ID
 
 #: The most rows a listing returns.
@@ -43,10 +43,6 @@ def host_list(text: str | None) -> list[str] | None:
     return [name.strip() for name in text.split(",") if name.strip()]
 
 
-#: A host name's label (RFC 1123): letters, digits and inner hyphens, at most 63 characters.
-_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
-
-
 def bind_host(text: str) -> str:
     """An argument type: an address to listen on, an IP address (``127.0.0.1``, ``::``) or a
     host name (``localhost``, ``pod.internal``); whether this machine has it shows at bind."""
@@ -56,8 +52,7 @@ def bind_host(text: str) -> str:
         return name.removeprefix("[").removesuffix("]")
     except ValueError:
         pass
-    labels = name.removesuffix(".").split(".")
-    if len(name) <= 253 and all(_LABEL.fullmatch(label) for label in labels):
+    if is_host_name(name):
         return name
     raise argparse.ArgumentTypeError(
         f"expected an address of this machine (127.0.0.1, or 0.0.0.0 or :: for every "

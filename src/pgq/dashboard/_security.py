@@ -18,6 +18,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from pgq._names import is_host_name
 from pgq.errors import ConfigError
 
 CSRF_COOKIE = "pgq_csrf"
@@ -123,6 +124,7 @@ class AllowedHosts:
             name = raw.strip().lower()
             if not name:
                 continue
+            _check_allowed(raw, name)
             if name == "*":
                 self.any = True
             elif name.startswith("*."):
@@ -159,6 +161,30 @@ class AllowedHosts:
         if self.any_ip and is_ip_literal(name):
             return True
         return any(name.endswith(s) and len(name) > len(s) for s in self.suffixes)
+
+
+def _check_allowed(raw: str, name: str) -> None:
+    """Refuse an ``allowed_hosts`` entry that can never match a request's ``Host``."""
+    suffix = name[2:] if name.startswith("*.") else None
+    if name == "*" or is_ip_literal(name) or is_host_name(suffix or name):
+        return
+    if "/" in name:
+        why = "a URL: give its host alone, as in dash.example.com"
+    elif any(c.isspace() for c in name):
+        why = "a name with a space in it"
+    elif suffix == "":
+        why = "a suffix with no name after '*.': write *.example.com"
+    elif "*" in name:
+        why = "a '*' where only a leading '*.' (*.example.com) or a lone '*' matches"
+    elif ":" in name:
+        why = "a name with a port: a Host's port is not compared, give the name alone"
+    else:
+        why = "not a host name, a suffix or an IP address"
+    raise ConfigError(
+        f"allowed_hosts (--allowed-hosts, PGQ_DASHBOARD_ALLOWED_HOSTS): {raw!r} can never "
+        f"match a request's Host: it is {why}. Give a name (dash.example.com), a suffix "
+        "(*.example.com), an IP address (10.0.0.5, [::1]), or * for any"
+    )
 
 
 def check_bind(host: str, *, auth: Credentials | None, read_only: bool) -> None:

@@ -153,7 +153,9 @@ async def test_the_health_port_answers_only_ip_addresses_and_localhost() -> None
     [
         ("args=%7B%22a%22%3ANaN%7D", "NaN is not a JSON number"),
         ("args=%7B%22a%22%3AInfinity%7D", "Infinity is not a JSON number"),
-        ("args=" + "%7B%22a%22%3A" * 3000 + "1" + "%7D" * 3000, "args nest too deeply"),
+        # json.loads refuses it, or, where something raised the recursion limit (mypy,
+        # run in-process by another test), pgq's depth limit does.
+        ("args=" + "%7B%22a%22%3A" * 3000 + "1" + "%7D" * 3000, "too deeply"),
         ("args=%7B%22a%22%3A%22%5Cu0000%22%7D", "NUL character"),
         ("args=%7B%22a%22%3A%22%5Cud800%22%7D", "lone surrogate"),
         ("queue=%00", "queue: invalid queue name"),

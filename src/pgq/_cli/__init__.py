@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -12,11 +11,10 @@ from typing import Any
 
 import anyio
 
-from pgq._cli import admin, worker
-from pgq._cli.parser import LOG_LEVELS, build_parser
+from pgq._cli import admin, logconfig, worker
+from pgq._cli.parser import build_parser
 from pgq._dsn import libpq_target, resolve_dsn
 from pgq.errors import DatabaseError, PgqError
-from pgq.logs import JsonFormatter, TextFormatter
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,23 +44,12 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
-    if args.log_format not in ("text", "json"):  # from PGQ_LOG_FORMAT, which argparse trusts
-        print(
-            f"pgq: error: log format must be text or json, not {args.log_format!r}", file=sys.stderr
-        )
+    try:
+        logs = logconfig.settings(args)
+        logconfig.configure(logs)
+    except PgqError as exc:
+        print(f"pgq: error: {exc}", file=sys.stderr)
         return 2
-    if args.log_level not in LOG_LEVELS:  # from PGQ_LOG_LEVEL, likewise
-        print(
-            f"pgq: error: log level must be one of {', '.join(LOG_LEVELS)} (PGQ_LOG_LEVEL), "
-            f"not {args.log_level!r}",
-            file=sys.stderr,
-        )
-        return 2
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if args.log_format == "json" else TextFormatter())
-    logging.basicConfig(level=args.log_level, handlers=[handler])
-    # alembic narrates its plugin set-up at INFO; pgq prints its own one-line summary.
-    logging.getLogger("alembic").setLevel(max(logging.WARNING, logging.getLogger().level))
     # Connection options every command shares, read where the connections are made.
     if getattr(args, "pooler", None):
         os.environ["PGQ_POOLER"] = args.pooler
@@ -80,7 +67,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "dashboard":
             from pgq._cli import dashboard  # the dashboard extra, imported only when asked
 
-            return dashboard.run(args)
+            return dashboard.run(args, logs)
         return anyio.run(admin.operate, args)
     except PgqError as exc:
         print(f"pgq: error: {_where(exc, args)}", file=sys.stderr)

@@ -7,6 +7,7 @@ import logging
 
 import anyio
 
+from pgq._cli.logconfig import LogSettings
 from pgq._dsn import mask_dsn, resolve_dsn
 from pgq._store.connections import Target, connect
 from pgq._store.revision import check_schema
@@ -15,7 +16,7 @@ from pgq.errors import ConfigError
 log = logging.getLogger("pgq.dashboard")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, logs: LogSettings) -> int:
     """Serve until SIGINT or SIGTERM; refuses an unsafe bind and a database it cannot use."""
     try:
         import uvicorn
@@ -40,8 +41,10 @@ def run(args: argparse.Namespace) -> int:
         dashboard,
         host=args.host,
         port=args.port,
-        log_level=logging.getLevelName(logging.getLogger().level).lower(),
-        access_log=logging.getLogger().level <= logging.DEBUG,
+        # uvicorn is one of the other libraries: at --library-log-level (its access lines
+        # are INFO), unless a --log-config file sets its loggers' levels.
+        log_level=None if logs.config else logging.getLogger().getEffectiveLevel(),
+        access_log=logs.config is not None or logging.getLogger().isEnabledFor(logging.INFO),
         log_config=None,  # uvicorn's records go to pgq's handler (text or --log-format json)
         lifespan="on",
     )

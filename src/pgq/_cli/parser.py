@@ -6,14 +6,13 @@ import argparse
 import os
 from typing import Any
 
+from pgq._cli import logconfig
 from pgq._cli.flags import MAX_LIST, bind_host, health_port, host_list, job_id, port, whole
 from pgq._cli.supervisor import process_count
 from pgq._cli.usage import Parser, SubParser
 from pgq.job import JobState
 from pgq.settings import env_name, optional_setting, parse_optional_seconds, setting_help
 
-LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
-_LOG_FORMATS = ["text", "json"]
 _DSN_HELP = (
     "PostgreSQL URL; default: PGQ_DSN, then DATABASE_URL, then the libpq variables "
     "(PGHOST, PGPORT, PGUSER, PGDATABASE, PGPASSWORD)"
@@ -33,21 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"pgq {distribution_version()}",
         help="print the installed pgq-async's version and exit",
     )
-    parser.add_argument(
-        "--log-level",
-        default=os.environ.get("PGQ_LOG_LEVEL", "INFO"),
-        type=str.upper,
-        choices=LOG_LEVELS,
-        help="log verbosity (default: INFO, or PGQ_LOG_LEVEL)",
-    )
-    parser.add_argument(
-        "--log-format",
-        default=os.environ.get("PGQ_LOG_FORMAT", "text").lower(),
-        choices=_LOG_FORMATS,
-        help="text, or json: one object per line with the job's fields (default: text, or "
-        "PGQ_LOG_FORMAT)",
-    )
-    # Also before the command, as --log-level may be (`pgq --dsn URL stats`).
+    # Before the command, and after it (`pgq worker app:app --log-level DEBUG`): the one
+    # before counts only when the one after is not given. Defaults and variables are read
+    # where they are used (logconfig.settings, the connections).
+    logconfig.add_flags(parser, default=None)
     _connection_flags(parser, default=None)
     sub = parser.add_subparsers(
         dest="command", metavar="COMMAND", required=True, parser_class=SubParser
@@ -93,22 +81,8 @@ def _connection_flags(p: argparse.ArgumentParser, *, default: Any) -> None:
 
 def _command(parent: Any, name: str, help: str, *, json: bool = False) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = parent.add_parser(name, help=help, description=help)
-    # After the command too; the one before the command counts only when this one is not
-    # given (`pgq worker app:app --log-level DEBUG`).
+    logconfig.add_flags(p, default=argparse.SUPPRESS)
     _connection_flags(p, default=argparse.SUPPRESS)
-    p.add_argument(
-        "--log-level",
-        default=argparse.SUPPRESS,
-        type=str.upper,
-        choices=LOG_LEVELS,
-        help="log verbosity (as before the command)",
-    )
-    p.add_argument(
-        "--log-format",
-        default=argparse.SUPPRESS,
-        choices=_LOG_FORMATS,
-        help="text or json (as before the command)",
-    )
     if json:
         p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p

@@ -482,7 +482,8 @@ class Client:
     async def stats(self, *, stale_after: float | None = None) -> list[QueueStats]:
         """Per queue: counts by state, oldest available job's age, last minute's throughput,
         and the jobs no live worker of the queue serves (``unrunnable``, by task: due for
-        longer than ``stale_after`` seconds, default ``PGQ_STALE_AFTER`` or 30)."""
+        longer than ``stale_after`` seconds, default ``PGQ_STALE_AFTER`` or 30). Every queue
+        with jobs, and every one a live worker serves or that has limits or a pause."""
         stale = WorkerSettings.from_env("stale_after") if stale_after is None else stale_after
         async with self.pool.acquire() as conn:
             return await store_queues.stats(conn, float(stale))

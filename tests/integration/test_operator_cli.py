@@ -210,6 +210,38 @@ async def run_cli(
     )
 
 
+async def test_stats_shows_every_queue_a_live_worker_serves_or_that_has_settings(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    """A queue with no job still shows when a live producer serves it, or it has limits or
+    a pause; a dead producer's, a cleared setting's and '*' (every queue) do not."""
+    import uuid
+
+    await client.enqueue("t", queue="busy")
+    for queue, silent_s in (("idle", 0.0), ("dead", 3600.0)):
+        await conn.execute(
+            "INSERT INTO pgq_producers (id, worker_id, worker_name, queue, concurrency,"
+            " heartbeat_at) VALUES ($1, $2, 'w:1', $3, 5, now() - make_interval(secs => $4))",
+            uuid.uuid4(),
+            uuid.uuid4(),
+            queue,
+            silent_s,
+        )
+    await client.set_queue_limits("limited", concurrency=2)
+    await client.set_queue_limits("keyed", key_rate=(5, 60))
+    await client.set_queue_limits("cleared", concurrency=1)
+    await client.set_queue_limits("cleared")
+    await client.pause_queue("held")
+    await client.pause_queue("resumed")
+    await client.resume_queue("resumed")
+    await client.pause_queue("*")
+    stats = as_json(dsn, "stats")
+    assert [s["queue"] for s in stats] == ["busy", "held", "idle", "keyed", "limited"]
+    (idle,) = [s for s in stats if s["queue"] == "idle"]
+    assert set(idle["counts"].values()) == {0} and idle["oldest_available_s"] is None
+    assert [s.queue for s in await client.stats()] == [s["queue"] for s in stats]
+
+
 def test_queue_limits_from_the_shell(dsn: str) -> None:
     shown = as_json(dsn, "queues", "limit", "emails", "--concurrency", "3", "--rate", "100/60")
     assert shown == {

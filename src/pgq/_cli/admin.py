@@ -218,7 +218,7 @@ async def _stats(client: Client, args: argparse.Namespace) -> int:
 
     def table() -> str:
         if not stats:
-            return "no jobs"
+            return "no queues: no jobs, no live worker, no limits or pauses"
         headers = ["QUEUE", *(st.value.upper() for st in JobState), "OLDEST AVAILABLE"]
         rows = [
             [

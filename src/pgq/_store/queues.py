@@ -120,8 +120,11 @@ async def unrunnable(db: Db, stale_after_s: float, due_for_s: float) -> list[Unr
 
 async def stats(db: Db, stale_after_s: float) -> list[QueueStats]:
     """Per queue: counts by state, oldest available job's age, last minute's throughput,
-    and the jobs nobody can run (due for longer than ``stale_after_s``)."""
-    by_queue: dict[str, QueueStats] = {}
+    and the jobs nobody can run (due for longer than ``stale_after_s``). Every queue with
+    jobs, and every one a live producer serves or that has limits or a pause, jobs or not."""
+    by_queue = {
+        r["name"]: QueueStats(r["name"]) for r in await db.fetch(sql.STATS_QUEUES, stale_after_s)
+    }
     for r in await db.fetch(sql.STATS_BY_QUEUE):
         by_queue.setdefault(r["queue"], QueueStats(r["queue"])).counts[JobState(r["state"])] = r[
             "n"

@@ -100,6 +100,19 @@ FROM pgq_jobs
 WHERE state = 'available' OR finalized_at > now() - interval '1 minute'
 GROUP BY queue;
 
+-- name: STATS_QUEUES
+-- The queues `pgq stats` shows with no job at all: each a live producer serves (judged by its
+-- own stale_after, $1 for a row that recorded none), and each with limits or a pause. '*' (a
+-- pause of every queue) is no queue.
+SELECT queue AS name FROM pgq_producers
+WHERE concurrency > 0
+  AND heartbeat_at > now() - make_interval(secs => COALESCE(stale_after_s, $1))
+UNION
+SELECT name FROM pgq_queues
+WHERE name <> '*'
+  AND (paused_at IS NOT NULL OR concurrency IS NOT NULL OR rate_count IS NOT NULL
+       OR key_concurrency IS NOT NULL OR key_rate_count IS NOT NULL);
+
 -- name: UNRUNNABLE_JOBS
 -- Jobs nobody can run: available jobs due for longer than $2 seconds, of a queue whose live
 -- producers (each judged by its own stale_after, $1 for a row that recorded none) all

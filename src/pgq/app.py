@@ -497,6 +497,11 @@ class App:
         """
 
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
+            if isinstance(f, Task):
+                raise ConfigError(
+                    f"task {f.name!r} is a task already (@app.periodic registers the function "
+                    "it decorates): put @app.periodic above @app.task, whose options then apply"
+                )
             task: Task[Any, Any] = Task(
                 f,
                 name=name or f.__name__,

@@ -68,9 +68,11 @@ def _unavailable(exc: BaseException) -> bool:
     return psycopg is not None and isinstance(exc, psycopg.OperationalError)
 
 
-def database_error(exc: BaseException, dsn: str | None = None) -> DatabaseError:
+def database_error(exc: BaseException, dsn: str | None = None, caller: Any = None) -> DatabaseError:
     """pgq's error for ``exc``, a driver's (or the socket's): a conflict, the database
-    unavailable, or a refusal; its message without the DSN's password."""
+    unavailable, or a refusal; its message without the DSN's password. ``caller``: the
+    caller's connection (``connection=``) the call ran on, whose transaction the message
+    then speaks of."""
     exc = _underlying(exc)
     sqlstate = getattr(exc, "sqlstate", None)
     sqlstate = sqlstate if isinstance(sqlstate, str) and sqlstate else None
@@ -82,24 +84,57 @@ def database_error(exc: BaseException, dsn: str | None = None) -> DatabaseError:
             f"written: {said}; run the whole transaction again",
             sqlstate=sqlstate,
         )
-    if _unavailable(exc):
+    if not _unavailable(exc):
+        return DatabaseError(f"PostgreSQL refused the call: {said}", sqlstate=sqlstate)
+    if caller is None:
         return DatabaseUnavailable(
             f"the database cannot serve the call now: {said}; it may succeed once the "
             "server is back (a write cut off while it committed may have landed)",
             sqlstate=sqlstate,
         )
-    return DatabaseError(f"PostgreSQL refused the call: {said}", sqlstate=sqlstate)
+    if _lost(exc, sqlstate, caller):
+        return DatabaseUnavailable(
+            f"your connection (connection=) was lost: {said}. Its whole transaction is "
+            "rolled back, not only this call's writes. Once the server is back, run the "
+            "whole transaction again on a new connection (outside a transaction, a write "
+            "cut off as it committed may have landed)",
+            sqlstate=sqlstate,
+        )
+    return DatabaseUnavailable(
+        f"the database cannot serve the call now: {said}. The call's writes in your "
+        "transaction (connection=) are undone: roll the transaction back, and run it whole "
+        "again once the server can serve it",
+        sqlstate=sqlstate,
+    )
 
 
-def _wrapped(exc: Exception, closed: bool, dsn: str | None) -> PgqError | None:
-    """What ``exc``, raised by a public call, comes out as (None: itself)."""
+#: SQLSTATEs after which the server has ended the session: connection exceptions (class
+#: 08), and admin_shutdown, crash_shutdown, cannot_connect_now (a terminated backend).
+_SESSION_ENDED = ("08", "57P01", "57P02", "57P03")
+
+
+def _lost(exc: BaseException, sqlstate: str | None, caller: Any) -> bool:
+    """Whether ``exc`` (the database unavailable) means ``caller``, the caller's connection,
+    is gone, and with it its transaction; else only the statement failed."""
+    if sqlstate is not None:
+        return sqlstate.startswith(_SESSION_ENDED)
+    if isinstance(caller, asyncpg.Connection):
+        return caller.is_closed()  # not an InterfaceError of a connection in use meanwhile
+    # A socket's error, or the driver's without a SQLSTATE (psycopg's "the connection is
+    # lost"): the connection is what failed.
+    return True
+
+
+def _wrapped(exc: Exception, closed: bool, dsn: str | None, caller: Any = None) -> PgqError | None:
+    """What ``exc``, raised by a public call (on ``caller``, the caller's connection, when
+    given), comes out as (None: itself)."""
     if isinstance(exc, ClientClosed | TimeoutError):
         return None  # a wait's timeout, or asyncpg's own: the builtin, as documented
     if closed and isinstance(exc, (DatabaseError, *_driver_errors())):
         return ClientClosed(CLOSED)  # closed while the call was under way
     if isinstance(exc, PgqError) or not isinstance(exc, _driver_errors()):
         return None
-    return database_error(exc, dsn)
+    return database_error(exc, dsn, caller)
 
 
 class _Client(Protocol):
@@ -122,7 +157,7 @@ def public(method: A) -> A:
         try:
             return await method(self, *args, **kwargs)
         except Exception as exc:
-            wrapped = _wrapped(exc, self._closed, self._dsn)
+            wrapped = _wrapped(exc, self._closed, self._dsn, kwargs.get("connection"))
             if wrapped is None:
                 raise
             raise wrapped from exc
@@ -140,7 +175,7 @@ def public_sync(method: S) -> S:
         try:
             return method(self, *args, **kwargs)
         except Exception as exc:
-            wrapped = _wrapped(exc, self._closed, self._dsn)
+            wrapped = _wrapped(exc, self._closed, self._dsn, kwargs.get("connection"))
             if wrapped is None:
                 raise
             raise wrapped from exc
@@ -150,12 +185,14 @@ def public_sync(method: S) -> S:
 
 class database_errors:  # used as a function: `with database_errors(dsn):`
     """``with database_errors(dsn):`` raises what the driver raises inside as pgq's error,
-    the driver's on ``__cause__`` (pgq's own errors pass as they are)."""
+    the driver's on ``__cause__`` (pgq's own errors pass as they are); ``caller``: the
+    caller's connection the statements inside run on."""
 
-    __slots__ = ("_dsn",)
+    __slots__ = ("_caller", "_dsn")
 
-    def __init__(self, dsn: str | None = None) -> None:
+    def __init__(self, dsn: str | None = None, *, caller: Any = None) -> None:
         self._dsn = dsn
+        self._caller = caller
 
     def __enter__(self) -> None:
         return None
@@ -163,5 +200,7 @@ class database_errors:  # used as a function: `with database_errors(dsn):`
     def __exit__(
         self, et: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if isinstance(exc, Exception) and (wrapped := _wrapped(exc, False, self._dsn)):
+        if isinstance(exc, Exception) and (
+            wrapped := _wrapped(exc, False, self._dsn, self._caller)
+        ):
             raise wrapped from exc

@@ -17,7 +17,7 @@ from pgq._names import check_queue_name, check_task_name
 from pgq._store.codec import NewJob
 from pgq.app import INT4_MAX, INT4_MIN, App, JobSpec, Task
 from pgq.errors import ConfigError, SerializationError
-from pgq.job import DEFAULT_QUEUE, Job, JobState, unique_mask
+from pgq.job import DEFAULT_QUEUE, MAX_SECONDS, Job, JobState, unique_mask
 
 #: States a unique key is taken in unless a spec says otherwise: until the job is final.
 DEFAULT_UNIQUE_STATES = tuple(s for s in JobState if not s.is_final)
@@ -260,7 +260,8 @@ def _unique(
         )
     if key is None and spec.unique:
         canonical = json.dumps(args, sort_keys=True, separators=(",", ":"))
-        key = derive_unique_key(name, queue, canonical, spec.unique_period)
+        period_s = None if spec.unique_period is None else _period_seconds(index, spec)
+        key = derive_unique_key(name, queue, canonical, period_s)
     elif key is not None and not isinstance(key, str):
         raise ConfigError(f"{_where(index)}unique_key must be a string")
     # 256 characters are at most 1,024 bytes: a shorter key needs no encoding to measure.
@@ -296,10 +297,29 @@ def derive_unique_key(
     digest = hashlib.sha256(f"{task}\0{queue}\0{args_json}".encode()).hexdigest()[:40]
     if period_s is None:
         return f"pgq:{task}:{digest}"
-    if period_s <= 0:
-        raise ConfigError("unique_period must be a positive number of seconds")
     bucket = int((time.time() if now is None else now) // period_s)
     return f"pgq:{task}:{digest}:{period_s:g}:{bucket}"
+
+
+#: The shortest unique period, in seconds: a shorter one makes buckets too many to count.
+MIN_UNIQUE_PERIOD_S = 0.001
+
+
+def _period_seconds(index: int, spec: JobSpec[Any]) -> float:
+    """``spec.unique_period`` as seconds, checked: a finite number in range."""
+    period = spec.unique_period
+    seconds: float | None = None
+    if isinstance(period, timedelta):
+        seconds = period.total_seconds()
+    elif isinstance(period, int | float) and not isinstance(period, bool):
+        seconds = float(period)
+    if seconds is None or not MIN_UNIQUE_PERIOD_S <= seconds <= MAX_SECONDS:  # NaN fails too
+        raise ConfigError(
+            f"{_where(index)}unique_period must be a number of seconds (or a timedelta) from "
+            f"{MIN_UNIQUE_PERIOD_S:g} to {MAX_SECONDS:g}, got {period!r:.40}; nothing was "
+            "enqueued (for a key that lasts as long as its job, leave unique_period out)"
+        )
+    return seconds
 
 
 def _delay_seconds(delay: float | timedelta, task: str, index: int) -> float:

@@ -60,7 +60,8 @@ def pgq_dsn(pgq_database: TestDatabase) -> Iterator[str]:
 
 @pytest.fixture
 async def pgq_client(pgq_dsn: str) -> AsyncIterator[Client]:
-    """A :class:`pgq.Client` open on ``pgq_dsn`` (an async fixture: run the test with
+    """A :class:`pgq.Client` open on ``pgq_dsn``, without an App: enqueues by name are
+    neither checked nor routed to the task's queue (an async fixture: run the test with
     pytest's anyio plugin, ``@pytest.mark.anyio``, or pytest-asyncio)."""
     async with Client(pgq_dsn) as client:
         yield client

@@ -1,34 +1,43 @@
 """The :class:`SyncClient`: enqueue from synchronous code (Django, Flask, scripts, Celery
-migrations), in the caller's transaction when asked."""
+migrations), in the caller's transaction when asked; read, wait for, cancel and retry jobs."""
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
-from pgq._boundary import database_errors, public_sync
+from pgq._boundary import CLOSED, database_errors, public_sync
 from pgq._dsn import mask_dsn, scrub
 from pgq._enqueue import _where, prepare
 from pgq._store import enqueue
 from pgq._store.codec import NewJob
 from pgq._store.connections import Target
 from pgq._store.enqueue import Plan
+from pgq._store.listen import CLOSED_DURING_WAIT
 from pgq.app import App, JobSpec, Task
-from pgq.errors import ConfigError, DatabaseUnavailable, SerializationError
-from pgq.job import Job, R
+from pgq.client import WAIT_POLL_S, WAIT_RECHECK_S, _job_id, _job_ids
+from pgq.errors import ClientClosed, ConfigError, DatabaseUnavailable, SerializationError
+from pgq.job import Job, JobState, R
 
 if TYPE_CHECKING:
     import psycopg
     from sqlalchemy.engine import Connection as SAConnection
     from sqlalchemy.orm import Session
 
+    from pgq._store.sync import DoneListener
+
     SyncConnection = psycopg.Connection[Any] | SAConnection | Session
 
 __all__ = ("SyncClient",)
 
 T = TypeVar("T")
+
+#: How often a wait() that listens looks whether its client was closed meanwhile.
+WAIT_CLOSED_CHECK_S = 1.0
 
 
 class SyncClient:
@@ -45,6 +54,10 @@ class SyncClient:
     psycopg's errors come out as :class:`~pgq.DatabaseError` and its subclasses, as the
     async client's do; after ``close()`` its calls raise :class:`~pgq.ClientClosed` until
     it is opened again.
+
+    Besides the enqueues, :meth:`get_job`, :meth:`wait`, :meth:`cancel`,
+    :meth:`cancel_many` and :meth:`retry` do what :class:`~pgq.Client`'s do; ``wait``
+    LISTENs on a connection of its own (``listen_dsn``, ``PGQ_LISTEN_DSN``, past a pooler).
     """
 
     def __init__(
@@ -54,8 +67,9 @@ class SyncClient:
         app: App | None = None,
         check_schema: bool = True,
         pooler: str | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
-        self._target = Target.resolve(dsn, pooler)
+        self._target = Target.resolve(dsn, pooler, listen_dsn)
         self._dsn = self._target.dsn
         self._app = app
         self._check_schema = check_schema
@@ -87,35 +101,22 @@ class SyncClient:
     ) -> None:
         self.close()
 
-    def _libpq_options(self) -> dict[str, Any]:
-        """libpq's keywords for the connection: pgq's 10 s to connect unless the DSN gives
-        its own connect_timeout (a keyword here would override it)."""
+    def _libpq_options(self, dsn: str | None) -> dict[str, Any]:
+        """libpq's keywords for a connection to ``dsn``: pgq's 10 s to connect unless the DSN
+        gives its own connect_timeout (a keyword here would override it)."""
         options: dict[str, Any] = self._target.libpq_options("pgq sync client")
-        if "connect_timeout=" not in (self._dsn or ""):
+        if "connect_timeout=" not in (dsn or ""):
             options["connect_timeout"] = 10
         return options
 
     def _connect(self) -> psycopg.Connection[Any]:
-        import psycopg
-
         from pgq._store import sync
 
         if self._conn is not None and not self._conn.closed:
             return self._conn
-        try:
-            conn = psycopg.connect(
-                self._dsn or "",
-                autocommit=True,
-                **self._libpq_options(),
-            )
-            if self._target.pooled:
-                conn.prepare_threshold = None  # a prepared statement outlives the transaction
-        except sync.CONNECTION_ERRORS as exc:
-            raise DatabaseUnavailable(
-                f"cannot connect to PostgreSQL at {mask_dsn(self._dsn)}: "
-                f"{scrub(str(exc).strip(), self._dsn)}; check that the server is running and "
-                "the DSN (--dsn, PGQ_DSN or DATABASE_URL) is right"
-            ) from exc
+        if self._closed:  # a call that began before close(), and waited for the lock
+            raise ClientClosed(CLOSED)
+        conn = self._new_connection(self._target)
         if self._check_schema:
             try:
                 sync.check_schema(conn)
@@ -123,6 +124,26 @@ class SyncClient:
                 conn.close()
                 raise
         self._conn = conn
+        return conn
+
+    def _new_connection(self, target: Target) -> psycopg.Connection[Any]:
+        """A new autocommit connection to ``target``, or DatabaseUnavailable saying why not."""
+        import psycopg
+
+        from pgq._store import sync
+
+        try:
+            conn = psycopg.connect(
+                target.dsn or "", autocommit=True, **self._libpq_options(target.dsn)
+            )
+        except sync.CONNECTION_ERRORS as exc:
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL at {mask_dsn(target.dsn)}: "
+                f"{scrub(str(exc).strip(), target.dsn)}; check that the server is running "
+                "and the DSN (--dsn, PGQ_DSN or DATABASE_URL) is right"
+            ) from exc
+        if self._target.pooled:
+            conn.prepare_threshold = None  # a prepared statement outlives the transaction
         return conn
 
     @overload
@@ -216,3 +237,144 @@ class SyncClient:
                 f"PostgreSQL can store ({str(exc).splitlines()[0][:200]}); nothing was enqueued",
                 "args",
             ) from exc
+
+    def _on(self, connection: SyncConnection | None, call: Callable[[Any], T]) -> T:
+        """``call`` on the caller's connection, in its transaction, or (one call at a time)
+        on this client's own."""
+        from pgq._store import sync
+
+        if connection is not None:
+            return call(sync.caller_connection_sync(connection))
+        with self._lock:
+            return call(self._connect())
+
+    # ------------------------------------------------------------------ reads and actions
+
+    @public_sync
+    def get_job(self, job_id: int, *, connection: SyncConnection | None = None) -> Job | None:
+        """The job with ``job_id``, or None."""
+        from pgq._store import sync
+
+        checked = _job_id(job_id)
+        return self._on(connection, lambda conn: sync.get_job(conn, checked))
+
+    @public_sync
+    def cancel(self, job_id: int, *, connection: SyncConnection | None = None) -> Job | None:
+        """Cancel a job, as :meth:`pgq.Client.cancel`: not yet running, it is ``cancelled``
+        at once; running, its worker is told and cancels it. Returns the job as it is now
+        (None if there is no such job)."""
+        self.cancel_many([_job_id(job_id)], connection=connection)
+        return self.get_job(job_id, connection=connection)
+
+    @public_sync
+    def cancel_many(
+        self, job_ids: Iterable[int], *, connection: SyncConnection | None = None
+    ) -> dict[int, JobState]:
+        """Cancel several jobs; the state each acted-on job is in now, as
+        :meth:`pgq.Client.cancel_many` (final jobs are left out)."""
+        from pgq._store import sync
+
+        ids = _job_ids(job_ids)
+        return self._on(connection, lambda conn: sync.cancel(conn, ids))
+
+    @public_sync
+    def retry(
+        self, job_ids: Iterable[int], *, connection: SyncConnection | None = None
+    ) -> list[int]:
+        """Make finished, retryable or scheduled jobs available now; the ids changed, as
+        :meth:`pgq.Client.retry` (a job whose unique key another job took meanwhile is
+        left out)."""
+        from pgq._store import sync
+
+        ids = _job_ids(job_ids)
+        return self._on(connection, lambda conn: sync.retry(conn, ids))
+
+    # ------------------------------------------------------------------ waiting
+
+    @overload
+    def wait(self, job: Job[R], *, timeout: float | None = None) -> Job[R]: ...
+
+    @overload
+    def wait(self, job: int, *, timeout: float | None = None) -> Job[Any]: ...
+
+    @public_sync
+    def wait(self, job: Job[Any] | int, *, timeout: float | None = None) -> Job[Any]:
+        """Wait until the job (a Job, or its id) is final and return it, as
+        :meth:`pgq.Client.wait`. Listens: a connection of the wait's own LISTENs, and the
+        job is read when its id is announced (and every 10 s, should a notification be
+        lost). Behind a transaction pooler without ``listen_dsn`` it reads the job every
+        0.2 s. Raises TimeoutError after ``timeout`` seconds, LookupError for an unknown
+        job, :class:`~pgq.ClientClosed` once the client is closed (within a second)."""
+        job_id = _job_id(job if isinstance(job, int) else job.id)
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or math.isnan(timeout)
+        ):
+            raise ConfigError(f"timeout must be a number of seconds or None, not {timeout!r:.40}")
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        if not self._target.can_listen:
+            return self._poll_until_final(job_id, deadline, timeout)
+        from pgq._store import sync
+
+        listener = self._listener()
+        try:
+            while True:
+                now = self._final(job_id)
+                if now is not None:
+                    return now
+                recheck = min(deadline, time.monotonic() + WAIT_RECHECK_S)
+                while (left := min(recheck, deadline) - time.monotonic()) > 0:
+                    try:
+                        if listener.announced(job_id, min(left, WAIT_CLOSED_CHECK_S)):
+                            break
+                    except sync.CONNECTION_ERRORS:
+                        # Lost (a restart, a failover): listen again, and read the job again
+                        # for what was announced meanwhile.
+                        listener.conn.close()
+                        listener = self._listener()
+                        break
+                    self._still_open()
+                if time.monotonic() >= deadline:
+                    now = self._final(job_id)
+                    if now is not None:
+                        return now
+                    raise TimeoutError(f"job {job_id} is not final after {timeout:g} s")
+        finally:
+            listener.conn.close()
+
+    def _listener(self) -> DoneListener:
+        """A new connection of a wait's own, listening (past the pooler with listen_dsn)."""
+        from pgq._store import sync
+
+        conn = self._new_connection(self._target.listen_target())
+        try:
+            return sync.DoneListener(conn)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _poll_until_final(self, job_id: int, deadline: float, timeout: float | None) -> Job:
+        while True:
+            now = self._final(job_id)
+            if now is not None:
+                return now
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"job {job_id} is not final after {timeout:g} s")
+            time.sleep(min(left, WAIT_POLL_S))
+
+    def _final(self, job_id: int) -> Job | None:
+        """The job once it is final; None while it is not. LookupError if there is none."""
+        from pgq._store import sync
+
+        self._still_open()
+        try:
+            now = self._on(None, lambda conn: sync.get_job(conn, job_id))
+        except ClientClosed:  # closed as the read waited its turn
+            raise ClientClosed(CLOSED_DURING_WAIT) from None
+        if now is None:
+            raise LookupError(f"no job {job_id}")
+        return now if now.state.is_final else None
+
+    def _still_open(self) -> None:
+        if self._closed:
+            raise ClientClosed(CLOSED_DURING_WAIT)

@@ -229,8 +229,8 @@ _VAR_KEYWORD = inspect.Parameter.VAR_KEYWORD
 class JobSpec(Generic[R]):
     """One job to enqueue: a task (or a task's name) and its keyword arguments, with options
     that, left as None, take the task's defaults (when known) or pgq's. ``delay`` is in
-    seconds (or a timedelta), ``unique_period`` in seconds. ``task.spec(...)`` makes one
-    whose arguments a type checker checks."""
+    seconds (or a timedelta), ``unique_period`` too (0.001 to 1e9 seconds). ``task.spec(...)``
+    makes one whose arguments a type checker checks."""
 
     task: str | Task[Any, R]
     args: Mapping[str, Any] = field(default_factory=dict)
@@ -247,7 +247,7 @@ class JobSpec(Generic[R]):
     unique_key: str | None = None
     #: Derive ``unique_key`` from the task, queue and args (within ``unique_period`` seconds).
     unique: bool = False
-    unique_period: float | None = None
+    unique_period: float | timedelta | None = None
     #: States the key is unique across; default: all but completed, discarded, cancelled.
     #: Must include every one of those (a job moves between them by itself); add final
     #: states to keep the key after the job ends.
@@ -273,7 +273,7 @@ class JobSpec(Generic[R]):
         metadata: Mapping[str, Any] | None = None,
         unique_key: str | None = None,
         unique: bool | None = None,
-        unique_period: float | None = None,
+        unique_period: float | timedelta | None = None,
         unique_states: Sequence[JobState | str] | None = None,
         limit_key: str | None = None,
         depends_on: Sequence[Job[Any] | int] | None = None,
@@ -497,6 +497,11 @@ class App:
         """
 
         def register(f: Callable[..., Any]) -> Task[Any, Any]:
+            if isinstance(f, Task):
+                raise ConfigError(
+                    f"task {f.name!r} is a task already (@app.periodic registers the function "
+                    "it decorates): put @app.periodic above @app.task, whose options then apply"
+                )
             task: Task[Any, Any] = Task(
                 f,
                 name=name or f.__name__,

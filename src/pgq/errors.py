@@ -94,7 +94,8 @@ class DatabaseUnavailable(DatabaseError, ConnectionError):
     connection was lost mid-call, the server is shutting down, is a standby (a failover
     under way), ran out of connections or resources, or cancelled the statement. The same
     call may succeed later. A write whose connection was lost while it committed may have
-    landed."""
+    landed. On ``connection=``, what is lost is the caller's transaction: run it again
+    whole (on a new connection when the message says this one was lost)."""
 
 
 class TransactionConflict(DatabaseError):

@@ -58,6 +58,17 @@ async def test_client_enqueues_by_every_path_and_waits_through_pgbouncer(
     with pgq.SyncClient(bouncer.dsn, pooler="transaction") as sync:
         for _ in range(10):  # past psycopg's prepare threshold (5)
             sync.enqueue("effect", {"seconds": 0})
+        one = sync.enqueue("effect", {"seconds": 0})
+        for _ in range(6):
+            assert sync.get_job(one.id) == one
+        sync_cancelled = sync.cancel(one.id)
+        assert sync_cancelled is not None and sync_cancelled.state is pgq.JobState.CANCELLED
+        assert sync.wait(one, timeout=10).state is pgq.JobState.CANCELLED  # it reads
+        assert sync.retry([one.id]) == [one.id]
+    with pgq.SyncClient(bouncer.dsn, pooler="transaction", listen_dsn=dsn) as sync:
+        sync.cancel(one.id)
+        assert sync.wait(one, timeout=10).state is pgq.JobState.CANCELLED  # it listens
+        assert sync.retry([one.id]) == [one.id]
     code, err = await run_cli(
         "enqueue", "effect", "--args", '{"seconds": 0}', "--dsn", bouncer.dsn, *POOLED
     )
@@ -67,7 +78,7 @@ async def test_client_enqueues_by_every_path_and_waits_through_pgbouncer(
         assert code == 0, err
     conn = await asyncpg.connect(dsn)
     try:
-        assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 20 + 300 + 10 + 11
+        assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 20 + 300 + 10 + 12
     finally:
         await conn.close()
     assert not [t for t in TROUBLE if t in bouncer.log()]

@@ -637,6 +637,26 @@ async def test_a_delay_out_of_range_is_refused_before_anything_is_written(
     assert sum((await client.count_by_state()).values()) == 0
 
 
+@pytest.mark.parametrize(
+    "period", [float("nan"), float("inf"), float("-inf"), -60, 0, 1e-300, 1e12, "60", True]
+)
+async def test_a_unique_period_out_of_range_is_refused_naming_it(
+    client: pgq.Client, period: object
+) -> None:
+    with pytest.raises(ConfigError, match=r"^unique_period must be a number of seconds .*got"):
+        await client.enqueue("send", unique=True, unique_period=period)  # type: ignore[call-overload]
+    specs = [pgq.JobSpec("t"), pgq.JobSpec("send", unique=True, unique_period=period)]  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="job 1: unique_period must be"):
+        await client.enqueue_many(specs)
+    assert sum((await client.count_by_state()).values()) == 0
+
+
+async def test_a_unique_period_may_be_a_timedelta(client: pgq.Client) -> None:
+    job = await client.enqueue("send", unique=True, unique_period=3600)
+    again = await client.enqueue("send", unique=True, unique_period=timedelta(hours=1))
+    assert again.duplicate and again.id == job.id
+
+
 async def test_a_run_at_out_of_range_is_refused(client: pgq.Client) -> None:
     # 23:00 on the last day Python knows, five hours west of UTC: the year 10000 in UTC.
     late = datetime(9999, 12, 31, 23, 0, tzinfo=timezone(timedelta(hours=-5)))

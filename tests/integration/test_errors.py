@@ -153,7 +153,81 @@ async def test_a_connection_ended_mid_call_arrives_as_database_unavailable(
     (failure,) = failures
     assert isinstance(failure, pgq.DatabaseUnavailable)
     assert isinstance(failure.__cause__, asyncpg.PostgresError | asyncpg.InterfaceError)
-    assert "may succeed once the server is back" in str(failure)
+    assert "your connection (connection=) was lost" in str(failure)
+
+
+async def _asyncpg_ended(dsn: str, client: pgq.Client, conn: Conn) -> None:
+    caller = await asyncpg.connect(dsn)
+    try:
+        await caller.transaction().start()  # never ended: its connection is
+        await caller.execute("INSERT INTO marks VALUES (1)")
+        await conn.execute("SELECT pg_terminate_backend($1)", caller.get_server_pid())
+        await client.enqueue("t", connection=caller)
+    finally:
+        caller.terminate()
+
+
+async def _psycopg_ended(dsn: str, client: pgq.Client, conn: Conn) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn) as caller:
+        await caller.execute("INSERT INTO marks VALUES (1)")
+        await conn.execute("SELECT pg_terminate_backend($1)", caller.info.backend_pid)
+        await client.enqueue("t", connection=caller)
+
+
+async def _sync_ended(dsn: str, client: pgq.Client, conn: Conn) -> None:
+    with pgq.SyncClient(dsn) as sync, psycopg.connect(dsn) as caller:
+        caller.execute("INSERT INTO marks VALUES (1)")
+        await conn.execute("SELECT pg_terminate_backend($1)", caller.info.backend_pid)
+        sync.enqueue("t", connection=caller)
+
+
+ENDED: dict[str, Callable[[str, pgq.Client, Conn], Awaitable[None]]] = {
+    "asyncpg": _asyncpg_ended,
+    "psycopg": _psycopg_ended,
+    "sync": _sync_ended,
+}
+
+
+@pytest.mark.parametrize("driver", list(ENDED))
+async def test_a_callers_connection_ended_mid_transaction_says_the_transaction_is_gone(
+    dsn: str, client: pgq.Client, conn: Conn, driver: str
+) -> None:
+    """The server ends the caller's connection inside its transaction, before the enqueue:
+    what is lost is the whole transaction, not the one call."""
+    await conn.execute("CREATE TABLE marks (n int)")
+    with pytest.raises(pgq.DatabaseUnavailable) as info:
+        await ENDED[driver](dsn, client, conn)
+    said = str(info.value)
+    assert "your connection (connection=) was lost" in said
+    assert "Its whole transaction is rolled back, not only this call's writes" in said
+    assert "run the whole transaction again on a new connection" in said
+    assert "may succeed once the server is back" not in said
+    assert await conn.fetchval("SELECT count(*) FROM marks") == 0
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 0
+
+
+async def test_a_statement_cancelled_in_a_callers_transaction_says_to_roll_it_back(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    """statement_timeout ends pgq's statement (waiting on a row lock), not the connection:
+    the caller's transaction lives on, aborted, and is the caller's to roll back."""
+    job = await client.enqueue("t")
+    caller = await asyncpg.connect(dsn)
+    try:
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM pgq_jobs WHERE id = $1 FOR UPDATE", job.id)
+            tr = caller.transaction()
+            await tr.start()
+            await caller.execute("SET LOCAL statement_timeout = '100ms'")
+            with pytest.raises(pgq.DatabaseUnavailable) as info:
+                await client.cancel_many([job.id], connection=caller)
+            await tr.rollback()
+    finally:
+        await caller.close()
+    assert info.value.sqlstate == "57014"
+    said = str(info.value)
+    assert "your transaction (connection=) are undone: roll the transaction back" in said
+    assert "was lost" not in said and "may succeed once the server is back" not in said
 
 
 async def test_a_serialization_failure_arrives_as_a_transaction_conflict(

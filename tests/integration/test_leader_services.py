@@ -124,6 +124,29 @@ async def test_a_leader_whose_host_slept_past_its_lease_counts_itself_deposed(
         await pool.close()
 
 
+async def test_a_renewal_held_up_by_a_lock_on_the_lease_names_its_cause(
+    dsn: str, conn: Conn, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another session holds a row lock on pgq_leader: the renewal waits until its limit,
+    and the warning says why (a timeout's own text is empty)."""
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=1)
+    assert pool is not None
+    try:
+        elector = Elector(pool, worker_id=uuid.uuid4(), worker_name="locked", ttl_s=1.5)
+        assert await elector.attempt(), "the lease was free"
+        async with conn.transaction():
+            await conn.execute("SELECT 1 FROM pgq_leader FOR UPDATE")
+            with caplog.at_level(logging.WARNING, logger="pgq.leader"):
+                await elector.attempt()
+        assert await elector.attempt(), "renewed once the lock was gone"
+    finally:
+        await pool.close()
+    (warning,) = [r.getMessage() for r in caplog.records if "leader lease" in r.getMessage()]
+    assert "could not renew the leader lease (TimeoutError: no reply within 0.5 s;" in warning
+    assert "a lock another session holds on pgq_leader" in warning
+    assert "()" not in warning
+
+
 async def test_two_askers_at_once_settle_a_rescue_whose_reply_was_lost_once(
     dsn: str, conn: Conn
 ) -> None:

@@ -1,18 +1,21 @@
 """pgq.SyncClient: enqueue from synchronous code, alone or in the caller's transaction
-(psycopg, SQLAlchemy's sync Connection and Session)."""
+(psycopg, SQLAlchemy's sync Connection and Session); read, cancel, retry and wait for jobs."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+import anyio
+import anyio.to_thread
 import psycopg
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 import pgq
-from tests.tests_support import job_notes
+from pgq import _sync as pgq_sync
+from tests.tests_support import job_notes, until
 
 if TYPE_CHECKING:
     from tests.tests_support import Conn
@@ -158,3 +161,184 @@ async def test_a_chain_or_group_postgres_cannot_store_names_the_job(dsn: str, co
         with pytest.raises(pgq.SerializationError, match=r"job 1: args of task 't'"):
             client.enqueue_group(specs, pgq.JobSpec("t"))
     assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 0
+
+
+# --------------------------------------------------------------------------- reads, actions, wait
+
+
+async def _listening(conn: Conn, count: int = 1) -> bool:
+    """Whether ``count`` connections of this database LISTEN for finished jobs (a wait)."""
+    return bool(
+        await conn.fetchval(
+            "SELECT count(*) = $1 FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query = 'LISTEN pgq_done'",
+            count,
+        )
+    )
+
+
+async def test_get_job_cancel_and_retry_as_the_async_client_does(
+    dsn: str, client: pgq.Client
+) -> None:
+    with pgq.SyncClient(dsn) as sync:
+        job = sync.enqueue("t", {"n": 1}, tags=["a"])
+        read = sync.get_job(job.id)
+        assert read is not None and read == await client.get_job(job.id)
+        assert (read.args, read.tags, read.state) == ({"n": 1}, ["a"], pgq.JobState.AVAILABLE)
+        assert sync.get_job(job.id + 1000) is None
+        cancelled = sync.cancel(job.id)
+        assert cancelled is not None and cancelled.state is pgq.JobState.CANCELLED
+        assert cancelled.errors[-1]["kind"] == "cancel"
+        assert sync.cancel(job.id + 1000) is None
+        assert sync.cancel_many([job.id]) == {}, "a final job is left out"
+        assert sync.retry([job.id, job.id + 1000]) == [job.id]
+        again = sync.get_job(job.id)
+        assert again is not None and again.state is pgq.JobState.AVAILABLE
+        other = sync.enqueue("t", delay=3600)
+        assert sync.cancel_many([job.id, other.id]) == {
+            job.id: pgq.JobState.CANCELLED,
+            other.id: pgq.JobState.CANCELLED,
+        }
+        for bad in (0, -1, 2**63, True):
+            with pytest.raises(pgq.ConfigError, match="a job id is a whole number from 1"):
+                sync.get_job(bad)
+            with pytest.raises(pgq.ConfigError, match="a job id is a whole number from 1"):
+                sync.retry([bad])
+        with pytest.raises(pgq.ConfigError, match="pass a list of job ids"):
+            sync.cancel_many(job.id)  # type: ignore[arg-type]
+    with pytest.raises(pgq.ClientClosed):
+        sync.get_job(job.id)
+
+
+async def test_a_retry_leaves_out_a_job_whose_unique_key_another_took(dsn: str) -> None:
+    with pgq.SyncClient(dsn) as sync:
+        first = sync.enqueue("t", unique_key="k")
+        sync.cancel(first.id)  # final: the key is free
+        second = sync.enqueue("t", unique_key="k")
+        assert not second.duplicate
+        sync.cancel(second.id)
+        third = sync.enqueue("t", unique_key="k")
+        # Both finished jobs would take the key back: neither may while `third` holds it.
+        assert sync.retry([first.id, second.id]) == []
+        sync.cancel(third.id)
+        assert sync.retry([first.id, second.id]) == [second.id], "of two, the newest"
+
+
+async def test_cancel_and_retry_join_a_psycopg_or_sqlalchemy_transaction(
+    dsn: str, conn: Conn
+) -> None:
+    engine = create_engine(sa_url(dsn))
+    try:
+        with pgq.SyncClient(dsn) as sync, psycopg.connect(dsn) as pg:
+            job = sync.enqueue("t")
+            cancelled = sync.cancel(job.id, connection=pg)
+            assert cancelled is not None and cancelled.state is pgq.JobState.CANCELLED
+            assert await conn.fetchval("SELECT state::text FROM pgq_jobs") == "available"
+            pg.rollback()
+            sync.cancel(job.id, connection=pg)
+            pg.commit()
+            with Session(engine) as session:
+                assert sync.retry([job.id], connection=session) == [job.id]
+                read = sync.get_job(job.id, connection=session)
+                assert read is not None and read.state is pgq.JobState.AVAILABLE
+                session.rollback()
+    finally:
+        engine.dispose()
+    assert await conn.fetchval("SELECT state::text FROM pgq_jobs") == "cancelled"
+
+
+async def test_wait_returns_the_job_a_worker_finished_with_its_result(dsn: str) -> None:
+    app = typed_app()
+    with pgq.SyncClient(dsn, app=app) as sync:
+        job = sync.enqueue(app.get("send_welcome").spec(to="ada@example.com"))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(pgq.Worker(app, dsn, poll_interval=0.05).run)
+            done = await anyio.to_thread.run_sync(lambda: sync.wait(job, timeout=30))
+            tg.cancel_scope.cancel()
+    assert done.state is pgq.JobState.COMPLETED and done.result == "ada@example.com"
+
+
+@pytest.mark.parametrize("lose_the_listen_connection", [False, True])
+async def test_wait_is_woken_by_the_notification_of_its_job(
+    dsn: str, client: pgq.Client, conn: Conn, monkeypatch: pytest.MonkeyPatch,
+    lose_the_listen_connection: bool,
+) -> None:  # fmt: skip
+    """No re-read on a timer here: only the job's notification (on a LISTEN connection made
+    again, when the first is lost) can end the wait before its timeout."""
+    monkeypatch.setattr(pgq_sync, "WAIT_RECHECK_S", 3600.0)
+    with pgq.SyncClient(dsn) as sync:
+        job = sync.enqueue("t")
+        other = sync.enqueue("t")
+        async with anyio.create_task_group() as tg:
+            waited: list[pgq.Job] = []
+
+            async def wait() -> None:
+                waited.append(await anyio.to_thread.run_sync(lambda: sync.wait(job, timeout=30)))
+
+            tg.start_soon(wait)
+            await until(lambda: _listening(conn))
+            if lose_the_listen_connection:
+                await conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND query = 'LISTEN pgq_done'"
+                )
+                await until(lambda: _listening(conn))  # listening again
+            await client.cancel(other.id)  # another job's announcement: still waiting
+            await client.cancel(job.id)
+    (done,) = waited
+    assert done.id == job.id and done.state is pgq.JobState.CANCELLED
+    await until(lambda: _listening(conn, 0))  # the wait's connection is closed
+
+
+async def test_wait_behind_a_transaction_pooler_polls_without_listening(
+    dsn: str, client: pgq.Client, conn: Conn
+) -> None:
+    with pgq.SyncClient(dsn, pooler="transaction") as sync:
+        job = sync.enqueue("t")
+        async with anyio.create_task_group() as tg:
+            waited: list[pgq.Job] = []
+
+            async def wait() -> None:
+                waited.append(await anyio.to_thread.run_sync(lambda: sync.wait(job, timeout=30)))
+
+            tg.start_soon(wait)
+            await until(
+                lambda: conn.fetchval(
+                    "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND query LIKE '%FROM pgq_jobs WHERE id = $1%'"
+                )
+            )
+            assert not await _listening(conn, 1)
+            await client.cancel(job.id)
+    assert waited[0].state is pgq.JobState.CANCELLED
+
+
+async def test_wait_times_out_names_an_unknown_job_and_ends_when_the_client_closes(
+    dsn: str, conn: Conn
+) -> None:
+    sync = pgq.SyncClient(dsn)
+    with sync:
+        job = sync.enqueue("t")
+        with pytest.raises(TimeoutError, match=f"job {job.id} is not final after 0.2 s"):
+            sync.wait(job, timeout=0.2)
+        with pytest.raises(LookupError, match=f"no job {job.id + 1}"):
+            sync.wait(job.id + 1)
+        with pytest.raises(pgq.ConfigError, match="timeout must be a number of seconds"):
+            sync.wait(job, timeout=float("nan"))
+        async with anyio.create_task_group() as tg:
+            ended: list[BaseException] = []
+
+            async def wait() -> None:
+                try:
+                    await anyio.to_thread.run_sync(lambda: sync.wait(job))
+                except pgq.ClientClosed as exc:
+                    ended.append(exc)
+
+            tg.start_soon(wait)
+            await until(lambda: _listening(conn))
+            closed_at = anyio.current_time()
+            sync.close()
+        took = anyio.current_time() - closed_at
+    (closed,) = ended
+    assert "closed while a wait() was under way" in str(closed)
+    assert took < 5, f"the wait ended {took:.1f} s after close(), not within about a second"

@@ -126,6 +126,29 @@ async def test_run_task_calls_a_task_with_a_real_context() -> None:
         await testing.run_task(retrying)
 
 
+async def test_run_task_cannot_run_a_task_that_completes_in_its_own_transaction(
+    client: pgq.Client, dsn: str
+) -> None:
+    """docs/testing.md: run_task has no worker behind its context, so ctx.complete says
+    so; drain, a real worker, runs the same task."""
+    app = pgq.App()
+
+    @app.task
+    async def settles(ctx: pgq.JobContext) -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            async with conn.transaction():
+                await ctx.complete(connection=conn, result="in my transaction")
+        finally:
+            await conn.close()
+
+    with pytest.raises(pgq.ConfigError, match="pgq.testing.drain runs one"):
+        await testing.run_task(settles)
+    await client.enqueue(settles.spec())
+    (job,) = (await testing.drain(app, dsn)).completed
+    assert job.result == "in my transaction"
+
+
 def test_an_applications_suite_runs_with_the_plugin(server_dsn: str, tmp_path: Path) -> None:
     """docs/examples/testing, run by pytest as the application's own suite would be: the
     plugin arrives through its entry point and finds the server from PGQ_TEST_DSN."""
@@ -139,7 +162,7 @@ def test_an_applications_suite_runs_with_the_plugin(server_dsn: str, tmp_path: P
         timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "4 passed" in out.stdout
+    assert "5 passed" in out.stdout
     assert "pgq: tests use the server of PGQ_TEST_DSN" in out.stdout
 
 

@@ -41,6 +41,29 @@ def test_task_registration_and_lookup() -> None:
         app.task(name="send")(report.fn)
 
 
+def test_periodic_stacks_on_a_task_and_keeps_its_options() -> None:
+    """docs/lifecycle.md: @app.periodic above @app.task schedules that task (several
+    schedules need names); the other way round is refused, saying which order works."""
+    app = pgq.App()
+
+    @app.periodic(every=3600, args={"full": True}, name="hourly-full")
+    @app.periodic("0 3 * * *", name="nightly")
+    @app.task(queue="reports", max_attempts=5)
+    async def build(ctx: pgq.JobContext, full: bool = False) -> None: ...
+
+    assert isinstance(build, pgq.Task) and list(app.tasks) == ["build"]
+    assert (build.queue, build.max_attempts) == ("reports", 5)
+    assert [(s.name, s.task, s.args) for s in app.schedules] == [
+        ("nightly", build, {}),
+        ("hourly-full", build, {"full": True}),
+    ]
+    with pytest.raises(ConfigError, match="put @app.periodic above @app.task"):
+
+        @app.task(queue="reports")
+        @app.periodic(every=60)
+        async def upside_down(ctx: pgq.JobContext) -> None: ...
+
+
 @pytest.mark.parametrize(
     ("option", "value", "says"),
     [

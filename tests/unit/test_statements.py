@@ -73,6 +73,10 @@ def test_the_statements_notify_on_the_channels_of_python() -> None:
     assert notified == CHANNELS
 
 
+def test_the_wait_listens_on_the_channel_of_python() -> None:
+    assert sql.LISTEN_DONE.split() == ["LISTEN", sql.CHANNEL_DONE]
+
+
 def test_the_default_max_attempts_is_the_one_of_python() -> None:
     defaults = re.findall(r"COALESCE\([a-z.]*max_attempts, (\d+)\)", _bodies())
     assert defaults and set(defaults) == {str(DEFAULT_MAX_ATTEMPTS)}

@@ -3,6 +3,8 @@ installed (pgq's suite runs this file in a pytest of its own)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import asyncpg
 import pytest
 import signup
@@ -24,6 +26,24 @@ async def test_signup_enqueues_a_welcome(pgq_client: pgq.Client) -> None:
         pgq_client, signup.send_welcome, {"to": "ada@example.com"}, queue="emails"
     )
     assert job.state is pgq.JobState.SCHEDULED  # an hour from now; nothing ran
+
+
+@pytest.fixture
+async def app_client(pgq_dsn: str) -> AsyncIterator[pgq.Client]:
+    """A client with the App: enqueues by name are checked and go to the task's queue."""
+    async with pgq.Client(pgq_dsn, app=signup.app) as client:
+        yield client
+
+
+async def test_an_enqueue_by_name_is_checked_and_routed_by_a_client_with_the_app(
+    pgq_client: pgq.Client, app_client: pgq.Client
+) -> None:
+    plain = await pgq_client.enqueue("send_welcome", {"to": "cy@example.com"})
+    assert plain.queue == "default"  # pgq_client has no App: not the task's queue
+    routed = await app_client.enqueue("send_welcome", {"to": "cy@example.com"})
+    assert routed.queue == "emails"
+    with pytest.raises(pgq.ConfigError, match="takes no argument email"):
+        await app_client.enqueue("send_welcome", {"email": "cy@example.com"})
 
 
 async def test_drain_runs_delayed_jobs_and_retries_without_waiting(

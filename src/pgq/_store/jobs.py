@@ -94,14 +94,14 @@ async def retry(db: Db, job_ids: list[int]) -> list[int]:
 
 
 #: How many times a retry runs when a job enqueued meanwhile takes a key it would take.
-_RETRY_TRIES = 3
+RETRY_TRIES = 3
 
 
 async def _retry(conn: Connection, job_ids: list[int]) -> list[int]:
     # The statement leaves out jobs whose key is held, but a job enqueued with that key
     # between its check and its write still collides: the statement runs again (in a
     # savepoint inside a caller's transaction, which survives) and then sees that job.
-    for tries_left in reversed(range(_RETRY_TRIES)):
+    for tries_left in reversed(range(RETRY_TRIES)):
         try:
             rows = await _in_savepoint(conn, sql.RETRY_JOBS, job_ids)
         except asyncpg.UniqueViolationError as e:

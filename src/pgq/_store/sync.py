@@ -1,10 +1,12 @@
 """The same enqueue for synchronous code, on psycopg (3): the plans of ``enqueue`` run on a
 :class:`PsycopgDriver`, their statements as they are (a raw cursor takes PostgreSQL's own
-``$1`` placeholders), the jobs put together by the same functions as the async path; and
-the schema check and a caller's connection, for :class:`~pgq.SyncClient`."""
+``$1`` placeholders), the jobs put together by the same functions as the async path; and,
+for :class:`~pgq.SyncClient`, the schema check, a caller's connection, the statements of
+``jobs.py`` (read, cancel, retry) and a LISTEN for the jobs that finish."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -16,8 +18,11 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from pgq._store import sql
+from pgq._store.codec import job_from_row
+from pgq._store.jobs import RETRY_TRIES, UNIQUE_INDEX
 from pgq._store.revision import SHARED_IDS, is_unknown, read_revision, require_current
 from pgq.errors import ConfigError
+from pgq.job import Job, JobState
 
 IDLE = TransactionStatus.IDLE
 
@@ -113,3 +118,68 @@ def caller_connection_sync(connection: Any) -> psycopg.Connection[Any]:
             "the engine with a postgresql+psycopg:// URL"
         )
     return driver
+
+
+# --------------------------------------------------------------------------- jobs (jobs.py)
+
+
+def get_job(conn: psycopg.Connection[Any], job_id: int) -> Job | None:
+    """The job with ``job_id``, or None (``jobs.get``)."""
+    with cursor(conn) as cur:
+        row = cur.execute(sql.GET_JOB, [job_id]).fetchone()
+    return job_from_row(row) if row is not None else None
+
+
+def cancel(conn: psycopg.Connection[Any], job_ids: list[int]) -> dict[int, JobState]:
+    """Cancel jobs not yet running, request it of running ones; each acted-on job's state
+    now (``jobs.cancel``)."""
+    with cursor(conn) as cur:
+        rows = cur.execute(sql.CANCEL_JOBS, [job_ids]).fetchall()
+    return {r["id"]: JobState(r["state"]) for r in rows}
+
+
+def retry(conn: psycopg.Connection[Any], job_ids: list[int]) -> list[int]:
+    """Make finished, retryable or scheduled jobs available now; the ids changed
+    (``jobs.retry``, whose reasons hold here: a job enqueued meanwhile that takes a key one
+    of them would take makes the statement run again, in a savepoint inside a caller's
+    transaction, which survives)."""
+    for tries_left in reversed(range(RETRY_TRIES)):
+        try:
+            if conn.info.transaction_status == IDLE:
+                rows = _fetch(conn, sql.RETRY_JOBS, [job_ids])
+            else:
+                with conn.transaction():  # a savepoint, inside a transaction
+                    rows = _fetch(conn, sql.RETRY_JOBS, [job_ids])
+        except psycopg.errors.UniqueViolation as e:
+            if e.diag.constraint_name != UNIQUE_INDEX or not tries_left:
+                raise
+        else:
+            return sorted(r["id"] for r in rows)
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+def _fetch(conn: psycopg.Connection[Any], statement: str, params: Sequence[Any]) -> list[Any]:
+    with cursor(conn) as cur:
+        return cur.execute(statement, params).fetchall()
+
+
+class DoneListener:
+    """A connection of one wait's own that LISTENs on ``pgq_done``: it tells when a job's
+    id is announced as final. It runs no other statement, so no notification can arrive
+    while something else reads the connection (psycopg before 3.2.4 dropped those)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute(sql.LISTEN_DONE)
+        self.conn = conn
+
+    def announced(self, job_id: int, timeout_s: float) -> bool:
+        """Whether ``job_id`` is announced within ``timeout_s`` seconds (False: not yet)."""
+        wanted = str(job_id)
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            for notify in self.conn.notifies(timeout=left, stop_after=1):
+                if wanted in notify.payload.split(","):
+                    return True
+        return False

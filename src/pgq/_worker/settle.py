@@ -51,7 +51,7 @@ class Settler:
         the driver's errors come out as pgq's (a public call's, for the task)."""
         outcome = self.outcome(ctx, kind, **details)
         settle_token = uuid.uuid4()
-        with database_errors():
+        with database_errors(caller=connection):
             driver = await caller_driver(connection)
             state = await store.settle(
                 driver, outcome.job_id, outcome.token, settle_token, outcome.state,
@@ -66,7 +66,7 @@ class Settler:
 
         outcome = self.outcome(ctx, kind, **details)
         settle_token = uuid.uuid4()
-        with database_errors():
+        with database_errors(caller=connection):
             state = store.settle_sync(
                 caller_connection_sync(connection), outcome.job_id, outcome.token,
                 settle_token, outcome.state, delay_s=outcome.delay_s, error=outcome.error,

@@ -165,7 +165,8 @@ class Worker:
 
     def stop(self, *, now: bool = False) -> None:
         """Ask the worker to stop: claim nothing more, let running jobs finish within
-        ``shutdown_timeout`` (``now=True``: cancel them at once), record the rest retryable."""
+        ``shutdown_timeout`` (``now=True``: cancel them at once); the rest are made
+        ``available`` again, their attempt not counted."""
         if now:
             self._stop_now = True
             for producer in self._parts.producers if self._parts else ():

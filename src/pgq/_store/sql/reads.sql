@@ -152,3 +152,8 @@ SELECT n.name, q.paused_at,
        q.key_rate_period_s
 FROM names n LEFT JOIN pgq_queues q ON q.name = n.name
 ORDER BY n.name;
+
+-- name: LISTEN_DONE
+-- A SyncClient wait's own connection: the ids of jobs that became final arrive on it as
+-- pgq_done notifications (the async client's asyncpg LISTENs through add_listener).
+LISTEN pgq_done;

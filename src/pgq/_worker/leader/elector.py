@@ -13,6 +13,9 @@ from pgq._worker.liveness import clock
 
 log = logging.getLogger("pgq.leader")
 
+#: The longest a resignation waits for its statement.
+RESIGN_S = 2.0
+
 
 class Elector:
     """Holds, renews or waits for the single ``default`` leader lease.
@@ -71,7 +74,10 @@ class Elector:
                 )
         except DATABASE_ERRORS as exc:
             if self._held:
-                log.warning("could not renew the leader lease (%s); leading until it lapses", exc)
+                log.warning(
+                    "could not renew the leader lease (%s); leading until it lapses",
+                    _why(exc, self.renew_interval_s),
+                )
             return self.is_leader
         if won:
             self._valid_until = sent + self._ttl_s
@@ -90,8 +96,21 @@ class Elector:
             return
         self._held = False
         try:
-            with anyio.fail_after(2):
+            with anyio.fail_after(RESIGN_S):
                 await store.resign(self._pool, self._worker_id)
             log.info("worker %s resigned leadership", self._worker_name)
         except DATABASE_ERRORS as exc:
-            log.warning("could not resign leadership (%s); the lease will lapse", exc)
+            log.warning(
+                "could not resign leadership (%s); the lease will lapse", _why(exc, RESIGN_S)
+            )
+
+
+def _why(exc: BaseException, limit_s: float) -> str:
+    """What a lease statement that failed met, readable: a timeout (whose text is empty)
+    says what it waited for."""
+    if isinstance(exc, TimeoutError):
+        return (
+            f"TimeoutError: no reply within {limit_s:g} s; the statement may be waiting on "
+            "a lock another session holds on pgq_leader, or the server is slow or out of reach"
+        )
+    return f"{type(exc).__name__}: {str(exc).strip() or 'no message'}"

@@ -113,6 +113,7 @@ class Worker:
 
     Embedded: ``async with pgq.Worker(app, dsn) as worker:`` runs it in the background
     until the block ends (then stops gracefully). Standalone: ``await worker.run()``.
+    A Worker runs once: a second or concurrent run raises :class:`~pgq.ConfigError`.
     """
 
     def __init__(
@@ -143,6 +144,8 @@ class Worker:
         self._health_host = health_host
         self._stop_requested = anyio.Event()
         self._stop_now = False
+        #: "running" from the first run's start, "ran" once it ended: a Worker runs once.
+        self._run_state: str | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._parts: Parts | None = None
         self._make_due: Callable[[Producer], Awaitable[int]] | None = None
@@ -215,7 +218,19 @@ class Worker:
         return await self._tg.__aexit__(et, e, tb)
 
     async def _open(self) -> Pools:
-        return await open_pools(self._target, self.name, len(self._queues))
+        # Checked and set before the first await: of two concurrent runs, one opens.
+        if self._run_state is not None:
+            raise ConfigError(
+                f"worker {self.name}: this Worker "
+                f"{'is running' if self._run_state == 'running' else 'has run'} already; "
+                "a Worker runs once: make a new pgq.Worker to run again"
+            )
+        self._run_state = "running"
+        try:
+            return await open_pools(self._target, self.name, len(self._queues))
+        except BaseException:
+            self._run_state = None  # nothing ran: a start that could not connect may retry
+            raise
 
     def _identity(self) -> Identity:
         return Identity(
@@ -238,6 +253,7 @@ class Worker:
                 await self._serve(pool, parts, burst, task_status)
         finally:
             self._pool = None
+            self._run_state = "ran"
             await pools.close()
 
     async def _serve(

@@ -16,6 +16,7 @@ from pgq._store.connections import (
     WORKER_SESSION_SETTINGS,
     Pool,
     Target,
+    connect_budget_s,
     create_pool,
 )
 from pgq._store.revision import check_schema
@@ -146,7 +147,10 @@ def build(
         me.target, producers, s, worker_id=me.worker_id, worker_name=me.name,
         bounds=me.bounds(),
     )  # fmt: skip
-    elector = Elector(pool, worker_id=me.worker_id, worker_name=me.name, ttl_s=s.leader_ttl)
+    elector = Elector(
+        pool, worker_id=me.worker_id, worker_name=me.name, ttl_s=s.leader_ttl,
+        connect_s=connect_budget_s(me.target.dsn),
+    )  # fmt: skip
     rescuer = Rescuer(
         pool,
         s,

@@ -84,7 +84,11 @@ async def open_pools(target: Target, worker_name: str, queues: int) -> Pools:
             **target.options(application_name, CLAIM_SESSION_SETTINGS),
         )
     except BaseException:
-        await pool.close()
+        # Shielded: a stop while the worker opens cancels it (Worker.stop).
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
+            await pool.close()
+        if scope.cancelled_caught:
+            pool.terminate()
         raise
     return Pools(pool, claims)
 

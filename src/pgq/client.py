@@ -245,7 +245,8 @@ class Client:
         raises (naming its place, ``job N:``) and none are enqueued. A spec whose unique key
         is taken comes back as the job holding the key, with ``duplicate=True``. The batch
         is written whole or not at all; a call cancelled while its commit is under way may
-        have written it (as for any commit whose reply never came).
+        have written it (as for any commit whose reply never came). Any other error says
+        whether the batch was written: one that says it was must not be retried.
         """
         rows = [prepare(i, spec, self._app) for i, spec in enumerate(specs)]
         if not rows:

@@ -56,7 +56,9 @@ class WorkerSettings:
     )
     heartbeat_interval: float = _setting(5.0, "seconds between producer heartbeats")
     heartbeat_timeout: float = _setting(
-        2.0, "seconds one heartbeat may take before it counts as failed"
+        2.0,
+        "seconds one heartbeat may take before it counts as failed (a new connection first "
+        "gets as long per host of the DSN)",
     )
     max_heartbeat_failures: int = _setting(
         3, "consecutive failed heartbeats that make a producer stop claiming", minimum=1
@@ -131,9 +133,10 @@ class WorkerSettings:
 
     @property
     def fencing_bound(self) -> float:
-        """Seconds after its last successful heartbeat by which a producer has certainly
-        stopped claiming: its failing heartbeats start at most ``heartbeat_interval`` apart
-        and each ends within ``heartbeat_timeout``."""
+        """Seconds after its last successful heartbeat was sent by which a producer has
+        certainly stopped claiming: its own clock fences it then, however long its beats
+        take (a connect may try every host of the DSN); failing beats that each end within
+        ``heartbeat_timeout`` fence it no later by their count (docs/liveness.md)."""
         return self.heartbeat_interval * self.max_heartbeat_failures + self.heartbeat_timeout
 
     def _check_liveness(self) -> None:

@@ -5,9 +5,14 @@ cannot start ends the supervisor with its error; --burst ends when every child h
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import signal
+import subprocess
+import sys
 import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +21,9 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import pgq
+from pgq._cli.supervisor import STARTING_S
+from tests.faults.proxy import Proxy
 from tests.faults.test_faults import (
     all_completed,
     assert_exactly_once,
@@ -30,6 +38,16 @@ from tests.tests_support import until
 pytestmark = [pytest.mark.anyio, pytest.mark.faults, pytest.mark.timeout(180)]
 
 
+#: Recorded by every child a supervisor starts (a ``sitecustomize`` on the children's path):
+#: its pid and when it began, on the system-wide monotonic clock.
+RECORD_SPAWN = """
+import os, time
+if "_PGQ_SUPERVISED" in os.environ:
+    with open(os.environ["PGQ_TEST_SPAWNS"], "a") as f:
+        f.write(f"{os.getpid()} {time.monotonic()}\\n")
+"""
+
+
 def supervisor(
     name: str,
     dsn: str,
@@ -42,7 +60,7 @@ def supervisor(
     settings: dict[str, float] = SETTINGS,
 ) -> WorkerProcess:
     extra = ("--processes", str(processes), *(("--burst",) if burst else ()))
-    return WorkerProcess(
+    sup = WorkerProcess(
         name,
         dsn,
         tmp_path,
@@ -52,6 +70,30 @@ def supervisor(
         app=app,
         extra_args=extra,
     )
+    # Every child it starts is recorded; each test may restart one once, no more.
+    site = tmp_path / f"{name}-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(RECORD_SPAWN)
+    spawns = tmp_path / f"{name}-spawns.txt"
+    spawns.touch()
+    sup.path, sup.env = [str(site)], {"PGQ_TEST_SPAWNS": str(spawns)}
+    _bounds.append((spawns, processes + 1))
+    return sup
+
+
+#: Each supervisor of the running test: where its children are recorded, and how many it
+#: may start.
+_bounds: list[tuple[Path, int]] = []
+
+
+@pytest.fixture(autouse=True)
+def _bounded() -> Iterator[None]:
+    """Every supervisor a test runs started no more children than its bound."""
+    _bounds.clear()
+    yield
+    for spawns, bound in _bounds:
+        started = len(spawns.read_text().splitlines())
+        assert started <= bound, f"{started} children started, more than {bound}"
 
 
 async def fleet(port: int) -> tuple[int, dict[str, Any]]:
@@ -269,3 +311,159 @@ async def test_children_stop_gracefully_when_their_supervisor_is_killed(
     await until(gone, limit_s=30)
     out = sup.output()
     assert out.count("its supervisor has gone; stopping") == 2
+
+
+class Confined:
+    """A `pgq worker --processes` run confined to one CPU (so at most 4 children, one
+    starting at a time), each child it starts recorded, and all of them killed at the end.
+    ``bound`` is the most children the test lets it start: past it, all are killed."""
+
+    def __init__(self, tmp_path: Path, dsn: str, bound: int, *args: str) -> None:
+        site = tmp_path / "site"
+        site.mkdir(exist_ok=True)
+        (site / "sitecustomize.py").write_text(RECORD_SPAWN)
+        self.spawns = tmp_path / "spawns.txt"
+        self.spawns.touch()
+        self.log_path = tmp_path / "supervisor.log"
+        self.bound = bound
+        here = Path(__file__).resolve().parent
+        env = {
+            **os.environ,
+            "PGQ_TEST_SPAWNS": str(self.spawns),
+            "PYTHONPATH": os.pathsep.join([str(site), str(here), str(here.parents[1] / "src")]),
+        }
+        cpu = min(os.sched_getaffinity(0))
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pgq", "--log-level", "INFO", "worker", "fault_app:app",
+             "--dsn", dsn, *args],
+            cwd=here, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+            preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+        )  # fmt: skip
+
+    def spawned(self) -> list[tuple[int, float]]:
+        """Each child started so far: its pid and when it began."""
+        lines = self.spawns.read_text().split("\n")
+        return [(int(p), float(t)) for p, t in (line.split() for line in lines if line)]
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def wait(self, condition: Callable[[], bool], limit_s: float) -> None:
+        """Wait for ``condition``, checking the bound all the while."""
+        with anyio.fail_after(limit_s):
+            while not condition():
+                self.check_bound()
+                await anyio.sleep(0.02)
+        self.check_bound()
+
+    def check_bound(self) -> None:
+        if len(self.spawned()) > self.bound:
+            self.kill()
+            pytest.fail(f"{len(self.spawned())} children started, more than {self.bound}")
+
+    def kill(self) -> None:
+        for pid in [self.proc.pid, *(p for p, _ in self.spawned())]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def confined(tmp_path: Path) -> Iterator[list[Confined]]:
+    runs: list[Confined] = []
+    yield runs
+    for run in runs:
+        run.kill()
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie not yet reaped does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@contextlib.asynccontextmanager
+async def never_answering() -> AsyncIterator[tuple[str, Proxy]]:
+    """A DSN whose server accepts connections and never answers (a stalled proxy), and the
+    proxy, which counts the connections begun."""
+    proxy = Proxy("127.0.0.1", 9)
+    proxy.stall()
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        # A connect waits a minute: no child gives up while a test watches it start.
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres?connect_timeout=60", proxy
+        tg.cancel_scope.cancel()
+
+
+async def test_more_than_four_processes_per_cpu_are_refused_unless_told(
+    tmp_path: Path, confined: list[Confined]
+) -> None:
+    async with never_answering() as (dsn, proxy):
+        refused = Confined(tmp_path, dsn, 0, "--processes", "5")
+        confined.append(refused)
+        await refused.wait(lambda: refused.proc.poll() is not None, 30)
+        assert refused.proc.returncode == 1
+        assert (
+            "pgq: error: --processes 5 (or PGQ_PROCESSES) is more than 4 per CPU this process "
+            "may use (1 CPU: at most 4); give --processes auto (one per CPU) or at most 4, or "
+            "add --no-process-limit to start 5 anyway"
+        ) in refused.output()
+        assert proxy.connections == 0
+        told = Confined(tmp_path, dsn, 5, "--processes", "5", "--no-process-limit")
+        confined.append(told)
+        await told.wait(lambda: proxy.connections >= 1, 60)
+        told.proc.send_signal(signal.SIGTERM)
+        await told.wait(lambda: told.proc.poll() is not None, 15)
+        assert told.proc.returncode == 0, told.output()
+        assert "supervising 5 worker processes" in told.output()
+
+
+async def test_children_start_one_per_cpu_at_a_time_and_a_sigterm_meanwhile_stops_all(
+    tmp_path: Path, confined: list[Confined]
+) -> None:
+    # Children whose database never answers never report their start: each holds the one
+    # start-up slot of this one-CPU run until STARTING_S has passed. The SIGTERM comes
+    # while the second is connecting: every child stops at once, the rest never start.
+    async with never_answering() as (dsn, proxy):
+        run = Confined(tmp_path, dsn, 4, "--processes", "4")
+        confined.append(run)
+        await run.wait(lambda: proxy.connections >= 2, STARTING_S + 60)
+        run.proc.send_signal(signal.SIGTERM)
+        signalled = anyio.current_time()
+        await run.wait(lambda: run.proc.poll() is not None, 30)
+        assert anyio.current_time() - signalled < 5.0, run.output()
+        assert run.proc.returncode == 0, run.output()
+    spawned = run.spawned()
+    assert 2 <= len(spawned) < 4, "the SIGTERM came before the last had its turn"
+    for (_, earlier), (_, later) in itertools.pairwise(spawned):
+        # None started: each waited for the one before to give its slot up.
+        assert later - earlier >= STARTING_S - 0.5, spawned
+    assert not [pid for pid, _ in spawned if alive(pid)]
+
+
+async def test_a_worker_stopped_while_it_connects_stops_at_once() -> None:
+    app = pgq.App()
+
+    @app.task
+    async def t(ctx: pgq.JobContext) -> None: ...
+
+    async with never_answering() as (dsn, proxy):
+        worker = pgq.Worker(app, dsn)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(worker.run)
+            await until(lambda: _is(proxy.connections >= 1))  # connecting: 60 s to wait
+            began = anyio.current_time()
+            worker.stop()
+        assert anyio.current_time() - began < 2.0
+        assert not worker.started.is_set()
+        with pytest.raises(pgq.ConfigError, match="has run already"):
+            await worker.run()
+
+
+async def _is(value: bool) -> bool:
+    return value

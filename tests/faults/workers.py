@@ -84,6 +84,10 @@ class WorkerProcess:
         self.prefix = prefix  # e.g. `ip netns exec NAME`: where the process runs
         self.args = [*prefix, *args, *extra_args]
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Set before start(): variables of the process's own, and directories put first on
+        #: its PYTHONPATH (a ``sitecustomize`` there runs in every Python it starts).
+        self.env: dict[str, str] = {}
+        self.path: list[str] = []
 
     def start(self) -> None:
         env = {
@@ -92,8 +96,9 @@ class WorkerProcess:
             "FAULT_WORKER": self.name,
             "PGQ_DSN": self.dsn,
             "PYTHONPATH": os.pathsep.join(
-                [str(HERE), str(ROOT / "docs" / "examples"), str(ROOT / "src")]
+                [*self.path, str(HERE), str(ROOT / "docs" / "examples"), str(ROOT / "src")]
             ),
+            **self.env,
         }
         self.log = self.log_path.open("ab")
         self.proc = subprocess.Popen(

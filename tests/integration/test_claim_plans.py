@@ -41,6 +41,7 @@ async def test_claims_reuse_a_cached_plan_and_still_skip_paused_and_limited_queu
 
     worker = pgq.Worker(app, dsn)
     pools = await worker._open()
+    assert pools is not None
     try:
         assert pools.claims is not pools.main
         async with pools.claims.acquire() as c:
@@ -121,6 +122,7 @@ async def test_plans_cached_while_the_table_was_small_scan_no_table_once_it_has_
     limited = ClaimPlan("lim", ("noop",), (None,), (3,))
     await queues.set_limits(conn, "lim", QueueLimits(concurrency=1_000_000))
     pools = await pgq.Worker(app, dsn)._open()
+    assert pools is not None
     try:
         async with pools.claims.acquire() as c:
             producer = uuid.uuid4()

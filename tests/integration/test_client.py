@@ -238,6 +238,59 @@ async def test_a_stop_before_the_commit_is_awaited_still_reaches_it(
     assert len(await client.enqueue_many([pgq.JobSpec("t")] * 2)) == 2
 
 
+SLOWISH_COMMIT = SLOW_COMMIT.replace("pg_sleep(60)", "pg_sleep(1)")
+
+
+async def test_a_bulk_enqueue_whose_jobs_cannot_be_built_says_its_commit_landed(
+    client: pgq.Client, conn: Conn, dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The jobs are built while the COMMIT is under way; a build that fails (here, out of
+    # memory while the server still runs the commit) used to cancel the commit and raise,
+    # though the COMMIT may have landed: a caller retrying the batch would enqueue it twice.
+    await conn.execute(SLOWISH_COMMIT)
+    from pgq._store import enqueue
+
+    def out_of_memory(*args: object) -> list[pgq.Job[object]]:
+        _block_until_sleeping(dsn)  # the commit is under way
+        raise MemoryError("no room for 101 jobs")
+
+    monkeypatch.setattr(enqueue, "copied_jobs", out_of_memory)
+    specs = [pgq.JobSpec("t", {"i": i}) for i in range(100)] + [pgq.JobSpec("slow")]
+    with anyio.fail_after(20), pytest.raises(pgq.PgqError) as info:
+        await client.enqueue_many(specs)
+    assert re.fullmatch(
+        r"the 101 jobs of this batch \(ids \d+ to \d+, in order\) were enqueued \(their "
+        r"transaction committed\), but the jobs to return could not be made \(MemoryError: "
+        r"no room for 101 jobs\): do not enqueue them again; read them with get_job or "
+        r"list_jobs",
+        str(info.value),
+    ), str(info.value)
+    assert isinstance(info.value.__cause__, MemoryError)
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 101
+
+
+async def test_a_bulk_enqueue_whose_build_and_commit_fail_says_nothing_was_written(
+    client: pgq.Client, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The commit refused (a deferred rule of the user's) while the build failed: the
+    # commit's error is the caller's, as nothing was written; the build's is its context.
+    await conn.execute(
+        REFUSE_BOOM + REFUSE_WHEN["commit"] + " FOR EACH ROW EXECUTE FUNCTION refuse_boom()"
+    )
+    from pgq._store import enqueue
+
+    def out_of_memory(*args: object) -> list[pgq.Job[object]]:
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(enqueue, "copied_jobs", out_of_memory)
+    specs = [pgq.JobSpec("t", {"i": i}) for i in range(100)] + [pgq.JobSpec("boom")]
+    with pytest.raises(pgq.DatabaseError, match="no boom jobs") as info:
+        await client.enqueue_many(specs)
+    assert isinstance(info.value.__cause__, asyncpg.RaiseError)
+    assert isinstance(info.value.__cause__.__context__, MemoryError)
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 0
+
+
 async def _equals(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
 

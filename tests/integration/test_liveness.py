@@ -1036,6 +1036,31 @@ async def test_healthz_reports_200_then_503_with_a_reason(dsn: str) -> None:
             assert (await http.get(url.replace("healthz", "nope"))).status_code == 404
 
 
+async def test_a_health_check_that_raises_answers_500_and_the_worker_runs_on(
+    dsn: str, client: pgq.Client
+) -> None:
+    import httpx
+
+    class Broken(pgq.Worker):
+        def health(self) -> tuple[bool, dict[str, Any]]:
+            raise RuntimeError("the health check broke")
+
+    ran: list[int] = []
+    async with Broken(make_app(ran), dsn, health_port=0, **FAST) as worker:
+        async with httpx.AsyncClient() as http:
+            url = f"http://127.0.0.1:{worker.health_port}/healthz"
+            for _ in range(3):
+                answer = await http.get(url)
+                assert answer.status_code == 500
+                assert answer.json()["error"] == "health check failed: the health check broke"
+        await client.enqueue("work", {"n": 1})
+
+        async def ran_it() -> bool:
+            return ran == [1]
+
+        await until(ran_it)  # the worker survived its probes
+
+
 async def test_pgq_producers_lists_status_and_leader(dsn: str, conn: Conn, python: str) -> None:
     await fake_producer(conn, silent_s=3600, name="ghost:9")
     async with pgq.Worker(make_app(), dsn, name="live:1", **{**FAST, "rescue_interval": 3600}):

@@ -342,3 +342,22 @@ async def test_wait_times_out_names_an_unknown_job_and_ends_when_the_client_clos
     (closed,) = ended
     assert "closed while a wait() was under way" in str(closed)
     assert took < 5, f"the wait ended {took:.1f} s after close(), not within about a second"
+
+
+async def test_a_bulk_enqueue_whose_jobs_cannot_be_built_says_it_committed(
+    dsn: str, conn: Conn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sync client builds the jobs once the commit returned: a failure there must not
+    # read as a batch that failed, which a retry would enqueue twice.
+    from pgq._store import enqueue
+
+    def out_of_memory(*args: object) -> list[pgq.Job[object]]:
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(enqueue, "copied_jobs", out_of_memory)
+    with pgq.SyncClient(dsn) as client, pytest.raises(pgq.PgqError) as info:
+        client.enqueue_many([pgq.JobSpec("t", {"i": i}) for i in range(50)])
+    assert "the 50 jobs of this batch" in str(info.value)
+    assert "were enqueued (their transaction committed)" in str(info.value)
+    assert isinstance(info.value.__cause__, MemoryError)
+    assert await conn.fetchval("SELECT count(*) FROM pgq_jobs") == 50

@@ -15,6 +15,8 @@ import pgq
 from pgq._worker.executor import CANCEL, Execution
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
+from tests.faults.proxy import Proxy
+from tests.faults.workers import upstream, via_proxy
 from tests.tests_support import blocking_app, until
 
 pytestmark = pytest.mark.anyio
@@ -490,6 +492,39 @@ async def test_stop_now_cancels_at_once(client: pgq.Client, dsn: str) -> None:
             worker.stop()
             await anyio.sleep(0.1)
             worker.stop(now=True)
+    assert (await client.get_job(job.id)).state is pgq.JobState.AVAILABLE  # type: ignore[union-attr]
+
+
+async def test_a_worker_runs_once_and_a_second_run_opens_no_connection(
+    client: pgq.Client, dsn: str
+) -> None:
+    # Its stop event stays set after a run: a second run used to connect, register
+    # producers under the same worker id and stop at once, without a word.
+    app, started = blocking_app()
+    proxy = Proxy(*upstream(dsn))  # counts the connections the worker opens
+    async with anyio.create_task_group() as tg:
+        worker = pgq.Worker(app, via_proxy(dsn, await tg.start(proxy.run)), shutdown_timeout=0.1)
+        job = await client.enqueue("forever")
+        with anyio.fail_after(15):
+            async with anyio.create_task_group() as running:
+                running.start_soon(worker.run)
+                await started.wait()
+                for again in (worker.run, worker.__aenter__):  # concurrent with the first
+                    with pytest.raises(pgq.ConfigError, match="is running already; a Worker runs"):
+                        await again()
+                assert worker.stats()["producers"], "the first run goes on"
+                worker.stop()
+        opened = proxy.connections
+        assert opened > 0
+        with anyio.fail_after(15):
+            for again in (worker.run, functools.partial(worker.run, burst=True)):
+                with pytest.raises(pgq.ConfigError, match="has run already; a Worker runs once"):
+                    await again()
+            with pytest.raises(pgq.ConfigError, match="make a new pgq.Worker"):
+                async with worker:
+                    pass
+        assert proxy.connections == opened, "a second run opened no connection"
+        tg.cancel_scope.cancel()
     assert (await client.get_job(job.id)).state is pgq.JobState.AVAILABLE  # type: ignore[union-attr]
 
 

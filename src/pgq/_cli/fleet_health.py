@@ -72,6 +72,8 @@ class FleetHealth:
                 verdict = json.loads(body)
             except (OSError, ValueError, anyio.EndOfStream):
                 return
+            if not isinstance(verdict, dict):  # not a worker's answer: as if it had none
+                return
             self._answers[index] = (time.monotonic(), status == 200, verdict)
 
     def check(self) -> tuple[bool, dict[str, Any]]:
@@ -120,7 +122,7 @@ class FleetHealth:
                 try:
                     status, body = await get(port, "/metrics")
                     text = body.decode() if status == 200 else None
-                except (OSError, UnicodeDecodeError, anyio.EndOfStream):
+                except (OSError, ValueError, anyio.EndOfStream):  # ValueError: not HTTP, not text
                     text = None
             bodies.append((c.name, text))
 
@@ -152,7 +154,10 @@ async def get(port: int, path: str) -> tuple[int, bytes]:
         except anyio.EndOfStream:
             pass
     head, _, body = data.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
+    status = head.split(b" ", 2)[1:2]
+    if not status or not status[0].isdigit():  # whatever answers there, it is not HTTP
+        raise ValueError(f"not an HTTP response from port {port}: {head[:40]!r}")
+    return int(status[0]), body
 
 
 def merge_metrics(bodies: Sequence[tuple[str, str | None]]) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pgq._cli import logconfig
 from pgq._cli.flags import MAX_LIST, bind_host, health_port, host_list, job_id, port, whole
-from pgq._cli.supervisor import process_count
+from pgq._cli.supervisor import add_process_arguments
 from pgq._cli.usage import Parser, SubParser
 from pgq.job import JobState
 from pgq.settings import env_name, optional_setting, parse_optional_seconds, setting_help
@@ -139,17 +139,7 @@ def _worker(sub: Any) -> None:
         default=os.environ.get("PGQ_HEALTH_HOST") or "127.0.0.1",
         help="address the health endpoint binds (default 127.0.0.1; 0.0.0.0: every interface)",
     )
-    p.add_argument(
-        "--processes",
-        type=process_count,
-        metavar="N|auto",
-        default=os.environ.get("PGQ_PROCESSES") or "1",  # a string: checked by the type
-        help="run N worker processes under one supervisor (auto: one per CPU this process "
-        "may use), each with this App and these settings, named NAME-1..N under --name "
-        "NAME; a crashed one is restarted; the supervisor owns --health-port. A flag only "
-        "(not a pgq.Worker keyword): an embedded worker is one process. Default 1: this "
-        "process is the worker; env PGQ_PROCESSES",
-    )
+    add_process_arguments(p)
     p.add_argument(
         "--event-loop",
         choices=("auto", "uvloop", "asyncio"),

@@ -23,8 +23,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -34,6 +34,7 @@ from pgq import _metrics
 from pgq._cli import child as child_link
 from pgq._cli.fleet_health import FleetHealth, describe
 from pgq._worker import health_server
+from pgq.errors import ConfigError
 from pgq.settings import WorkerSettings
 
 log = logging.getLogger("pgq.supervisor")
@@ -53,6 +54,12 @@ _STOPPED_EARLY = (-signal.SIGTERM, -signal.SIGINT, 130)
 #: Seconds to read what an exited child wrote last, should a process it started itself
 #: hold its end of the link open.
 LAST_WORDS_S = 1.0
+#: Children per CPU past which ``--processes`` is refused without ``--no-process-limit``:
+#: each is a Python process with its own pool, and thousands would swamp the host.
+MAX_PER_CPU = 4
+#: Seconds a child starting up holds its start-up slot at most (a child slow to connect
+#: then lets the next one start): at most one child per CPU starts at a time.
+STARTING_S = 10.0
 
 
 @dataclass
@@ -70,6 +77,8 @@ class Child:
     restarts: int = 0
 
     link: socket.socket | None = None
+    #: Set once the child of this run reported its start.
+    up: anyio.Event = field(default_factory=anyio.Event, repr=False)
 
     def stop(self, *, now: bool) -> None:
         """Ask the child to stop: over the link once it has started (a signal it also got
@@ -94,6 +103,28 @@ class Child:
         return self.process is not None and self.process.returncode is None
 
 
+def add_process_arguments(p: argparse.ArgumentParser) -> None:
+    """``pgq worker``'s flags for the supervisor: ``--processes`` and its override."""
+    p.add_argument(
+        "--processes",
+        type=process_count,
+        metavar="N|auto",
+        default=os.environ.get("PGQ_PROCESSES") or "1",  # a string: checked by the type
+        help="run N worker processes under one supervisor (auto: one per CPU this process "
+        "may use), each with this App and these settings, named NAME-1..N under --name "
+        f"NAME; at most {MAX_PER_CPU} per CPU unless --no-process-limit; a crashed one is "
+        "restarted; the supervisor owns --health-port. A flag only (not a pgq.Worker "
+        "keyword): an embedded worker is one process. Default 1: this process is the "
+        "worker; env PGQ_PROCESSES",
+    )
+    p.add_argument(
+        "--no-process-limit",
+        action="store_true",
+        help=f"allow --processes beyond {MAX_PER_CPU} per CPU this process may use (refused "
+        "without it: a typo would swamp the host)",
+    )
+
+
 def process_count(text: str) -> int:
     """``--processes``: a whole number >= 1, or ``auto``: the CPUs this process may run on
     (its affinity mask, as ``os.process_cpu_count()`` counts them)."""
@@ -110,6 +141,21 @@ def process_count(text: str) -> int:
     return value
 
 
+def check_count(count: int, *, no_limit: bool) -> None:
+    """Refuse ``count`` children past :data:`MAX_PER_CPU` per usable CPU, unless the
+    operator said ``--no-process-limit``: a typo (100000 for 10) would fork until the
+    host, or the database's connections, gave out."""
+    cpus = usable_cpus()
+    limit = MAX_PER_CPU * cpus
+    if count > limit and not no_limit:
+        raise ConfigError(
+            f"--processes {count} (or PGQ_PROCESSES) is more than {MAX_PER_CPU} per CPU this "
+            f"process may use ({cpus} CPU{'' if cpus == 1 else 's'}: at most {limit}); give "
+            f"--processes auto (one per CPU) or at most {limit}, or add --no-process-limit "
+            f"to start {count} anyway"
+        )
+
+
 def usable_cpus() -> int:
     """How many CPUs this process may use: its affinity where the platform has one."""
     counter = getattr(os, "process_cpu_count", None)  # Python 3.13
@@ -123,6 +169,7 @@ def usable_cpus() -> int:
 def run(args: argparse.Namespace, argv: Sequence[str], overrides: dict[str, Any]) -> int:
     """Supervise ``args.processes`` workers until a signal (or, with --burst, until all of
     them exited); the exit status is the first non-zero one among the children's."""
+    check_count(args.processes, no_limit=args.no_process_limit)
     settings = WorkerSettings.resolve(overrides)  # a bad setting: one error, no children
     supervisor = Supervisor(
         argv,
@@ -181,12 +228,15 @@ class Supervisor:
         self._failure: str | None = None
         self._fleet = FleetHealth(self.children, settings.stale_after)
         self._tg: anyio.abc.TaskGroup | None = None
+        #: One start-up at a time per CPU: a child's start (Python, the App's import, its
+        #: connections) takes most of a CPU for a while, and a burst of them swamps a host.
+        self._slots = anyio.Semaphore(usable_cpus())
 
     async def run(self) -> int:
         """Run until every child has exited for good; returns the combined exit status."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            tg.start_soon(self._signals)
+            await tg.start(self._signals)  # before any child: a stop is heard from the start
             if self._health is not None:
                 host, port = self._health
                 await tg.start(self._fleet.poll)
@@ -199,10 +249,11 @@ class Supervisor:
                         task_status=task_status,
                     )
                 )
+            names = [c.name for c in self.children]
             log.info(
                 "supervising %d worker processes: %s",
-                len(self.children),
-                ", ".join(c.name for c in self.children),
+                len(names),
+                ", ".join(names if len(names) <= 10 else [*names[:9], "…", names[-1]]),
             )
             async with anyio.create_task_group() as children:
                 for c in self.children:
@@ -230,10 +281,11 @@ class Supervisor:
     async def _keep(self, c: Child) -> None:
         """Run one child, restarting it after a crash, until the stop (or its burst ends)."""
         policy = RestartPolicy()
-        while True:
-            began = time.monotonic()
+        while not self._stopping.is_set():
             status = await self._run_child(c)
-            ran_s = time.monotonic() - began
+            if status is None:  # the stop came before its turn to start
+                return
+            ran_s = time.monotonic() - c.spawned_at  # its wait for a start-up slot aside
             if self._stopping.is_set() or (self._burst and status == 0):
                 return
             delay = policy.after_exit(started=c.started, ran_s=ran_s)
@@ -250,14 +302,51 @@ class Supervisor:
                 return
             c.restarts += 1
 
-    async def _run_child(self, c: Child) -> int:
-        """Start the child and wait for its exit; its status, 128 + N for signal N."""
+    async def _run_child(self, c: Child) -> int | None:
+        """Start the child once a start-up slot is free, and wait for its exit; its status,
+        128 + N for signal N (None: the stop came first, and it was not started)."""
+        if not await self._take_slot():
+            return None
+        held = True
+
+        def release() -> None:  # once: at its start, or at its end, whichever comes first
+            nonlocal held
+            if held:
+                held = False
+                self._slots.release()
+
+        try:
+            ours = await self._spawn(c)
+            heard = anyio.Event()
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._starting, c, release)
+                    tg.start_soon(self._listen, c, ours, heard)
+                    assert c.process is not None
+                    code = await c.process.wait()
+                    # What it said just before it exited ("started", its error) may still
+                    # be on the way: read to the end of the link (closed with the process).
+                    with anyio.move_on_after(LAST_WORDS_S):
+                        await heard.wait()
+                    tg.cancel_scope.cancel()
+            finally:
+                c.link = None
+                ours.close()
+        finally:
+            release()
+        if not c.started and self._stopping.is_set() and code in _STOPPED_EARLY:
+            code = 0  # stopped by a signal before it could catch it: nothing ran yet
+        c.last_status = code if code >= 0 else 128 - code
+        return c.last_status
+
+    async def _spawn(self, c: Child) -> socket.socket:
+        """Start the child's process; the supervisor's end of its link."""
         ours, theirs = socket.socketpair()
         env = {
             **os.environ,
             child_link.ENV: f"{c.index},{theirs.fileno()},{int(self._health is not None)}",
         }
-        c.started, c.health_port, c.error = False, None, None
+        c.started, c.health_port, c.error, c.up = False, None, None, anyio.Event()
         try:
             c.process = await anyio.open_process(
                 self._argv,
@@ -272,6 +361,9 @@ class Supervisor:
                 # of the N sharing one.
                 start_new_session=True,
             )
+        except BaseException:
+            ours.close()
+            raise
         finally:
             theirs.close()
         c.link = ours
@@ -280,23 +372,37 @@ class Supervisor:
             c.name = _name(None, c.index, c.process.pid)
         if self._stopping.is_set():  # the stop came while it was being started
             c.stop(now=False)
-        heard = anyio.Event()
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._listen, c, ours, heard)
-                code = await c.process.wait()
-                # What it said just before it exited ("started", its error) may still be
-                # on the way: read to the end of the link (closed with the process).
-                with anyio.move_on_after(LAST_WORDS_S):
-                    await heard.wait()
-                tg.cancel_scope.cancel()
-        finally:
-            c.link = None
-            ours.close()
-        if not c.started and self._stopping.is_set() and code in _STOPPED_EARLY:
-            code = 0  # stopped by a signal before it could catch it: nothing ran yet
-        c.last_status = code if code >= 0 else 128 - code
-        return c.last_status
+        return ours
+
+    async def _take_slot(self) -> bool:
+        """Wait for a start-up slot; False (and no slot) when the stop comes first."""
+        taken = False
+
+        async def take(scope: anyio.CancelScope) -> None:
+            nonlocal taken
+            await self._slots.acquire()
+            taken = True
+            scope.cancel()
+
+        async def stop(scope: anyio.CancelScope) -> None:
+            await self._stopping.wait()
+            scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take, tg.cancel_scope)
+            tg.start_soon(stop, tg.cancel_scope)
+        if taken and self._stopping.is_set():
+            self._slots.release()
+            return False
+        return taken
+
+    @staticmethod
+    async def _starting(c: Child, release: Callable[[], None]) -> None:
+        """Hold the child's start-up slot until it has started, or STARTING_S has passed
+        (its exit releases it too)."""
+        with anyio.move_on_after(STARTING_S):
+            await c.up.wait()
+        release()
 
     async def _listen(self, c: Child, sock: socket.socket, heard: anyio.Event) -> None:
         """Read the child's messages, its start (and health port) or why it failed, to
@@ -327,6 +433,7 @@ class Supervisor:
                 if message.get("started"):
                     c.started = True
                     c.health_port = message.get("health_port")
+                    c.up.set()
                     log.info("worker %s started (pid %s)", c.name, c.pid)
                 elif "error" in message:
                     c.error = str(message["error"])
@@ -339,8 +446,9 @@ class Supervisor:
         log.error("%s; stopping the other workers", self._failure)
         self.stop()
 
-    async def _signals(self) -> None:
+    async def _signals(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
             seen = 0
             async for signum in signals:
                 seen += 1

@@ -3,10 +3,11 @@ failures from refusals (a caller's connection is ``callers.py``'s)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
 
@@ -19,8 +20,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgq")
 
 if TYPE_CHECKING:
-    from typing import TypeAlias
-
     from asyncpg.pool import PoolConnectionProxy
 
     Connection: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
@@ -154,6 +153,36 @@ async def declare_array_types(conn: asyncpg.Connection[asyncpg.Record]) -> None:
         log.debug("array codecs not declared (%s): asyncpg will introspect them", exc)
 
 
+#: Seconds asyncpg may spend cancelling a statement cut short (a CancelRequest sent on a
+#: connection of its own, then the server's acknowledgment on the statement's): past them
+#: the connection is closed. asyncpg leaves it unbounded, and on a host gone silent (a
+#: machine powered off, a failover's old primary) the connection never comes back, nor
+#: does the pool's slot it holds: a pool of one (a worker's claims) would claim no more.
+CANCEL_S = 10.0
+
+
+if TYPE_CHECKING:
+    _AsyncpgConnection: TypeAlias = asyncpg.Connection[asyncpg.Record]
+else:
+    _AsyncpgConnection = asyncpg.Connection
+
+
+class _Connection(_AsyncpgConnection):
+    """asyncpg's connection, with cancellations bounded by :data:`CANCEL_S`: pgq's own
+    connections and pools are of this class."""
+
+    __slots__ = ()
+
+    async def _cancel(self, *args: Any, **kwargs: Any) -> None:
+        # asyncpg's private hook, run in a task of its own once a statement is cancelled;
+        # a release of the connection to its pool waits for it.
+        async with asyncio.timeout(CANCEL_S) as limit:
+            await super()._cancel(*args, **kwargs)  # type: ignore[misc]
+        if limit.expired():
+            log.debug("a statement's cancellation took over %gs: closing its connection", CANCEL_S)
+            self.terminate()  # which completes what waits for the cancellation
+
+
 #: Seconds to open a connection, unless the caller or the DSN's ``connect_timeout`` says.
 CONNECT_TIMEOUT_S = 10.0
 #: DSNs already warned about for libpq options asyncpg does not take (once per process).
@@ -198,14 +227,40 @@ def _refused_setting(dsn: str | None, exc: asyncpg.PostgresError) -> ConfigError
 _SETTING_ERRORS = (asyncpg.UndefinedObjectError, asyncpg.InvalidParameterValueError)
 
 
-#: The ``target_session_attrs`` under which a DSN's hosts are tried one at a time; any
-#: other (``prefer-standby``: a choice among all the hosts) goes to asyncpg whole.
-_ONE_HOST_AT_A_TIME = frozenset({None, "read-write", "primary", "any"})
+#: The ``target_session_attrs`` under which a DSN's hosts are tried one at a time: every
+#: value libpq and asyncpg take. ``prefer-standby`` looks for a standby first, then takes
+#: the first host that answered.
+_ONE_HOST_AT_A_TIME = frozenset(
+    {None, "any", "read-write", "primary", "read-only", "standby", "prefer-standby"}
+)
 #: A host that failed in one of these ways is passed over for the next, as libpq does.
 _NEXT_HOST_ERRORS: tuple[type[Exception], ...] = (
     *CONNECTION_ERRORS,
     asyncpg.TargetServerAttributeNotMatched,
 )
+#: Per multi-host DSN (as asyncpg takes it), the host that answered its last connection:
+#: tried first next time, so that after a failover only the first connection waits out a
+#: silent old primary listed before the new one.
+_answered: dict[str, str] = {}
+
+
+def _in_turn(dsn: str, hosts: list[str]) -> list[str]:
+    """``hosts`` in the order to try them: the one that answered last first, then the
+    others in the DSN's order."""
+    last = _answered.get(dsn)
+    return [last, *(h for h in hosts if h != last)] if last in hosts else hosts
+
+
+def connect_budget_s(dsn: str | None, per_host_s: float | None = None) -> float:
+    """The seconds a connection to ``dsn`` may take when every host is tried in turn, each
+    with ``per_host_s`` (by default the DSN's ``connect_timeout``, else
+    :data:`CONNECT_TIMEOUT_S`): what an outer limit on a connect must allow, or a silent
+    first host spends it alone."""
+    target, timeout = _for_asyncpg(dsn, per_host_s)
+    tries = len(each_host(target)) if target is not None else 1
+    if tries > 1 and _session_attrs(target) == "prefer-standby":
+        tries *= 2  # a standby is looked for first, then any host that answered
+    return timeout * tries
 
 
 async def _connect_each_host(
@@ -213,21 +268,58 @@ async def _connect_each_host(
 ) -> asyncpg.Connection[asyncpg.Record]:
     """``asyncpg.connect``, with each host of a multi-host DSN given the whole ``timeout``
     in turn (libpq's rule) rather than one budget for the list, which a silent first host
-    would spend alone. Raises what the last host raised."""
+    would spend alone; the host that answered last is tried first. Raises what the last
+    host raised."""
     hosts = each_host(dsn) if dsn is not None else []
     attrs = kwargs.get("target_session_attrs") or _session_attrs(dsn)
-    if len(hosts) < 2 or attrs not in _ONE_HOST_AT_A_TIME:
+    if dsn is None or len(hosts) < 2 or attrs not in _ONE_HOST_AT_A_TIME:
         conn: asyncpg.Connection[asyncpg.Record] = await asyncpg.connect(dsn, **kwargs)
         return conn
+    hosts = _in_turn(dsn, hosts)
+    choose = _prefer_standby if attrs == "prefer-standby" else _first_host
+    _answered[dsn], conn = await choose(hosts, kwargs)
+    return conn
+
+
+#: A connection, and the host of the list it was opened to.
+_Landed: TypeAlias = "tuple[str, asyncpg.Connection[asyncpg.Record]]"
+
+
+async def _open(host: str, kwargs: dict[str, Any]) -> _Landed:
+    return host, await asyncpg.connect(host, **kwargs)
+
+
+async def _first_host(hosts: list[str], kwargs: dict[str, Any]) -> _Landed:
+    """The first of ``hosts`` that answers as asked."""
     for host in hosts[:-1]:
         try:
-            conn = await asyncpg.connect(host, **kwargs)
+            return await _open(host, kwargs)
         except _NEXT_HOST_ERRORS as exc:
             log.debug("%s: %s; trying the next host", mask_dsn(host), type(exc).__name__)
-        else:
-            return conn
-    conn = await asyncpg.connect(hosts[-1], **kwargs)
-    return conn
+    return await _open(hosts[-1], kwargs)
+
+
+async def _prefer_standby(hosts: list[str], kwargs: dict[str, Any]) -> _Landed:
+    """libpq's ``prefer-standby``: the first standby of ``hosts``, else the first host that
+    answered (a silent host is waited for once, not twice)."""
+    answered: list[str] = []
+    last: Exception | None = None
+    for host in hosts:
+        try:
+            return await _open(host, {**kwargs, "target_session_attrs": "standby"})
+        except asyncpg.TargetServerAttributeNotMatched as exc:
+            answered.append(host)  # up, and a primary
+            last = exc
+        except CONNECTION_ERRORS as exc:
+            log.debug("%s: %s; trying the next host", mask_dsn(host), type(exc).__name__)
+            last = exc
+    for host in answered:
+        try:
+            return await _open(host, {**kwargs, "target_session_attrs": "any"})
+        except CONNECTION_ERRORS as exc:
+            last = exc
+    assert last is not None  # hosts is never empty
+    raise last
 
 
 async def connect(
@@ -236,6 +328,7 @@ async def connect(
     """Open one connection, turning driver and socket failures into DatabaseUnavailable,
     and a DSN the server or asyncpg refuses into ConfigError."""
     target, timeout = _for_asyncpg(dsn, timeout_s)
+    kwargs.setdefault("connection_class", _Connection)
     try:
         conn = await _connect_each_host(target, timeout=timeout, **kwargs)
     except _connect_errors as exc:
@@ -385,6 +478,7 @@ async def create_pool(
     translation."""
     target, timeout = _for_asyncpg(dsn, timeout_s)
     kwargs.setdefault("reset", _reset)
+    kwargs.setdefault("connection_class", _Connection)
     init = kwargs.pop("init", None)
 
     async def setup(conn: asyncpg.Connection[asyncpg.Record]) -> None:

@@ -32,7 +32,7 @@ from pgq._store.codec import (
     vanished_holder,
 )
 from pgq._store.connections import Connection
-from pgq.errors import ConfigError
+from pgq.errors import ConfigError, PgqError
 from pgq.job import Job, JobState
 
 T = TypeVar("T")
@@ -69,9 +69,11 @@ class InTransaction:
 class AfterCommit:
     """What a transaction's plan returns when its result is best made once the COMMIT is
     sent: ``build()``, made while the server flushes the commit (where the runner can
-    overlap the two) and handed on only once the commit succeeded."""
+    overlap the two) and handed on only once the commit succeeded. ``landed`` names what
+    the commit writes, for the error of a ``build()`` that fails once it may have landed."""
 
     build: Callable[[], Any]
+    landed: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,21 +172,27 @@ async def _in_transaction(driver: AsyncDriver, plan: Plan[Any]) -> Any:
             await transaction.__aexit__(type(exc), exc, exc.__traceback__)  # rolls back
         raise
     if isinstance(value, AfterCommit):
-        return await _commit_building(transaction, value.build)
+        return await _commit_building(transaction, value)
     await transaction.__aexit__(None, None, None)
     return value
 
 
 async def _commit_building(
-    transaction: AbstractAsyncContextManager[Any], build: Callable[[], T]
-) -> T:
-    """Commit ``transaction`` (entered by hand) and return what ``build`` makes meanwhile:
-    the commit waits for the server to flush its log to disk, and the result is returned
-    only once it has succeeded."""
+    transaction: AbstractAsyncContextManager[Any], after: AfterCommit
+) -> Any:
+    """Commit ``transaction`` (entered by hand) and return what ``after.build`` makes
+    meanwhile: the commit waits for the server to flush its log to disk, and the result is
+    returned only once it has succeeded."""
     committing = asyncio.ensure_future(transaction.__aexit__(None, None, None))
     try:
         await asyncio.sleep(0)  # the commit's task runs first: its COMMIT is sent
-        built = build()
+        built = after.build()
+    except Exception as exc:
+        # The COMMIT is sent and may land: the caller learns whether it did, or a retry of
+        # a batch without keys would enqueue it twice. A commit that fails raises its own
+        # error (nothing was written), the build's on its context.
+        await committing
+        raise landed_unbuilt(after.landed, exc) from exc
     except BaseException:
         # Stopped before the commit is awaited (a cancel landing at the sleep): the stop
         # reaches the COMMIT, as it would have had the commit itself been awaited, and it is
@@ -195,6 +203,15 @@ async def _commit_building(
         raise
     await committing  # a cancel landing here reaches the COMMIT too (awaiting a task does)
     return built
+
+
+def landed_unbuilt(landed: str, exc: Exception) -> PgqError:
+    """The error of a write that committed but whose result could not be made."""
+    return PgqError(
+        f"{landed} were enqueued (their transaction committed), but the jobs to return could "
+        f"not be made ({type(exc).__name__}: {exc}): do not enqueue them again; read them "
+        "with get_job or list_jobs"
+    )
 
 
 def run_sync(driver: SyncDriver, plan: Plan[T]) -> T:
@@ -214,7 +231,10 @@ def run_sync(driver: SyncDriver, plan: Plan[T]) -> T:
             with driver.transaction():
                 value = run_sync(driver, step.plan)
             if isinstance(value, AfterCommit):
-                value = value.build()
+                try:
+                    value = value.build()
+                except Exception as exc:  # committed: a retry would enqueue it twice
+                    raise landed_unbuilt(value.landed, exc) from exc
         else:
             driver.copy_jobs(step.records, step.plain)
             value = None
@@ -311,7 +331,8 @@ def copy(rows: list[NewJob]) -> Plan[list[Job]]:
         assert allocated is not None
         ids, now = allocated["ids"], allocated["now"]
         yield CopyJobs(copy_records(rows, ids, now, plain), plain)
-        return AfterCommit(lambda: copied_jobs(rows, ids, now, plain))
+        landed = f"the {len(rows)} jobs of this batch (ids {ids[0]} to {ids[-1]}, in order)"
+        return AfterCommit(lambda: copied_jobs(rows, ids, now, plain), landed)
 
     jobs: list[Job] = yield InTransaction(copying())
     return jobs

@@ -16,6 +16,7 @@ from pgq._store.connections import (
     WORKER_SESSION_SETTINGS,
     Pool,
     Target,
+    connect_budget_s,
     create_pool,
 )
 from pgq._store.revision import check_schema
@@ -83,7 +84,11 @@ async def open_pools(target: Target, worker_name: str, queues: int) -> Pools:
             **target.options(application_name, CLAIM_SESSION_SETTINGS),
         )
     except BaseException:
-        await pool.close()
+        # Shielded: a stop while the worker opens cancels it (Worker.stop).
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
+            await pool.close()
+        if scope.cancelled_caught:
+            pool.terminate()
         raise
     return Pools(pool, claims)
 
@@ -146,7 +151,10 @@ def build(
         me.target, producers, s, worker_id=me.worker_id, worker_name=me.name,
         bounds=me.bounds(),
     )  # fmt: skip
-    elector = Elector(pool, worker_id=me.worker_id, worker_name=me.name, ttl_s=s.leader_ttl)
+    elector = Elector(
+        pool, worker_id=me.worker_id, worker_name=me.name, ttl_s=s.leader_ttl,
+        connect_s=connect_budget_s(me.target.dsn),
+    )  # fmt: skip
     rescuer = Rescuer(
         pool,
         s,

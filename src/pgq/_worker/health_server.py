@@ -1,13 +1,15 @@
 """A tiny HTTP server for probes and scrapes: ``GET /healthz`` -> 200 or 503 with JSON, and
-``GET /metrics`` -> the worker's Prometheus metrics (when it has them). It answers only a
-``Host`` that is an IP address or ``localhost`` (400 otherwise): a name that another site
-rebinds to this machine never reads it."""
+``GET /metrics`` -> the worker's Prometheus metrics (when it has them); ``HEAD`` gets the
+same head without the body. It answers only a ``Host`` that is an IP address or
+``localhost`` (400 otherwise): a name that another site rebinds to this machine never reads
+it. A probe never takes down what it probes: a check that raises is answered 500."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -34,6 +36,30 @@ _BY_ADDRESS = (
 _NO_METRICS = (
     "no metrics: install the metrics extra (pip install 'pgq-async[metrics]') and leave metrics on"
 )
+_PATHS = ("/healthz", "/health", "/livez", "/metrics")
+_ALLOW = "GET, HEAD"
+#: A request line (RFC 9112 section 3): a method token, a target, the protocol's version.
+_REQUEST_LINE = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+) (\S+) HTTP/\d\.\d")
+
+
+class _Failures:
+    """How the answers to one path fail: the first failure in a row logs at ERROR with its
+    traceback, the rest at DEBUG until an answer succeeds (a probe every few seconds must
+    not fill the log, nor hide that the check broke)."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._failing = False
+
+    def failed(self, exc: Exception) -> None:
+        level = logging.DEBUG if self._failing else logging.ERROR
+        log.log(level, "%s failed, answered 500: %s", self._what, exc, exc_info=exc)
+        self._failing = True
+
+    def succeeded(self) -> None:
+        if self._failing:
+            log.info("%s answers again", self._what)
+        self._failing = False
 
 
 async def serve(
@@ -61,20 +87,13 @@ async def serve(
         host, bound, " (and /metrics)" if metrics else "",
     )  # fmt: skip
     task_status.started(bound)
+    responder = _Responder(check, metrics)
 
     async def handle(stream: anyio.abc.SocketStream) -> None:
         async with stream:
             try:
                 with anyio.fail_after(5):
-                    request = await _read_head(stream)
-                    status, content_type, payload = await _respond(request, check, metrics)
-                    head = (
-                        f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
-                        f"Content-Type: {content_type}\r\n"
-                        f"Content-Length: {len(payload)}\r\n"
-                        "Connection: close\r\n\r\n"
-                    )
-                    await stream.send(head.encode() + payload)
+                    await stream.send(await responder.answer(await _read_head(stream)))
             except (TimeoutError, anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                 return
 
@@ -109,27 +128,61 @@ def _host_ok(head: str) -> bool:
     return True
 
 
-async def _respond(head: str, check: Check, metrics: Metrics | None) -> tuple[int, str, bytes]:
-    parts = head.split("\n", 1)[0].split()
-    if len(parts) < 2:
-        return _json(404, {"error": "bad request"})
-    if not _host_ok(head):
-        return _json(400, {"error": _BY_ADDRESS})
-    method, path = parts[0], parts[1].split("?", 1)[0]
-    if path not in ("/healthz", "/health", "/livez", "/metrics"):
-        return _json(404, {"error": f"no such path {path}; try /healthz or /metrics"})
-    if method not in ("GET", "HEAD"):
-        return _json(405, {"error": "use GET"})
-    if path == "/metrics":
-        if metrics is None:
+class _Responder:
+    """The answers to the requests of one server, and how its checks have been failing."""
+
+    def __init__(self, check: Check, metrics: Metrics | None) -> None:
+        self._check = check
+        self._metrics = metrics
+        self._health = _Failures("health check")
+        self._scrape = _Failures("metrics scrape")
+
+    async def answer(self, head: str) -> bytes:
+        """The whole response to a request whose head is ``head``: status line, headers
+        and (but for ``HEAD``) body."""
+        status, content_type, payload, extra = await self._respond(head)
+        lines = [
+            f"HTTP/1.1 {status} {_REASONS[status]}",
+            f"Content-Type: {content_type}",
+            f"Content-Length: {len(payload)}",
+            *extra,
+            "Connection: close",
+        ]
+        body = b"" if head.startswith("HEAD ") else payload  # RFC 9110 9.3.2: the head only
+        return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+    async def _respond(self, head: str) -> tuple[int, str, bytes, list[str]]:
+        line = _REQUEST_LINE.fullmatch(head.split("\n", 1)[0].rstrip("\r"))
+        if line is None:
+            return *_json(400, {"error": "bad request: expected GET /healthz HTTP/1.1"}), []
+        if not _host_ok(head):
+            return *_json(400, {"error": _BY_ADDRESS}), []
+        method, path = line[1], line[2].split("?", 1)[0]
+        if path not in _PATHS:
+            return *_json(404, {"error": f"no such path {path}; try /healthz or /metrics"}), []
+        if method not in ("GET", "HEAD"):
+            return *_json(405, {"error": f"use GET or HEAD, not {method}"}), [f"Allow: {_ALLOW}"]
+        if path == "/metrics":
+            return *await self._scraped(), []
+        try:
+            ok, body = self._check()
+            answer = _json(200 if ok else 503, body)
+        except Exception as exc:  # a probe must never take down what it probes
+            self._health.failed(exc)
+            return *_json(500, {"status": "error", "error": f"health check failed: {exc}"}), []
+        self._health.succeeded()
+        return *answer, []
+
+    async def _scraped(self) -> tuple[int, str, bytes]:
+        if self._metrics is None:
             return _json(404, {"error": _NO_METRICS})
         try:
-            return 200, METRICS_TYPE, await metrics()
+            payload = await self._metrics()
         except Exception as exc:  # a scrape must never take the worker down
-            log.warning("metrics scrape failed: %s", exc)
+            self._scrape.failed(exc)
             return _json(500, {"error": f"metrics failed: {exc}"})
-    ok, body = check()
-    return _json(200 if ok else 503, body)
+        self._scrape.succeeded()
+        return 200, METRICS_TYPE, payload
 
 
 def _json(status: int, body: dict[str, Any]) -> tuple[int, str, bytes]:

@@ -24,7 +24,7 @@ import anyio
 import asyncpg
 
 from pgq._store import producers as store
-from pgq._store.connections import Target, connect
+from pgq._store.connections import Target, connect, connect_budget_s
 from pgq._store.producers import Beat
 from pgq.settings import WorkerSettings
 
@@ -280,6 +280,9 @@ class Heartbeater:
         self._bounds = bounds
         self._interval_s = settings.heartbeat_interval
         self._timeout_s = settings.heartbeat_timeout
+        #: A connect tries each host of the DSN in turn, each for ``heartbeat_timeout``:
+        #: under one host's budget, a silent first host would spend it all.
+        self._connect_s = connect_budget_s(target.dsn, self._timeout_s)
         self._max_failures = settings.max_heartbeat_failures
         self._worker_id = worker_id
         self._worker_name = worker_name
@@ -306,16 +309,21 @@ class Heartbeater:
                 self._conn.terminate()
 
     async def beat(self) -> bool:
-        """One heartbeat; returns whether it succeeded."""
-        sent_at = clock()
+        """One heartbeat; returns whether it succeeded. A connection is made first if
+        need be: each host of the DSN gets ``heartbeat_timeout`` in turn, then the beat
+        itself gets it."""
         try:
-            with anyio.fail_after(self._timeout_s):
-                if self._conn is None or self._conn.is_closed():
+            if self._conn is None or self._conn.is_closed():
+                with anyio.fail_after(self._connect_s):
                     self._conn = await connect(
                         self._target.dsn,
                         timeout_s=self._timeout_s,
                         **self._target.options(f"pgq heartbeat {self._worker_name}"),
                     )
+            # The proof of life dates from here, before the statement is sent: the database
+            # stamps the row later, so peers never count the silence from before this.
+            sent_at = clock()
+            with anyio.fail_after(self._timeout_s):
                 alive = await store.heartbeat(self._conn, self._beats())
                 for producer in self._producers:
                     identity = producer.identity

@@ -34,6 +34,7 @@ from pgq._worker.liveness import health_verdict
 from pgq._worker.observe import observers
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
+from pgq._worker.run_once import RunOnce
 from pgq._worker.snapshot import worker_stats
 from pgq._worker.stoppable import Stoppable
 from pgq._worker.strays import CHECK_ERRORS, Strays
@@ -113,6 +114,7 @@ class Worker:
 
     Embedded: ``async with pgq.Worker(app, dsn) as worker:`` runs it in the background
     until the block ends (then stops gracefully). Standalone: ``await worker.run()``.
+    A Worker runs once: a second or concurrent run raises :class:`~pgq.ConfigError`.
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class Worker:
         self._health_host = health_host
         self._stop_requested = anyio.Event()
         self._stop_now = False
+        self._run = RunOnce(self.name)
         self._tg: anyio.abc.TaskGroup | None = None
         self._parts: Parts | None = None
         self._make_due: Callable[[Producer], Awaitable[int]] | None = None
@@ -175,16 +178,22 @@ class Worker:
                 self._parts.reports.cut()
             if self._settling is not None:
                 self._settling.cancel()
+        self._run.stop()  # a start still connecting ends at once
         self._stop_requested.set()
 
     async def run(self, *, burst: bool = False) -> None:
-        """Run until :meth:`stop` (or, with ``burst=True``, until no runnable job is left)."""
-        await self._main(burst, await self._open())
+        """Run until :meth:`stop` (or, with ``burst=True``, until no runnable job is left).
+        A stop that comes while it still connects ends it at once."""
+        pools = await self._open()
+        if pools is not None:
+            await self._main(burst, pools)
 
     async def _run_traveling(self, make_due: Callable[[Producer], Awaitable[int]]) -> None:
         """Burst mode that makes scheduled jobs due instead of stopping (pgq.testing)."""
         self._make_due = make_due
-        await self._main(True, await self._open())
+        pools = await self._open()
+        if pools is not None:
+            await self._main(True, pools)
 
     @property
     def queues(self) -> dict[str, int]:
@@ -193,6 +202,8 @@ class Worker:
 
     async def __aenter__(self) -> Self:
         pool = await self._open()
+        if pool is None:  # stopped while it connected: the block runs without it
+            return self
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         try:
@@ -212,11 +223,19 @@ class Worker:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
         self.stop()
-        assert self._tg is not None
+        if self._tg is None:  # stopped before it started
+            return None
         return await self._tg.__aexit__(et, e, tb)
 
-    async def _open(self) -> Pools:
-        return await open_pools(self._target, self.name, len(self._queues))
+    async def _open(self) -> Pools | None:
+        """The worker's pools; None when :meth:`stop` came first (before or while they
+        opened)."""
+        pools = await self._run.open(
+            functools.partial(open_pools, self._target, self.name, len(self._queues))
+        )
+        if pools is None:
+            log.info("worker %s stopped before it started", self.name)
+        return pools
 
     def _identity(self) -> Identity:
         return Identity(
@@ -239,6 +258,7 @@ class Worker:
                 await self._serve(pool, parts, burst, task_status)
         finally:
             self._pool = None
+            self._run.ended()
             await pools.close()
 
     async def _serve(

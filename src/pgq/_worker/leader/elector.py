@@ -28,8 +28,19 @@ class Elector:
     suspended host's sleep: a leader whose host slept past its lease wakes up deposed.
     """
 
-    def __init__(self, pool: Pool, *, worker_id: uuid.UUID, worker_name: str, ttl_s: float):
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        worker_id: uuid.UUID,
+        worker_name: str,
+        ttl_s: float,
+        connect_s: float = 0.0,
+    ):
         self._pool = pool
+        #: How long a round may wait for a connection of the pool: the time to open one
+        #: through every host of the DSN (connect_budget_s), at least a renewal interval.
+        self._acquire_s = max(connect_s, ttl_s / 3)
         self._worker_id = worker_id
         self._worker_name = worker_name
         self._ttl_s = ttl_s
@@ -66,12 +77,13 @@ class Elector:
 
     async def attempt(self) -> bool:
         """One election round; returns whether this worker leads afterwards."""
-        sent = clock()
         try:
-            with anyio.fail_after(self.renew_interval_s):
-                won = await store.acquire(
-                    self._pool, self._worker_id, self._worker_name, self._ttl_s
-                )
+            # A connection first (a new one may try every host of the DSN in turn), then
+            # the statement within the renewal interval; the lease dates from its sending.
+            async with self._pool.acquire(timeout=self._acquire_s) as conn:
+                sent = clock()
+                with anyio.fail_after(self.renew_interval_s):
+                    won = await store.acquire(conn, self._worker_id, self._worker_name, self._ttl_s)
         except DATABASE_ERRORS as exc:
             if self._held:
                 log.warning(

@@ -175,7 +175,7 @@ async def test_an_applications_suite_runs_with_the_installed_plugin(
         check=False,
     )
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
-    assert b"4 passed" in out.stdout
+    assert b"5 passed" in out.stdout
 
 
 async def test_typed_enqueue_and_the_sync_client_from_the_wheel(

@@ -13,7 +13,7 @@ database and the driver allow when the work per job in Python is nearly nil. (Bo
 the two connections' opening too, a few milliseconds.)
 
 `python bench_ceiling.py drain-N`: the same with claims of N (drain-1000: claims as large as
-pgq's outcome batches, the bare loop bench_outcomes.py holds pgq's drain to).
+pgq's outcome batches, the bare loop experiments/bench_outcomes.py holds pgq's drain to).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 worker's other connections) against its cached plan (the claim connections); both
 connections with the claim connections' settings (index scans only).
 
-`python benchmarks/bench_claim_plans.py [CLAIMS]` (default 2,000): a fresh database with
+`python benchmarks/experiments/bench_claim_plans.py [CLAIMS]` (default 2,000): a fresh database with
 pgq's schema and 20,000 jobs of another queue (half finished); then, CLAIMS times in turn
 on each of the two connections, one job enqueued and claimed (`CLAIM_JOBS`, asking for 50
 as an idle worker's producer does), each claim timed from the driver. The claims commit
@@ -15,6 +15,9 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
 
 import asyncpg
 from common import drop_database, fresh_database, percentile, pgq_migrate, run

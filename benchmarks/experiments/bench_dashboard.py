@@ -1,6 +1,6 @@
 """The dashboard on a large table: each page's time, end to end (HTTP, queries, templates).
 
-`python benchmarks/bench_dashboard.py [ROWS]` fills a fresh database with ROWS (default
+`python benchmarks/experiments/bench_dashboard.py [ROWS]` fills a fresh database with ROWS (default
 1,000,000) finished jobs, then times every listing filter (the median and the worst of 7
 requests) and the overview. Target: every /jobs page under 100 ms, with no index added to
 the jobs table for it. Also prints what the throughput rollup costs the leader per round.
@@ -13,6 +13,9 @@ import statistics
 import sys
 import time
 import urllib.parse
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
 
 import asyncpg
 import httpx

@@ -1,6 +1,6 @@
 """The garbage collector's share of a worker's CPU, by jobs in flight.
 
-`python benchmarks/bench_gc_share.py [ROUNDS [CONCURRENCY ...]]` (defaults: 3 rounds; 100
+`python benchmarks/experiments/bench_gc_share.py [ROUNDS [CONCURRENCY ...]]` (defaults: 3 rounds; 100
 300 1000) drains, per run, 30,000 jobs that each await 10 ms with an in-process worker
 (uvloop when installed, metrics off) and prints the process's CPU time during
 `run(burst=True)` (`time.process_time`), the time spent in collections (timed from
@@ -18,7 +18,10 @@ import gc
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
 
 from common import emit, fresh_database, pgq_backlog, pgq_migrate, run
 

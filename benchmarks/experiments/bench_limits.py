@@ -2,7 +2,7 @@
 in interleaved rounds of one run, each cell's rate compared with its reference's in the
 same round.
 
-`python benchmarks/bench_limits.py [ROUNDS] [--old SRC] [CELL ...]` (default 5 rounds, every
+`python benchmarks/experiments/bench_limits.py [ROUNDS] [--old SRC] [CELL ...]` (default 5 rounds, every
 cell). Each drain runs in worker processes of their own (started, then told to go: their
 start-up is not timed) from a table of exactly its jobs with fresh statistics. With
 `--old SRC` (another checkout's `src`), every cell but the references also runs on that
@@ -45,6 +45,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
+
 import anyio
 import asyncpg
 from common import fresh_database, pgq_migrate, reset_jobs
@@ -54,7 +56,7 @@ import pgq
 N_NOOP = 10_000
 N_SLEEP = 20_000
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+RESULTS = HERE.parent / "results"
 app = pgq.App()
 
 

@@ -1,7 +1,7 @@
 """The claim on a jobs table without column statistics (docs/performance.md, "Keep the jobs
 table analyzed"; the leader analyzes such a table, src/pgq/_worker/leader/statistics.py).
 
-`python benchmarks/bench_no_stats.py [AVAILABLE]` (default 100,000) fills a fresh database's
+`python benchmarks/experiments/bench_no_stats.py [AVAILABLE]` (default 100,000) fills a fresh database's
 jobs table with AVAILABLE jobs of one queue, with autovacuum off for the table, and times
 the claim statement (10 jobs, as a worker at its defaults claims) 50 times in each of four
 states of the table's statistics, on a connection with the settings of the worker's claim
@@ -25,6 +25,9 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
 
 import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate, run, summary_ms

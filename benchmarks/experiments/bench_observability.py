@@ -1,6 +1,6 @@
 """What metrics and tracing cost the worker: the no-op drain with each on and off.
 
-`python benchmarks/bench_observability.py [ROUNDS]` drains 20,000 no-op jobs per run, in
+`python benchmarks/experiments/bench_observability.py [ROUNDS]` drains 20,000 no-op jobs per run, in
 interleaved rounds (default 5), in-process: metrics off, metrics on (prometheus_client),
 metrics on and a scrape every 100 ms, tracing on (the OpenTelemetry API with no SDK, as in an
 app that has not configured one) and tracing on with the SDK recording every span. Prints
@@ -13,7 +13,10 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
 
 import anyio
 import httpx

@@ -1,4 +1,4 @@
-"""The outcome writes of two trees side by side: `python benchmarks/bench_outcome_writes.py
+"""The outcome writes of two trees side by side: `python benchmarks/experiments/bench_outcome_writes.py
 writes OTHER_SRC [ROUNDS]`, and the drain of both: `... drain OTHER_SRC [ROUNDS]`.
 
 ``writes`` times the statements that end attempts as this tree writes them against the
@@ -25,6 +25,8 @@ import time
 import uuid
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
+
 import asyncpg
 from common import dispatch, drop_database, emit, fresh_database, pgq_migrate
 
@@ -33,7 +35,8 @@ from pgq._worker.outcome import error_entry
 
 BATCH = 1_000
 HERE = Path(__file__).resolve().parent
-THIS_SRC = HERE.parent / "src"
+SUITE = HERE.parent
+THIS_SRC = HERE.parents[1] / "src"
 PRODUCER = uuid.uuid4()
 #: Makes the benchmark's jobs running again: a fresh token each, max_attempts 1 for a
 #: quarter (FAIL_ATTEMPT discards them), a cancel request on every other one.
@@ -149,10 +152,10 @@ async def writes(other_src: str, rounds: str = "15") -> None:
 
 def drain_rate(src: Path) -> float:
     """Jobs per second of `bench_pgq.py drain 100` under the tree at ``src``."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(src), str(HERE)))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(src), str(SUITE)))}
     out = subprocess.run(
         [sys.executable, "bench_pgq.py", "drain", "100", "bench_outcome_writes_drain"],
-        cwd=HERE,
+        cwd=SUITE,
         env=env,
         check=True,
         capture_output=True,

@@ -1,5 +1,5 @@
 """Whether a worker's outcomes keep up with its handlers, and how far its drain is from a bare
-loop: `python benchmarks/bench_outcomes.py ROUNDS [TREE ...]` (each TREE a checkout of pgq;
+loop: `python benchmarks/experiments/bench_outcomes.py ROUNDS [TREE ...]` (each TREE a checkout of pgq;
 the default is this one).
 
 Each round runs, one after another and each in its own process against a fresh database:
@@ -17,7 +17,7 @@ results/outcomes.txt and results/outcomes.json (the latest run only).
 Rounds interleave the trees and the bare loop so that a machine whose load changes during
 the run moves them alike: compare the ratios, not the rates of different runs.
 
-`python benchmarks/bench_outcomes.py --writers ROUNDS`: the outcome writer's own capacity,
+`python benchmarks/experiments/bench_outcomes.py --writers ROUNDS`: the outcome writer's own capacity,
 without handlers, claims or a worker around it. Each round, for 1 and then 2 writers (batches
 written at once, each on a connection of its own), 20,000 jobs are made running, each with
 its own token, all their outcomes (plain successes) are handed to pgq's Completer at once,
@@ -36,10 +36,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
+
 from run import run_one
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+RESULTS = HERE.parent / "results"
 CONCURRENCY = "1000"
 BARE = "drain-1000"
 
@@ -185,6 +187,6 @@ if __name__ == "__main__":
 
         run(lambda: writers_main(int(sys.argv[2])))
     elif len(sys.argv) >= 2 and sys.argv[1].isdigit():
-        main(int(sys.argv[1]), [Path(a).resolve() for a in sys.argv[2:]] or [HERE.parent])
+        main(int(sys.argv[1]), [Path(a).resolve() for a in sys.argv[2:]] or [HERE.parents[1]])
     else:
         raise SystemExit("usage: bench_outcomes.py ROUNDS [TREE ...] | --writers ROUNDS")

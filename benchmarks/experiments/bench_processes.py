@@ -1,6 +1,6 @@
 """`pgq worker --processes 2` beside one `pgq worker` process, on CPU-bound and no-op jobs.
 
-`python benchmarks/bench_processes.py [ROUNDS]` (default 5). Each round drains, by
+`python benchmarks/experiments/bench_processes.py [ROUNDS]` (default 5). Each round drains, by
 `pgq worker --burst` started from the CLI, a backlog of CPU_JOBS jobs of about 2 ms of pure
 Python each (a fixed amount of work, calibrated once on this machine), then NOOP_JOBS no-op
 jobs, with one process and with `--processes 2`; the two are interleaved and their order
@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
+
 import asyncpg
 from common import cli_environment, fresh_database, pgq_migrate, reset_jobs
 from processes_app import spin
@@ -34,7 +36,7 @@ from processes_app import spin
 import pgq
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
+RESULTS = HERE.parent / "results"
 CPU_JOBS, NOOP_JOBS = 2_000, 20_000
 CPU_JOB_S = 0.002
 SIDES = {"1 process": [], "--processes 2": ["--processes", "2"]}

@@ -1,6 +1,6 @@
 """What the leader's throughput rollup costs per round on a busy queue.
 
-`python benchmarks/bench_rollup.py [RATE]` fills a fresh database with the jobs a queue
+`python benchmarks/experiments/bench_rollup.py [RATE]` fills a fresh database with the jobs a queue
 finishing RATE jobs a second (default 5,000) leaves in the last 150 seconds, as the soak
 does with a retention of two minutes, then times one rollup round (the median of 7) two
 ways, each on the same rows:
@@ -21,6 +21,9 @@ import asyncio
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
 
 import asyncpg
 from common import fresh_database

@@ -1,4 +1,4 @@
-"""Outcome writes while many jobs run: `python benchmarks/bench_running.py [RUNNING]`.
+"""Outcome writes while many jobs run: `python benchmarks/experiments/bench_running.py [RUNNING]`.
 
 Fills a fresh database with 2 × RUNNING jobs (default 100,000 running), takes the table's
 statistics while none of them runs (as autovacuum would on a quiet queue before a burst of
@@ -30,7 +30,10 @@ import asyncio
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
 
 import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate, summary_ms

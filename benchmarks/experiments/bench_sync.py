@@ -1,6 +1,6 @@
 """pgq.SyncClient beside pgq.Client: single enqueues and batches, on one database.
 
-`python benchmarks/bench_sync.py [ROUNDS]` prints jobs/s of each, the median of ROUNDS
+`python benchmarks/experiments/bench_sync.py [ROUNDS]` prints jobs/s of each, the median of ROUNDS
 (default 5) interleaved rounds, and the sync/async ratio (target >= 0.8).
 """
 
@@ -10,6 +10,9 @@ import asyncio
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
 
 from common import fresh_database
 

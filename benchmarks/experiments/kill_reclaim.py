@@ -1,11 +1,11 @@
 """Time from `kill -9` of a worker holding running jobs to their re-claim.
 
-`python benchmarks/kill_reclaim.py [TRIALS]` runs with pgq's default liveness settings and
+`python benchmarks/experiments/kill_reclaim.py [TRIALS]` runs with pgq's default liveness settings and
 prints each trial beside the bound the settings promise: the victim's last heartbeat is at
 most `heartbeat_interval` old at the kill, a peer judges it stale `stale_after` after that
 heartbeat, and the leader looks every `rescue_interval`.
 
-`python benchmarks/kill_reclaim.py restart [TRIALS]`: no peer; the killed worker is started
+`python benchmarks/experiments/kill_reclaim.py restart [TRIALS]`: no peer; the killed worker is started
 again at once, under its stable name (`--name`: it takes over once its predecessor's
 heartbeat is past the fencing bound plus heartbeat_timeout) and, in turn, under a fresh dynamic name (host:pid: its
 jobs wait for the leader's stale_after, and the lease for leader_ttl).
@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
 
 import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate

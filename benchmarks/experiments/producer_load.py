@@ -1,7 +1,7 @@
 """What idle workers cost one Postgres primary: heartbeats, idle claims, the leader's lease
 and rescue rounds, from many producers at pgq's default intervals.
 
-`python benchmarks/producer_load.py [WORKERS] [PRODUCERS_PER_WORKER] [SECONDS]` (default 50
+`python benchmarks/experiments/producer_load.py [WORKERS] [PRODUCERS_PER_WORKER] [SECONDS]` (default 50
 workers x 10 producers = 500 producers, 60 s) simulates the workers in this one process,
 each on one connection, running pgq's own store functions (the statements a real worker
 sends) on its schedule: one heartbeat per worker every heartbeat_interval (5 s) for all its
@@ -19,6 +19,8 @@ import sys
 import time
 import uuid
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common, run
 
 import asyncpg
 from common import drop_database, fresh_database, pgq_migrate

@@ -1,4 +1,9 @@
-"""The dashboard on a large table: each page's time, end to end (HTTP, queries, templates).
+"""Does every dashboard page stay fast on a million finished jobs, with no index added for it?
+
+Answer: yes: every /jobs filter took 5-60 ms at the median and 62 ms at worst; the overview
+took 0.23 s (docs/dashboard.md).
+
+The dashboard on a large table: each page's time, end to end (HTTP, queries, templates).
 
 `python benchmarks/experiments/bench_dashboard.py [ROWS]` fills a fresh database with ROWS (default
 1,000,000) finished jobs, then times every listing filter (the median and the worst of 7

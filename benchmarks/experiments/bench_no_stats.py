@@ -1,10 +1,16 @@
-"""The claim on a jobs table without column statistics (docs/performance.md, "Keep the jobs
+"""Does the claim stay fast on a jobs table without column statistics?
+
+Answer: on the claim connections, yes: a claim of 10 from 100,000 waiting jobs took 0.50 ms
+on a table vacuumed but never analyzed, against 35 ms at the server's defaults
+(docs/performance.md).
+
+The claim on a jobs table without column statistics (docs/performance.md, "Keep the jobs
 table analyzed"; the leader analyzes such a table, src/pgq/_worker/leader/statistics.py).
 
-`python benchmarks/experiments/bench_no_stats.py [AVAILABLE]` (default 100,000) fills a fresh database's
-jobs table with AVAILABLE jobs of one queue, with autovacuum off for the table, and times
-the claim statement (10 jobs, as a worker at its defaults claims) 50 times in each of four
-states of the table's statistics, on a connection with the settings of the worker's claim
+`python benchmarks/experiments/bench_no_stats.py [AVAILABLE]` (default 100,000) fills a fresh
+database's jobs table with AVAILABLE jobs of one queue, with autovacuum off for the table, and
+times the claim statement (10 jobs, as a worker at its defaults claims) 50 times in each of
+four states of the table's statistics, on a connection with the settings of the worker's claim
 connections (index scans only) and on one with the server's defaults:
 
 - `never vacuumed or analyzed`: the planner knows only the table's size (its row count was

@@ -1,4 +1,10 @@
-"""What metrics and tracing cost the worker: the no-op drain with each on and off.
+"""What do metrics and tracing cost the worker?
+
+Answer: metrics on drained no-op jobs at 0.996 of metrics off (target: at most 5 % lost);
+tracing through the API alone at 0.935, with the SDK recording every span at 0.828
+(docs/observability.md).
+
+The no-op drain with each on and off.
 
 `python benchmarks/experiments/bench_observability.py [ROUNDS]` drains 20,000 no-op jobs per run, in
 interleaved rounds (default 5), in-process: metrics off, metrics on (prometheus_client),

@@ -1,4 +1,8 @@
-"""The outcome writes of two trees side by side: `python benchmarks/experiments/bench_outcome_writes.py
+"""Are this tree's outcome statements, and its drain, as fast as another tree's?
+
+Written to check FAIL_ATTEMPT as one fenced UPDATE again; no doc quotes its figures.
+
+The outcome writes of two trees side by side: `python benchmarks/experiments/bench_outcome_writes.py
 writes OTHER_SRC [ROUNDS]`, and the drain of both: `... drain OTHER_SRC [ROUNDS]`.
 
 ``writes`` times the statements that end attempts as this tree writes them against the

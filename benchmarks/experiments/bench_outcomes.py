@@ -1,5 +1,10 @@
-"""Whether a worker's outcomes keep up with its handlers, and how far its drain is from a bare
-loop: `python benchmarks/experiments/bench_outcomes.py ROUNDS [TREE ...]` (each TREE a checkout of pgq;
+"""Do a worker's outcomes keep up with its handlers, and how far is its drain from a bare loop?
+
+Answer: outcomes keep up (the durable rate is 0.98 of the handler rate); the drain is 0.41
+of a bare loop of claims of 1,000; two outcome writers write 1.51 times what one does
+(results/outcomes.txt, results/outcome_writers.txt).
+
+`python benchmarks/experiments/bench_outcomes.py ROUNDS [TREE ...]` (each TREE a checkout of pgq;
 the default is this one).
 
 Each round runs, one after another and each in its own process against a fresh database:
@@ -17,14 +22,13 @@ results/outcomes.txt and results/outcomes.json (the latest run only).
 Rounds interleave the trees and the bare loop so that a machine whose load changes during
 the run moves them alike: compare the ratios, not the rates of different runs.
 
-`python benchmarks/experiments/bench_outcomes.py --writers ROUNDS`: the outcome writer's own capacity,
-without handlers, claims or a worker around it. Each round, for 1 and then 2 writers (batches
-written at once, each on a connection of its own), 20,000 jobs are made running, each with
-its own token, all their outcomes (plain successes) are handed to pgq's Completer at once,
-and the time until every one is written gives outcomes/s. Prints, per writer count, the
-median and range, and the ratio of 2 writers to 1 round by round; writes
-results/outcome_writers.txt and .json.
-"""
+`python benchmarks/experiments/bench_outcomes.py --writers ROUNDS`: the outcome writer's own
+capacity, without handlers, claims or a worker around it. Each round, for 1 and then 2 writers
+(batches written at once, each on a connection of its own), 20,000 jobs are made running, each
+with its own token, all their outcomes (plain successes) are handed to pgq's Completer at once,
+and the time until every one is written gives outcomes/s. Prints, per writer count, the median
+and range, and the ratio of 2 writers to 1 round by round; writes results/outcome_writers.txt
+and .json."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""What the leader's throughput rollup costs per round on a busy queue.
+"""What does the leader's throughput rollup cost per round on a busy queue?
+
+Answer: at 5,000 jobs a second, 275,000-450,000 rows in 113-165 ms, against 625,000-750,000
+rows in 210-269 ms for a recount of the two minutes before the current one
+(docs/dashboard.md).
 
 `python benchmarks/experiments/bench_rollup.py [RATE]` fills a fresh database with the jobs a queue
 finishing RATE jobs a second (default 5,000) leaves in the last 150 seconds, as the soak
@@ -7,7 +11,7 @@ ways, each on the same rows:
 
 - a round 15 s after the previous one, as pgq counts now: from the start of the minute
   ``15 + LATE_S`` seconds ago (pgq._worker.leader.throughput);
-- the same round as pgq counted until 2026-12-04: the current minute and the two before
+- the same round as pgq counted before: the current minute and the two before
   it (one more for late outcomes).
 
 Which minute the rounds fall in decides how many rows the first reads (from just under one

@@ -1,4 +1,11 @@
-"""Outcome writes while many jobs run: `python benchmarks/experiments/bench_running.py [RUNNING]`.
+"""Do outcome writes and limited claims stay cheap while many jobs run, with statistics taken
+before they ran?
+
+Answer: yes: with 100,000 jobs running, a limited claim of 10 took 2.7-3.1 ms at the median
+(per-key limits 4.7-5.4 ms), and a write that finds its job by primary key stays near 0.1 ms
+where one through the running index took 75 ms (docs/flow-control.md, docs/liveness.md).
+
+Outcome writes while many jobs run: `python benchmarks/experiments/bench_running.py [RUNNING]`.
 
 Fills a fresh database with 2 × RUNNING jobs (default 100,000 running), takes the table's
 statistics while none of them runs (as autovacuum would on a quiet queue before a burst of

@@ -1,15 +1,19 @@
-"""What idle workers cost one Postgres primary: heartbeats, idle claims, the leader's lease
-and rescue rounds, from many producers at pgq's default intervals.
+"""What do idle workers cost one Postgres primary?
 
-`python benchmarks/experiments/producer_load.py [WORKERS] [PRODUCERS_PER_WORKER] [SECONDS]` (default 50
-workers x 10 producers = 500 producers, 60 s) simulates the workers in this one process,
-each on one connection, running pgq's own store functions (the statements a real worker
-sends) on its schedule: one heartbeat per worker every heartbeat_interval (5 s) for all its
-producers, one claim per producer every poll_interval (1 s; an idle producer's fetch when no
-notification arrives), and, for the leader, the lease every leader_ttl / 3 and a rescue round
-every rescue_interval. Prints statements/s, producer rows updated/s, WAL bytes/s and the
-CPU the server's processes used (cores), from pg_stat and /proc.
-"""
+Answer: 500 idle producers sent 509 statements a second, updated 101 producer rows a second,
+wrote 9.6 KB of WAL a second and used 0.15 of a server core (docs/scaling.md).
+
+Heartbeats, idle claims, the leader's lease and rescue rounds, from many producers at pgq's
+default intervals.
+
+`python benchmarks/experiments/producer_load.py [WORKERS] [PRODUCERS_PER_WORKER] [SECONDS]`
+(default 50 workers x 10 producers = 500 producers, 60 s) simulates the workers in this one
+process, each on one connection, running pgq's own store functions (the statements a real
+worker sends) on its schedule: one heartbeat per worker every heartbeat_interval (5 s) for all
+its producers, one claim per producer every poll_interval (1 s; an idle producer's fetch when
+no notification arrives), and, for the leader, the lease every leader_ttl / 3 and a rescue
+round every rescue_interval. Prints statements/s, producer rows updated/s, WAL bytes/s and the
+CPU the server's processes used (cores), from pg_stat and /proc."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Print results/latest.json as the markdown tables of docs/performance.md."""
+"""Print results/latest.json as the markdown tables of benchmarks/README.md ("make bench")
+and docs/performance.md."""
 
 from __future__ import annotations
 

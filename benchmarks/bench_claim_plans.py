@@ -19,8 +19,8 @@ import uuid
 import asyncpg
 from common import drop_database, fresh_database, percentile, pgq_migrate, run
 
-from pgq._store import sql
-from pgq._store.connections import CLAIM_SESSION_SETTINGS
+from pgq._db import sql
+from pgq._db.connections import CLAIM_SESSION_SETTINGS
 
 NAME = "bench_claim_plans"
 

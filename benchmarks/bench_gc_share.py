@@ -8,7 +8,7 @@
 median share per concurrency. With ``BENCH_GC=tuned`` the collector is set up first as
 `pgq worker` sets up its own; by default it is left at Python's settings, as an embedded
 worker leaves its host's. The shares are what the worker's start-up note
-(``pgq._gc.untuned_note``) and docs/embedding.md quote.
+(``pgq._core.gc.untuned_note``) and docs/embedding.md quote.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ import uuid
 import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate, run, summary_ms
 
-from pgq._store import sql
-from pgq._store.connections import CLAIM_SESSION_SETTINGS
+from pgq._db import sql
+from pgq._db.connections import CLAIM_SESSION_SETTINGS
 
 CLAIMS = 50
 LIMIT = 10

@@ -35,8 +35,8 @@ from typing import Any
 import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate, summary_ms
 
-from pgq._store import claims
-from pgq._store.claims import ClaimPlan
+from pgq._db import claims
+from pgq._db.claims import ClaimPlan
 from pgq._worker.outcome import Outcome, error_entry
 
 WRITES = 40

@@ -23,8 +23,8 @@ from pathlib import Path
 import asyncpg
 from common import drop_database, fresh_database, pgq_migrate
 
-from pgq._store import claims, leader, maintenance, producers
-from pgq._store.connections import WORKER_SESSION_SETTINGS
+from pgq._db import claims, leader, maintenance, producers
+from pgq._db.connections import WORKER_SESSION_SETTINGS
 from pgq.settings import WorkerSettings
 
 S = WorkerSettings()

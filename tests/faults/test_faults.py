@@ -24,11 +24,11 @@ import pytest
 
 import pgq
 from pgq import migrate
-from pgq._store.connections import Pool, create_pool
+from pgq._db.connections import Pool, create_pool
 from pgq._worker import successor as successor_module
 from pgq._worker import worker as worker_module
+from pgq._worker.recovery import CHECK_ERRORS, Strays
 from pgq._worker.rescue_reports import RescueReports
-from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq._worker.successor import Successor
 from pgq._worker.unsure import Unsure
 from tests.faults.cluster import Server, lone_server

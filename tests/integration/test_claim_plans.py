@@ -7,8 +7,8 @@ import asyncpg
 import pytest
 
 import pgq
-from pgq._store import claims, queues, sql
-from pgq._store.claims import ClaimPlan, QueueLimits
+from pgq._db import claims, queues, sql
+from pgq._db.claims import ClaimPlan, QueueLimits
 
 pytestmark = pytest.mark.anyio
 

@@ -10,7 +10,7 @@ import asyncpg
 import pytest
 
 import pgq
-from pgq._store.revision import SCHEMA_REVISION
+from pgq._db.revision import SCHEMA_REVISION
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,8 @@ import asyncpg.connection
 import pytest
 
 import pgq
-from pgq._store import maintenance
-from pgq._store.connections import connect, create_pool
+from pgq._db import maintenance
+from pgq._db.connections import connect, create_pool
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ import pytest
 
 import pgq
 import pgq.testing
-from pgq._worker.joblog import JobLog
+from pgq._core.joblog import JobLog
 from pgq.logs import JsonFormatter
 from tests.integration.test_liveness import FAST
 

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 import pgq
-from pgq._store.maintenance import Rescued, rescue_predecessor
+from pgq._db.maintenance import Rescued, rescue_predecessor
 from pgq._worker import liveness
 from pgq._worker.leader import elector as elector_module
 from pgq._worker.leader import retention as retention_module
@@ -195,7 +195,7 @@ async def test_a_first_rescue_retries_at_once_whatever_the_attempts_before_it(
     runs again at once; a job rescued for the 4th time waits 7 s (0, 1, 3, 7 s ...): the
     backoff counts rescues, not attempts. A count in the metadata that pgq did not write
     fails no rescue."""
-    from pgq._store import maintenance
+    from pgq._db import maintenance
 
     previous = uuid.uuid4()
     await conn.execute(
@@ -236,7 +236,7 @@ async def test_the_status_of_a_rescue_transaction_is_read_back_or_reported_unkno
     """How a rescue whose commit's reply was lost is settled: committed and aborted
     transactions read back as such; an id this server never gave (another server, after a
     failover) reads as unknown, rather than failing every later round."""
-    from pgq._store.maintenance import xact_status
+    from pgq._db.maintenance import xact_status
 
     tx = conn.transaction()
     await tx.start()

@@ -11,8 +11,8 @@ import anyio.lowlevel
 import pytest
 
 import pgq
-from pgq._store import claims
-from pgq._store.connections import Pool, create_pool
+from pgq._db import claims
+from pgq._db.connections import Pool, create_pool
 
 pytestmark = pytest.mark.anyio
 

@@ -17,15 +17,15 @@ import asyncpg
 import pytest
 
 import pgq
-from pgq._hooks import Hooks
-from pgq._store import producers as producers_store
-from pgq._store.connections import Target
-from pgq._store.producers import Beat
+from pgq._core.hooks import Hooks
+from pgq._db import producers as producers_store
+from pgq._db.connections import Target
+from pgq._db.producers import Beat
 from pgq._worker import rescue_reports
 from pgq._worker.leader.rescuer import Rescuer
 from pgq._worker.liveness import Heartbeater, ProducerHealth, ProducerIdentity
+from pgq._worker.recovery import Strays
 from pgq._worker.rescue_reports import RescueReports
-from pgq._worker.strays import Strays
 from pgq.errors import ConfigError
 from pgq.settings import WorkerSettings
 from tests.tests_support import until

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 import pgq
-from pgq._store import claims, leader, maintenance, producers, settle, sql
-from pgq._store.claims import ClaimPlan
-from pgq._store.enqueue import AsyncpgDriver
+from pgq._db import claims, leader, maintenance, producers, settle, sql
+from pgq._db.claims import ClaimPlan
+from pgq._db.enqueue import AsyncpgDriver
 from pgq._worker.outcome import Outcome, error_entry
 
 if TYPE_CHECKING:

@@ -13,9 +13,9 @@ import asyncpg
 import pytest
 
 import pgq
-from pgq._store import claims
-from pgq._store.connections import create_pool
-from pgq._worker import completer
+from pgq._db import claims
+from pgq._db.connections import create_pool
+from pgq._worker import outcomes as completer
 from pgq._worker.outcome import Outcome
 from tests.integration.test_liveness import FAST
 from tests.tests_support import until

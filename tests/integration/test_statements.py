@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from pgq._store import codec, sql
+from pgq._db import codec, sql
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 import pgq
-from pgq import _sync as pgq_sync
+from pgq import sync as pgq_sync
 from tests.tests_support import job_notes, until
 
 if TYPE_CHECKING:
@@ -349,7 +349,7 @@ async def test_a_bulk_enqueue_whose_jobs_cannot_be_built_says_it_committed(
 ) -> None:
     # The sync client builds the jobs once the commit returned: a failure there must not
     # read as a batch that failed, which a retry would enqueue twice.
-    from pgq._store import enqueue
+    from pgq._db import enqueue
 
     def out_of_memory(*args: object) -> list[pgq.Job[object]]:
         raise MemoryError("no room")

@@ -131,7 +131,7 @@ def test_the_cli_leaves_a_configured_provider_alone(
 ) -> None:
     """`pgq worker --tracing` under opentelemetry-instrument (or an app that set its own
     provider) sets up nothing of its own."""
-    from pgq._tracing import configure_from_env
+    from pgq._core.tracing import configure_from_env
 
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
     before = trace.get_tracer_provider()

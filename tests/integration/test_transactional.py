@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import pgq
-from pgq._dsn import sqlalchemy_url
+from pgq._core.dsn import sqlalchemy_url
 from pgq._worker import settle_check
 from pgq._worker.settle import Settler
 from tests.integration.test_liveness import FAST

@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 import pgq
-from pgq._worker.executor import CANCEL, Execution
+from pgq._worker.attempt import CANCEL, Execution
 from pgq._worker.outcome import Outcome
 from pgq._worker.producer import Producer
 from tests.faults.proxy import Proxy
@@ -1053,7 +1053,7 @@ async def test_the_burst_check_finds_what_is_runnable_and_reads_no_finished_job(
     jobs and due retries of its tasks count; jobs scheduled for later, other tasks' jobs and
     finished jobs do not. Right after a drain, with the statistics still counting every job
     as available, it reads the queue's indexes: no scan of the table and its finished rows."""
-    from pgq._store import claims, sql
+    from pgq._db import claims, sql
 
     plan = claims.ClaimPlan("default", ("noop",), (None,), (3,))
 
@@ -1099,7 +1099,7 @@ async def test_a_claim_updates_its_jobs_through_the_primary_key_not_a_table_scan
     """A claim of hundreds of jobs from a table of tens of thousands updates the jobs it
     locked through the primary key: joined to them instead, the planner hashed the whole
     table on every claim (6 of a 500-job claim's 11 ms at 30,000 rows)."""
-    from pgq._store import sql
+    from pgq._db import sql
 
     await conn.execute(
         "INSERT INTO pgq_jobs (task, args) SELECT 'noop', '{}' FROM generate_series(1, 30000)"
@@ -1129,7 +1129,7 @@ async def test_outcome_writes_find_their_jobs_by_id_while_the_statistics_lag(
     statistics were taken while no job ran and thousands run now. Planned from the partial
     index of running jobs instead, each write read every running job: 134 ms against 2 ms
     for 100 outcomes with 100,000 jobs running."""
-    from pgq._store import sql
+    from pgq._db import sql
 
     await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")  # stale stays stale
     await conn.execute(
@@ -1198,7 +1198,7 @@ async def test_a_limited_claim_counts_its_queues_running_jobs_without_reading_th
     taken while none ran; the jobs of a producer whose row is gone count too (a row deleted
     by hand, or at a worker's stop). Counted by queue, every claim of the limited queue read
     all 10,000 jobs running elsewhere (with 100,000: 14 ms per claim against 1.7 ms)."""
-    from pgq._store import codec, sql
+    from pgq._db import codec, sql
 
     await conn.execute("ALTER TABLE pgq_jobs SET (autovacuum_enabled = off)")  # stale stays stale
     await conn.execute(

@@ -4,9 +4,9 @@ import re
 import pytest
 
 import pgq
-from pgq._backoff import Backoff
-from pgq._cli.worker import parse_queues
-from pgq._names import check_queue_name
+from pgq._cli.worker_command import parse_queues
+from pgq._core.backoff import Backoff
+from pgq._core.names import check_queue_name
 from pgq.errors import ConfigError, UnknownTaskError
 from pgq.settings import WorkerSettings
 

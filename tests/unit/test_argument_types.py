@@ -1,4 +1,4 @@
-"""Job arguments checked against the task's annotations at enqueue (pgq._argtypes): the
+"""Job arguments checked against the task's annotations at enqueue (pgq._core.argtypes): the
 types JSON can carry, the error naming the argument and the type, the rest let through."""
 
 from __future__ import annotations

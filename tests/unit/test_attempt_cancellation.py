@@ -11,8 +11,8 @@ from typing import Any, TypeVar, cast
 
 import pytest
 
-from pgq._hooks import Hooks, JobEvent
-from pgq._worker.executor import CANCEL, SHUTDOWN, Execution
+from pgq._core.hooks import Hooks, JobEvent
+from pgq._worker.attempt import CANCEL, SHUTDOWN, Execution
 from pgq.job import Job, JobState
 
 T = TypeVar("T")

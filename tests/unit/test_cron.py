@@ -2,7 +2,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pgq._cron import Cron, Every, make_schedule
+from pgq._core.cron import Cron, Every, make_schedule
 from pgq.errors import ConfigError
 
 

@@ -1,6 +1,6 @@
 import pytest
 
-from pgq._dsn import each_host, mask_dsn, normalize_dsn, resolve_dsn, sqlalchemy_url
+from pgq._core.dsn import each_host, mask_dsn, normalize_dsn, resolve_dsn, sqlalchemy_url
 from pgq.errors import ConfigError
 
 
@@ -121,7 +121,7 @@ def test_several_hosts_are_accepted_and_masked() -> None:
 def test_a_pooler_mode_is_checked_and_keeps_no_session_state(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pgq._store.connections import Target
+    from pgq._db.connections import Target
 
     with pytest.raises(ConfigError, match="pooler must be 'transaction'"):
         Target.resolve("postgresql://h/db", "statement")
@@ -140,7 +140,7 @@ def test_a_pooler_mode_is_checked_and_keeps_no_session_state(
 def test_a_direct_target_asks_for_a_writable_server_unless_the_dsn_says(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pgq._store.connections import Target
+    from pgq._db.connections import Target
 
     monkeypatch.delenv("PGQ_POOLER", raising=False)
     monkeypatch.delenv("PGTARGETSESSIONATTRS", raising=False)
@@ -153,7 +153,7 @@ def test_a_direct_target_asks_for_a_writable_server_unless_the_dsn_says(
 def test_libpq_options_asyncpg_lacks_are_taken_apart() -> None:
     """connect_timeout becomes asyncpg's timeout; libpq-only options are left out and
     named; every other parameter (server settings, asyncpg's own options) stays."""
-    from pgq._dsn import for_asyncpg
+    from pgq._core.dsn import for_asyncpg
 
     split = for_asyncpg(
         "postgresql://u@h/db?connect_timeout=7&sslmode=disable&keepalives=1&application_name=a"
@@ -179,7 +179,7 @@ def test_libpq_options_that_demand_a_guarantee_asyncpg_cannot_give_are_refused(
 ) -> None:
     """Dropped, they would let pgq connect without it (no channel binding, any auth
     method, no TLS): refused instead, naming the option."""
-    from pgq._dsn import for_asyncpg
+    from pgq._core.dsn import for_asyncpg
 
     with pytest.raises(ConfigError, match=f"{option.split('=')[0]} is a libpq option asyncpg"):
         for_asyncpg(f"postgresql://u:pw@h/db?sslmode=require&{option}")

@@ -1,4 +1,4 @@
-"""The enqueue's control flow is written once (pgq._store.enqueue) and run by a driver: the
+"""The enqueue's control flow is written once (pgq._db.enqueue) and run by a driver: the
 asynchronous and the synchronous runner take the same steps for the same plan."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import pgq
-from pgq._store import enqueue, sql
-from pgq._store.codec import NewJob
+from pgq._db import enqueue, sql
+from pgq._db.codec import NewJob
 from pgq.job import JobState
 
 pytestmark = pytest.mark.anyio

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 import pgq
-from pgq._boundary import database_error, database_errors
+from pgq._db.boundary import database_error, database_errors
 
 DSN = "postgresql://app:hunter2-secret@db.example:5432/app"
 

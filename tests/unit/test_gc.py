@@ -43,7 +43,7 @@ def test_tune_gc_refuses_a_threshold_that_is_not_a_positive_whole_number(
 def test_a_busy_worker_is_told_of_a_collector_at_pythons_settings_and_a_tuned_one_is_not(
     restored_gc: None,
 ) -> None:
-    from pgq._gc import BUSY_CONCURRENCY, GC_THRESHOLD, untuned_note
+    from pgq._core.gc import BUSY_CONCURRENCY, GC_THRESHOLD, untuned_note
 
     gc.set_threshold(700)
     note = untuned_note(1_000)

@@ -1,4 +1,4 @@
-"""The health port's HTTP (pgq._worker.health_server) and the supervisor's view of its
+"""The health port's HTTP (pgq._worker.health) and the supervisor's view of its
 children's (pgq._cli.fleet_health): a probe never takes down what it probes."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import anyio.abc
 import pytest
 
 from pgq._cli.fleet_health import POLL_S, FleetHealth
-from pgq._worker.health_server import Check, Metrics, serve
+from pgq._worker.health import Check, Metrics, serve
 
 pytestmark = pytest.mark.anyio
 

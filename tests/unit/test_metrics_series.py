@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import pgq
-from pgq._hooks import JobEvent
-from pgq._metrics import DURATION_BUCKETS, PICKUP_BUCKETS, WorkerMetrics
+from pgq._core.hooks import JobEvent
+from pgq._core.metrics import DURATION_BUCKETS, PICKUP_BUCKETS, WorkerMetrics
 
 prometheus_client = pytest.importorskip("prometheus_client")
 
@@ -117,8 +117,8 @@ from datetime import UTC, datetime, timedelta
 import prometheus_client
 from prometheus_client import multiprocess
 import pgq
-from pgq._hooks import JobEvent
-from pgq._metrics import WorkerMetrics
+from pgq._core.hooks import JobEvent
+from pgq._core.metrics import WorkerMetrics
 
 stats = {"producers": [], "heartbeat_failures": 0, "leader": False,
          "outcomes_salvaged": 0, "outcomes_pending": 0}

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pgq._store.producers import ProducerInfo
+from pgq._db.producers import ProducerInfo
 
 
 def info(age_s: float, *, healthy: bool = True, fence: float | None = 6.0,

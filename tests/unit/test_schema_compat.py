@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import pgq
-from pgq._store.revision import (
+from pgq._db.revision import (
     KNOWN_REVISIONS,
     SCHEMA_REVISION,
     Revision,

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from pgq import _serde as serde
+from pgq._core import serde as serde
 from pgq.errors import SerializationError
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import pgq
-from pgq._store import sql
+from pgq._db import sql
 from pgq.job import DEFAULT_MAX_ATTEMPTS, FINAL_STATES, JobState
 
 SRC = Path(pgq.__file__).resolve().parent
@@ -35,7 +35,7 @@ def _bodies() -> str:
 
 def test_every_statement_is_read_whole_from_a_sql_file() -> None:
     named: dict[str, str] = {}
-    for path in sorted((SRC / "_store" / "sql").glob("*.sql")):
+    for path in sorted((SRC / "_db" / "sql").glob("*.sql")):
         found = sql.parse(path.read_text())
         assert not named.keys() & found.keys()
         named.update(found)

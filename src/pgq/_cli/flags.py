@@ -7,7 +7,7 @@ import argparse
 import ipaddress
 from collections.abc import Callable
 
-from pgq._names import is_host_name
+from pgq._core.names import is_host_name
 from pgq.job import MAX_JOB_ID
 
 #: The most rows a listing returns.

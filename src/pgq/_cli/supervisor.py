@@ -30,10 +30,10 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from pgq import _metrics
 from pgq._cli import child as child_link
 from pgq._cli.fleet_health import FleetHealth, describe
-from pgq._worker import health_server
+from pgq._core import metrics as _metrics
+from pgq._worker import health as health_server
 from pgq.errors import ConfigError
 from pgq.settings import WorkerSettings
 

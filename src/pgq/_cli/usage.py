@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from pgq._dsn import scrub_arguments
+from pgq._core.dsn import scrub_arguments
 
 #: Options whose whole value after the first ':' is a password (USER:PASSWORD).
 _PASSWORD_FLAGS = ("--auth",)

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import anyio
 
-from pgq._store import producers as store_producers
-from pgq._store.connections import (
+from pgq._db import producers as store_producers
+from pgq._db.connections import (
     CLAIM_SESSION_SETTINGS,
     WORKER_SESSION_SETTINGS,
     Pool,
@@ -19,8 +19,7 @@ from pgq._store.connections import (
     connect_budget_s,
     create_pool,
 )
-from pgq._store.revision import check_schema
-from pgq._worker.completer import LOCK_WAITERS, WRITERS, Completer
+from pgq._db.revision import check_schema
 from pgq._worker.control import Control
 from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.periodic import Periodic
@@ -35,9 +34,10 @@ from pgq._worker.leader.unrunnable import UnrunnableReport
 from pgq._worker.liveness import Heartbeater
 from pgq._worker.observe import Observers
 from pgq._worker.outcome import Outcome
+from pgq._worker.outcomes import LOCK_WAITERS, WRITERS, Completer
 from pgq._worker.producer import Producer
+from pgq._worker.recovery import Strays
 from pgq._worker.rescue_reports import RescueReports
-from pgq._worker.strays import Strays
 from pgq._worker.successor import Successor
 from pgq.app import App
 from pgq.settings import WorkerSettings

@@ -13,8 +13,7 @@ from time import monotonic
 import anyio
 import anyio.abc
 
-from pgq._worker.counters import ProducerCounters
-from pgq._worker.executor import (
+from pgq._worker.attempt import (
     CANCEL,
     FENCED,
     SHUTDOWN,
@@ -24,6 +23,7 @@ from pgq._worker.executor import (
     internal_failure,
     stopped_before_start,
 )
+from pgq._worker.counters import ProducerCounters
 from pgq._worker.liveness import ProducerHealth, clock
 from pgq._worker.outcome import Outcome
 from pgq._worker.resources import ResourceFailures

@@ -8,11 +8,11 @@ from time import monotonic
 import anyio
 import anyio.abc
 
-from pgq._store.connections import DATABASE_ERRORS
+from pgq._db.connections import DATABASE_ERRORS
+from pgq._worker.attempt import FENCED, SHUTDOWN
 from pgq._worker.batches import BatchRunner
 from pgq._worker.claimer import Claimer
 from pgq._worker.counters import ProducerCounters
-from pgq._worker.executor import FENCED, SHUTDOWN
 from pgq._worker.limits import LimitsCache
 from pgq._worker.liveness import ProducerHealth, ProducerIdentity
 from pgq._worker.signals import Signal

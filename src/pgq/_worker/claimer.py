@@ -6,9 +6,9 @@ import uuid
 
 import anyio
 
-from pgq._store import claims
-from pgq._store.claims import ClaimPlan
-from pgq._store.connections import Pool
+from pgq._db import claims
+from pgq._db.claims import ClaimPlan
+from pgq._db.connections import Pool
 from pgq._worker.limits import LimitsCache
 from pgq.job import Job
 

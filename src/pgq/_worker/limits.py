@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from pgq._store.claims import QueueLimits
+from pgq._db.claims import QueueLimits
 
 #: An idle producer of an unlimited queue reads the queue's limits again this often.
 LIMITS_REFRESH_S = 10.0

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pgq import _metrics
-from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
-from pgq._worker.joblog import JobLog
+from pgq._core import metrics as _metrics
+from pgq._core.hooks import EVENTS, EventName, Hook, Hooks, Middleware
+from pgq._core.joblog import JobLog
 from pgq.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def observers(
         _metrics.require()
     middleware: list[Middleware] = []
     if settings.tracing:
-        from pgq._tracing import attempt_middleware
+        from pgq._core.tracing import attempt_middleware
 
         middleware.append(attempt_middleware(worker_name))
     handlers: dict[EventName, list[Hook]] = {name: [] for name in EVENTS}

@@ -6,7 +6,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from pgq import _serde
+from pgq._core import serde
 from pgq.job import Job
 
 #: Longest message and traceback kept in an error entry, in characters: a failure must never
@@ -81,7 +81,7 @@ def error_entry(
     }
     if rescue is not None:
         entry["rescue"] = rescue
-    return _serde.dumps(entry, "error")
+    return serde.dumps(entry, "error")
 
 
 def storable_text(text: str, limit: int) -> str:

@@ -12,16 +12,16 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from pgq._hooks import Hooks
-from pgq._store import claims
-from pgq._store.claims import ClaimPlan
-from pgq._store.connections import Pool
-from pgq._store.producers import Beat
+from pgq._core.hooks import Hooks
+from pgq._db import claims
+from pgq._db.claims import ClaimPlan
+from pgq._db.connections import Pool
+from pgq._db.producers import Beat
+from pgq._worker.attempt import FENCED, RESCUED, Execution, runner
 from pgq._worker.batches import BatchRunner, OutcomeSink
 from pgq._worker.claim_loop import ClaimLoop
 from pgq._worker.claimer import Claimer
 from pgq._worker.counters import ProducerCounters
-from pgq._worker.executor import FENCED, RESCUED, Execution, runner
 from pgq._worker.limits import LimitsCache
 from pgq._worker.liveness import ProducerHealth, ProducerIdentity
 from pgq._worker.outcome import Outcome

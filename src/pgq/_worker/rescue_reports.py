@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import anyio
 
-from pgq._hooks import Hook, Hooks, JobEvent
+from pgq._core.hooks import Hook, Hooks, JobEvent
 from pgq.job import Job, JobState
 
 log = logging.getLogger("pgq.worker")

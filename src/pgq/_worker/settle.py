@@ -7,12 +7,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from pgq._boundary import database_errors
-from pgq._store import jobs as store_jobs
-from pgq._store import settle as store
-from pgq._store.callers import caller_driver
-from pgq._store.connections import Pool
-from pgq._worker.executor import _completed, _raised
+from pgq._db import jobs as store_jobs
+from pgq._db import settle as store
+from pgq._db.boundary import database_errors
+from pgq._db.connections import Pool
+from pgq._db.drivers import caller_driver
+from pgq._worker.attempt import _completed, _raised
 from pgq._worker.outcome import Outcome
 from pgq.app import Task
 from pgq.errors import AttemptSuperseded
@@ -62,7 +62,7 @@ class Settler:
 
     def settle_sync(self, ctx: JobContext, connection: Any, kind: str, **details: Any) -> None:
         """:meth:`settle` for plain ``def`` tasks, on a psycopg or SQLAlchemy connection."""
-        from pgq._store.sync import caller_connection_sync
+        from pgq._db.psycopg_drivers import caller_connection_sync
 
         outcome = self.outcome(ctx, kind, **details)
         settle_token = uuid.uuid4()

@@ -7,8 +7,8 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from pgq._store.connections import DATABASE_ERRORS
-from pgq._worker.executor import Execution
+from pgq._db.connections import DATABASE_ERRORS
+from pgq._worker.attempt import Execution
 from pgq._worker.settle import Settler
 
 log = logging.getLogger("pgq.producer")

@@ -26,9 +26,9 @@ from datetime import datetime
 
 import anyio
 
-from pgq._store import maintenance as store
-from pgq._store.connections import DATABASE_ERRORS, Pool
-from pgq._store.maintenance import Rescued
+from pgq._db import maintenance as store
+from pgq._db.connections import DATABASE_ERRORS, Pool
+from pgq._db.maintenance import Rescued
 from pgq._worker.leader.rescuer import report_rescue
 from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.unsure import Unsure

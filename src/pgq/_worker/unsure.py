@@ -11,8 +11,8 @@ from typing import Generic, Protocol, TypeVar
 
 import anyio
 
-from pgq._store import maintenance
-from pgq._store.connections import Connection, Db
+from pgq._db import maintenance
+from pgq._db.connections import Connection, Db
 
 
 class Written(Protocol):

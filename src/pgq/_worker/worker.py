@@ -16,28 +16,29 @@ from typing import TYPE_CHECKING, Any, Self, Unpack
 import anyio
 import anyio.abc
 
-from pgq import _metrics
-from pgq._gc import untuned_note
-from pgq._names import check_queue_name
-from pgq._store import producers as store_producers
-from pgq._store.connections import (
+from pgq._core import metrics as _metrics
+from pgq._core.gc import untuned_note
+from pgq._core.names import check_queue_name
+from pgq._db import producers as store_producers
+from pgq._db.connections import (
     DATABASE_ERRORS,
     Pool,
     Target,
 )
-from pgq._store.producers import ProducerRow
-from pgq._worker import assembly, health_server
+from pgq._db.producers import ProducerRow
+from pgq._worker import assembly
+from pgq._worker import health as health_server
 from pgq._worker.assembly import Identity, Parts, Pools, open_pools
-from pgq._worker.completer import Completer
-from pgq._worker.executor import SHUTDOWN
+from pgq._worker.attempt import SHUTDOWN
 from pgq._worker.liveness import health_verdict
 from pgq._worker.observe import observers
 from pgq._worker.outcome import Outcome
+from pgq._worker.outcomes import Completer
 from pgq._worker.producer import Producer
+from pgq._worker.recovery import CHECK_ERRORS, Strays
 from pgq._worker.run_once import RunOnce
 from pgq._worker.snapshot import worker_stats
 from pgq._worker.stoppable import Stoppable
-from pgq._worker.strays import CHECK_ERRORS, Strays
 from pgq.app import App
 from pgq.errors import ConfigError
 from pgq.settings import MAX_SETTING, WorkerOverrides, WorkerSettings

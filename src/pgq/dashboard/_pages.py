@@ -11,13 +11,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from pgq import _metrics, _serde
-from pgq._store import inspect, maintenance
-from pgq._store import jobs as store_jobs
-from pgq._store import leader as store_leader
-from pgq._store import producers as store_producers
-from pgq._store import queues as store_queues
-from pgq._store.connections import Pool
+from pgq._core import metrics as _metrics
+from pgq._core import serde
+from pgq._db import inspect, maintenance
+from pgq._db import jobs as store_jobs
+from pgq._db import leader as store_leader
+from pgq._db import producers as store_producers
+from pgq._db import queues as store_queues
+from pgq._db.connections import Pool
 from pgq.dashboard._chart import SERIES, throughput_svg
 from pgq.dashboard._forms import Filters
 from pgq.dashboard._host import Host
@@ -139,7 +140,7 @@ class Pages:
             raise HTTPException(404, f"No {part!r} of a job: use {', '.join(JOB_VALUES)}.")
         job = await self._job(await self._d.pool(), request)
         value = getattr(job, part)
-        problem = _serde.unreadable(value)
+        problem = serde.unreadable(value)
         if problem is not None:
             raise HTTPException(422, f"The job's {part} cannot be shown: {problem}")
         body = json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)

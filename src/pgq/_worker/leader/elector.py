@@ -7,8 +7,8 @@ import uuid
 
 import anyio
 
-from pgq._store import leader as store
-from pgq._store.connections import DATABASE_ERRORS, Pool
+from pgq._db import leader as store
+from pgq._db.connections import DATABASE_ERRORS, Pool
 from pgq._worker.liveness import clock
 
 log = logging.getLogger("pgq.leader")

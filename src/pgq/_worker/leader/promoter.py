@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 
-from pgq._store import maintenance
-from pgq._store.connections import Pool
+from pgq._db import maintenance
+from pgq._db.connections import Pool
 
 #: Jobs one statement promotes at most: short transactions, few locks.
 BATCH = 1000

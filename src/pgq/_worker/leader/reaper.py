@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from pgq._store import maintenance
-from pgq._store.connections import Pool
+from pgq._db import maintenance
+from pgq._db.connections import Pool
 from pgq.settings import WorkerSettings
 
 log = logging.getLogger("pgq.reaper")

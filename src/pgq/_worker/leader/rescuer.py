@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import anyio
 
-from pgq._store import maintenance
-from pgq._store.connections import DATABASE_ERRORS, Connection, Pool
-from pgq._store.maintenance import Rescued
+from pgq._db import maintenance
+from pgq._db.connections import DATABASE_ERRORS, Connection, Pool
+from pgq._db.maintenance import Rescued
 from pgq._worker.leader.services import SETTLE_BOUND_S
 from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.unsure import Unsure

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import anyio
 
-from pgq._store.connections import DATABASE_ERRORS
+from pgq._db.connections import DATABASE_ERRORS
 from pgq._worker.leader.elector import Elector
 
 log = logging.getLogger("pgq.leader")

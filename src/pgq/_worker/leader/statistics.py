@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from pgq._store import maintenance
-from pgq._store.connections import Pool
+from pgq._db import maintenance
+from pgq._db.connections import Pool
 
 log = logging.getLogger("pgq.statistics")
 

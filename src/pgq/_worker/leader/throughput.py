@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pgq._store import inspect
-from pgq._store.connections import Pool
+from pgq._db import inspect
+from pgq._db.connections import Pool
 
 #: A leader's first round counts the chart's hour: from the start of the minute this long
 #: ago.

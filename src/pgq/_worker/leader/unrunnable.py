@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 
-from pgq._store import queues
-from pgq._store.connections import Pool
-from pgq._store.queues import Unrunnable
+from pgq._db import queues
+from pgq._db.connections import Pool
+from pgq._db.queues import Unrunnable
 
 log = logging.getLogger("pgq.unrunnable")
 

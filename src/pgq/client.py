@@ -13,7 +13,7 @@ import anyio
 
 from pgq._core import serde
 from pgq._core.names import check_queue_name
-from pgq._core.specs import _where, prepare
+from pgq._core.specs import NewJob, _where, prepare
 from pgq._core.tracing import require as require_tracing
 from pgq._core.tracing import send_span, sent
 from pgq._db import claims as store_claims
@@ -22,7 +22,6 @@ from pgq._db import jobs as store_jobs
 from pgq._db import queues as store_queues
 from pgq._db.boundary import CLOSED, database_errors, public
 from pgq._db.claims import QueueLimits
-from pgq._db.codec import NewJob
 from pgq._db.connections import Connection, Db, Pool, Target, create_pool
 from pgq._db.drivers import caller_db, caller_driver, too_large_errors
 from pgq._db.enqueue import AsyncpgDriver, Plan, run

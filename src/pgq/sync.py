@@ -11,10 +11,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from pgq._core.dsn import mask_dsn, scrub
-from pgq._core.specs import _where, prepare
+from pgq._core.specs import NewJob, _where, prepare
 from pgq._db import enqueue
 from pgq._db.boundary import CLOSED, database_errors, public_sync
-from pgq._db.codec import NewJob
 from pgq._db.connections import Target
 from pgq._db.enqueue import Plan
 from pgq._db.listen import CLOSED_DURING_WAIT

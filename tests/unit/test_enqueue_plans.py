@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import pgq
+from pgq._core.specs import NewJob
 from pgq._db import enqueue, sql
-from pgq._db.codec import NewJob
 from pgq.job import JobState
 
 pytestmark = pytest.mark.anyio

@@ -9,12 +9,12 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pgq._core import serde
 from pgq._core.names import check_queue_name, check_task_name
-from pgq._db.codec import NewJob
 from pgq.app import INT4_MAX, INT4_MIN, App, JobSpec, Task
 from pgq.errors import ConfigError, SerializationError
 from pgq.job import DEFAULT_QUEUE, MAX_SECONDS, Job, JobState, unique_mask
@@ -26,6 +26,47 @@ DEFAULT_UNIQUE_STATES = tuple(s for s in JobState if not s.is_final)
 # row past Python's year 9999 could be written but not read back). A day is kept in hand
 # for the distance between this machine's clock and the database's.
 _LATEST = datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
+
+
+@dataclass(slots=True)
+class NewJob:
+    """One job to enqueue, checked and serialized: what every enqueue path writes."""
+
+    queue: str
+    task: str
+    args: dict[str, Any]
+    args_json: str
+    priority: int
+    max_attempts: int | None
+    run_at: datetime | None
+    delay_s: float | None
+    tags: list[str]
+    metadata: dict[str, Any]
+    metadata_json: str
+    unique_key: str | None
+    unique_states: int | None
+    limit_key: str | None = None
+    #: The parents' ids (distinct, in the order given), None without dependencies.
+    depends_on: tuple[int, ...] | None = None
+    on_parent_failure: str = "cancel"
+
+    def values(self) -> tuple[Any, ...]:
+        """The parameters of one row of the enqueue statements (tags as JSON text: SQL
+        arrays of arrays cannot be ragged)."""
+        return (
+            self.queue,
+            self.task,
+            self.args_json,
+            self.priority,
+            self.max_attempts,
+            self.run_at,
+            self.delay_s,
+            serde.dumps(self.tags, "tags") if self.tags else "[]",
+            self.metadata_json,
+            self.unique_key,
+            self.unique_states,
+            self.limit_key,
+        )
 
 
 def prepare(index: int, spec: JobSpec[Any], app: App | None) -> NewJob:

@@ -28,7 +28,7 @@ from pgq.job import JobContext, Snooze
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
-    from pgq._db.codec import NewJob
+    from pgq._core.specs import NewJob
 
 #: The metadata key that carries an enqueue's trace context.
 METADATA_KEY = "pgq_trace"

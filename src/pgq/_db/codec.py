@@ -15,11 +15,10 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, TypeAlias
 
 from pgq._core import serde
+from pgq._core.specs import NewJob
 from pgq._db.connections import Record
 from pgq.job import STATES, Job, JobState
 
@@ -60,47 +59,6 @@ def _constructor(name: str, params: str, values: Mapping[str, str]) -> Callable[
     source = "def " + name + "(" + params + "):\n    return Job(" + _arguments(name, values) + ")\n"
     constructor: Callable[..., Job] = _generated(name, source)
     return constructor
-
-
-@dataclass(slots=True)
-class NewJob:
-    """One job to enqueue, checked and serialized: what every enqueue path writes."""
-
-    queue: str
-    task: str
-    args: dict[str, Any]
-    args_json: str
-    priority: int
-    max_attempts: int | None
-    run_at: datetime | None
-    delay_s: float | None
-    tags: list[str]
-    metadata: dict[str, Any]
-    metadata_json: str
-    unique_key: str | None
-    unique_states: int | None
-    limit_key: str | None = None
-    #: The parents' ids (distinct, in the order given), None without dependencies.
-    depends_on: tuple[int, ...] | None = None
-    on_parent_failure: str = "cancel"
-
-    def values(self) -> tuple[Any, ...]:
-        """The parameters of one row of the enqueue statements (tags as JSON text: SQL
-        arrays of arrays cannot be ragged)."""
-        return (
-            self.queue,
-            self.task,
-            self.args_json,
-            self.priority,
-            self.max_attempts,
-            self.run_at,
-            self.delay_s,
-            serde.dumps(self.tags, "tags") if self.tags else "[]",
-            self.metadata_json,
-            self.unique_key,
-            self.unique_states,
-            self.limit_key,
-        )
 
 
 #: ``enqueued(r, job_id, state, scheduled_at, created_at)``: the job the :class:`NewJob`

@@ -22,9 +22,9 @@ from typing import Any, Protocol, TypeAlias, TypeVar
 
 import anyio
 
+from pgq._core.specs import NewJob
 from pgq._db import sql
 from pgq._db.codec import (
-    NewJob,
     RowLike,
     copied_plain,
     enqueued,

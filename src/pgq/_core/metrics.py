@@ -1,5 +1,6 @@
 """Prometheus metrics (the ``metrics`` extra): a worker's job counters and histograms, its
-liveness read from its stats at scrape time, and the queue gauges read from the database.
+liveness read from its stats at scrape time, and the queue gauges (of counts the database
+layer reads).
 
 Job metrics are fed by the worker's built-in event hooks: a decided outcome, the attempt's
 duration, the pickup latency (scheduled -> started, both on the database clock). Liveness
@@ -12,12 +13,10 @@ from __future__ import annotations
 import functools
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from pgq._core.hooks import EventName, Hook, JobEvent
-from pgq._db import inspect
-from pgq._db.connections import Pool
 from pgq.errors import ConfigError
 from pgq.job import JobState
 
@@ -332,15 +331,24 @@ class _StatsCollector:
         yield unrunnable
 
 
-async def queue_families(pool: Pool, *, count_timeout_s: float = 1.0) -> list[Metric]:
-    """The queue gauges, read from the database now: jobs by queue and state, and the age of
-    each queue's oldest available job. When counting finished jobs would take longer than
-    ``count_timeout_s``, only the unfinished states are exported."""
+class QueueCounts(Protocol):
+    """Jobs by queue and state, as the database counted them (``pgq._db.inspect``)."""
+
+    @property
+    def by_queue(self) -> Mapping[str, Mapping[JobState, int]]: ...
+
+    @property
+    def exact(self) -> bool: ...
+
+
+def queue_families(counts: QueueCounts, oldest: Mapping[str, float]) -> list[Metric]:
+    """The queue gauges of ``counts`` and ``oldest`` (``pgq._db.inspect.queue_gauges`` reads
+    them): jobs by queue and state, and the age of each queue's oldest available job. When
+    the count of finished jobs was cut short (not ``exact``), only the unfinished states
+    are exported."""
     require()
     from prometheus_client.core import GaugeMetricFamily
 
-    counts = await inspect.state_counts(pool, timeout_s=count_timeout_s)
-    oldest = await inspect.oldest_available(pool)
     jobs = GaugeMetricFamily("pgq_queue_jobs", "Jobs by queue and state", labels=["queue", "state"])
     for queue, by_state in sorted(counts.by_queue.items()):
         for state in JobState:

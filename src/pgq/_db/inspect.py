@@ -228,6 +228,14 @@ async def oldest_available(db: Db) -> dict[str, float]:
     return {r["queue"]: r["age_s"] for r in await db.fetch(sql.OLDEST_AVAILABLE)}
 
 
+async def queue_gauges(
+    pool: Pool, *, count_timeout_s: float = 1.0
+) -> tuple[StateCounts, dict[str, float]]:
+    """What the queue gauges export, read now: jobs by queue and state (exactly if that takes
+    under ``count_timeout_s``), and the age of each queue's oldest available job."""
+    return await state_counts(pool, timeout_s=count_timeout_s), await oldest_available(pool)
+
+
 async def paused_queues(db: Db) -> dict[str, datetime | None]:
     """Every queue with a setting, and when it was paused (None: not paused)."""
     return {r["name"]: r["paused_at"] for r in await db.fetch(sql.QUEUE_SETTINGS)}

@@ -19,6 +19,7 @@ import anyio.abc
 from pgq._core import metrics as _metrics
 from pgq._core.gc import untuned_note
 from pgq._core.names import check_queue_name
+from pgq._db import inspect
 from pgq._db import producers as store_producers
 from pgq._db.connections import (
     DATABASE_ERRORS,
@@ -488,7 +489,8 @@ class Worker:
             raise ConfigError("metrics are off for this worker (metrics=False)")
         body = self.metrics.render()
         if self.settings.queue_metrics and self._pool is not None:
-            body += _metrics.render_families(await _metrics.queue_families(self._pool))
+            gauges = await inspect.queue_gauges(self._pool)
+            body += _metrics.render_families(_metrics.queue_families(*gauges))
         return body
 
     def health(self) -> tuple[bool, dict[str, Any]]:

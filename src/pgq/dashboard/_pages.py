@@ -212,7 +212,9 @@ async def _metrics_response(pool: Pool, count_timeout_s: float) -> Response:
         return PlainTextResponse(
             "no metrics: install the metrics extra (pip install 'pgq-async[metrics]')\n", 404
         )
-    families = await _metrics.queue_families(pool, count_timeout_s=count_timeout_s)
+    families = _metrics.queue_families(
+        *await inspect.queue_gauges(pool, count_timeout_s=count_timeout_s)
+    )
     return Response(_metrics.render_families(families), media_type=_metrics.CONTENT_TYPE)
 
 

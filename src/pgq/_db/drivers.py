@@ -25,9 +25,9 @@ async def caller_driver(connection: Any) -> AsyncDriver:
     driver = await _driver_connection(connection)
     if isinstance(driver, asyncpg.Connection):
         return AsyncpgDriver(driver)
-    from pgq._db import psycopg_async
+    from pgq._db import psycopg_drivers
 
-    return await psycopg_async.joined(driver)
+    return await psycopg_drivers.joined(driver)
 
 
 async def caller_db(connection: Any, what: str) -> Connection:

@@ -5,8 +5,8 @@ generator that yields the statements it needs run (:class:`Fetch`, :class:`Fetch
 :class:`CopyJobs`, and :class:`InTransaction` for a part that must run in one transaction)
 and receives their rows, deciding what comes next from them. A driver runs a plan:
 :func:`run` over the :class:`AsyncDriver` protocol (asyncpg here, psycopg's async
-connection in ``psycopg_async.py``), :func:`run_sync` over :class:`SyncDriver` (psycopg, in
-``sync.py``). The plans do no I/O, so every client shares them instead of each keeping a
+connection in ``psycopg_drivers.py``), :func:`run_sync` over :class:`SyncDriver` (psycopg,
+in ``psycopg_drivers.py`` too). The plans do no I/O, so every client shares them instead of each keeping a
 copy of the same decisions; :func:`write` is the one choice between COPY and INSERT.
 """
 

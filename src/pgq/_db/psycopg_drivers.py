@@ -1,19 +1,23 @@
-"""The same enqueue for synchronous code, on psycopg (3): the plans of ``enqueue`` run on a
-:class:`PsycopgDriver`, their statements as they are (a raw cursor takes PostgreSQL's own
-``$1`` placeholders), the jobs put together by the same functions as the async path; and,
-for :class:`~pgq.SyncClient`, the schema check, a caller's connection, the statements of
-``jobs.py`` (read, cancel, retry) and a LISTEN for the jobs that finish."""
+"""psycopg (3) as a driver, both ways: the plans of ``enqueue`` run on a
+:class:`PsycopgDriver` (a synchronous connection, for :class:`~pgq.SyncClient` and plain
+``def`` tasks) or a :class:`PsycopgAsyncDriver` (a caller's ``AsyncConnection``), their
+statements as they are (a raw cursor takes PostgreSQL's own ``$1`` placeholders), rows read
+by column name, the jobs put together by the same functions as asyncpg's. For
+:class:`~pgq.SyncClient` also the schema check, a caller's connection, the statements of
+``jobs.py`` (read, cancel, retry) and a LISTEN for the jobs that finish.
+
+Imported only where psycopg is used: psycopg is the ``sync`` extra's."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
 import psycopg
-from psycopg import RawCursor
+from psycopg import AsyncRawCursor, RawCursor
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
@@ -118,6 +122,57 @@ def caller_connection_sync(connection: Any) -> psycopg.Connection[Any]:
             "the engine with a postgresql+psycopg:// URL"
         )
     return driver
+
+
+# --------------------------------------------------------------------------- the async connection
+# A caller's psycopg.AsyncConnection (connection= on pgq.Client, a task's in-transaction outcome).
+
+
+def async_cursor(conn: psycopg.AsyncConnection[Any]) -> AsyncRawCursor[dict[str, Any]]:
+    """A cursor that takes pgq's statements as they are and returns rows by name."""
+    return AsyncRawCursor(conn, row_factory=dict_row)
+
+
+class PsycopgAsyncDriver:
+    """``enqueue.AsyncDriver`` over a caller's psycopg ``AsyncConnection``."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.conn = conn
+
+    async def fetch(self, statement: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        async with async_cursor(self.conn) as cur:
+            await cur.execute(statement, params)
+            return await cur.fetchall()
+
+    async def fetchrow(self, statement: str, params: Sequence[Any]) -> dict[str, Any] | None:
+        async with async_cursor(self.conn) as cur:
+            await cur.execute(statement, params)
+            return await cur.fetchone()
+
+    async def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None:
+        # psycopg writes the rows in COPY's text format.
+        async with (
+            async_cursor(self.conn) as cur,
+            cur.copy(sql.COPY_JOBS_PLAIN if plain else sql.COPY_JOBS_FULL) as copier,
+        ):
+            for record in records:
+                await copier.write_row(record)
+
+    def transaction(self) -> AbstractAsyncContextManager[Any]:
+        return self.conn.transaction()
+
+
+async def joined(conn: psycopg.AsyncConnection[Any]) -> PsycopgAsyncDriver:
+    """The driver for ``conn``, inside its transaction. A connection that is not in
+    autocommit mode begins its transaction at its first statement; when it has not yet,
+    a no-op statement begins it, so that pgq's writes commit or roll back with the
+    caller's (psycopg's ``transaction()`` on an idle connection would commit them on its
+    own)."""
+    if not conn.autocommit and conn.info.transaction_status == TransactionStatus.IDLE:
+        await conn.execute("SELECT 1")
+    return PsycopgAsyncDriver(conn)
 
 
 # --------------------------------------------------------------------------- jobs (jobs.py)

@@ -23,8 +23,8 @@ from pgq._db import queues as store_queues
 from pgq._db.boundary import CLOSED, database_errors, public
 from pgq._db.claims import QueueLimits
 from pgq._db.connections import Connection, Db, Pool, Target, create_pool
-from pgq._db.drivers import caller_db, caller_driver, too_large_errors
-from pgq._db.enqueue import AsyncpgDriver, Plan, run
+from pgq._db.drivers import AsyncpgDriver, caller_db, caller_driver, too_large_errors
+from pgq._db.enqueue import Plan, run
 from pgq._db.listen import CLOSED_DURING_WAIT, DoneWaiters
 from pgq._db.queues import QueueInfo, QueueStats
 from pgq._db.revision import check_schema

@@ -17,7 +17,7 @@ import pytest
 import pgq
 from pgq._db import claims, leader, maintenance, producers, settle, sql
 from pgq._db.claims import ClaimPlan
-from pgq._db.enqueue import AsyncpgDriver
+from pgq._db.drivers import AsyncpgDriver
 from pgq._worker.outcome import Outcome, error_entry
 
 if TYPE_CHECKING:

@@ -1,17 +1,73 @@
-"""A caller's connection (``connection=``), for pgq to write in its transaction: asyncpg's,
-psycopg's ``AsyncConnection``, or SQLAlchemy's ``AsyncConnection`` / ``AsyncSession`` on
-either driver (``postgresql+asyncpg``, ``postgresql+psycopg``)."""
+"""The drivers a plan of ``enqueue`` runs on: what it needs of a connection
+(:class:`AsyncDriver`, :class:`SyncDriver`), asyncpg's (:class:`AsyncpgDriver`; psycopg's
+are ``psycopg_drivers``), and a caller's connection (``connection=``), for pgq to write in
+its transaction: asyncpg's, psycopg's ``AsyncConnection``, or SQLAlchemy's
+``AsyncConnection`` / ``AsyncSession`` on either driver (``postgresql+asyncpg``,
+``postgresql+psycopg``)."""
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import asyncpg
 
+from pgq._db import sql
+from pgq._db.codec import RowLike
 from pgq._db.connections import Connection
-from pgq._db.enqueue import AsyncDriver, AsyncpgDriver
 from pgq.errors import ConfigError
+
+
+class AsyncDriver(Protocol):
+    """What a plan needs of an asynchronous connection."""
+
+    async def fetch(self, statement: str, params: Sequence[Any]) -> Sequence[RowLike]: ...
+
+    async def fetchrow(self, statement: str, params: Sequence[Any]) -> RowLike | None: ...
+
+    async def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None: ...
+
+    def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+
+
+class SyncDriver(Protocol):
+    """What a plan needs of a synchronous connection."""
+
+    def fetch(self, statement: str, params: Sequence[Any]) -> Sequence[RowLike]: ...
+
+    def fetchrow(self, statement: str, params: Sequence[Any]) -> RowLike | None: ...
+
+    def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None: ...
+
+    def transaction(self) -> AbstractContextManager[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncpgDriver:
+    """:class:`AsyncDriver` over an asyncpg connection (pgq's own, or a caller's)."""
+
+    conn: Connection
+
+    async def fetch(self, statement: str, params: Sequence[Any]) -> Sequence[RowLike]:
+        return await self.conn.fetch(statement, *params)
+
+    async def fetchrow(self, statement: str, params: Sequence[Any]) -> RowLike | None:
+        return await self.conn.fetchrow(statement, *params)
+
+    async def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None:
+        # Binary COPY: no text to build or parse per row.
+        await self.conn.copy_records_to_table(
+            sql.COPY_JOBS_TABLE,
+            records=records,
+            columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
+        )
+
+    def transaction(self) -> AbstractAsyncContextManager[Any]:
+        return self.conn.transaction()
+
 
 #: What ``connection=`` takes, for the messages that refuse something else.
 TAKES = (

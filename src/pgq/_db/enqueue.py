@@ -4,10 +4,10 @@ Each operation (:func:`write`, :func:`insert_chain`, :func:`insert_group`) is a 
 generator that yields the statements it needs run (:class:`Fetch`, :class:`FetchRow`,
 :class:`CopyJobs`, and :class:`InTransaction` for a part that must run in one transaction)
 and receives their rows, deciding what comes next from them. A driver runs a plan:
-:func:`run` over the :class:`AsyncDriver` protocol (asyncpg here, psycopg's async
-connection in ``psycopg_drivers.py``), :func:`run_sync` over :class:`SyncDriver` (psycopg,
-in ``psycopg_drivers.py`` too). The plans do no I/O, so every client shares them instead of each keeping a
-copy of the same decisions; :func:`write` is the one choice between COPY and INSERT.
+:func:`run` over the ``drivers.AsyncDriver`` protocol (asyncpg, psycopg's async
+connection), :func:`run_sync` over ``drivers.SyncDriver`` (psycopg). The plans do no I/O,
+so every client shares them instead of each keeping a copy of the same decisions;
+:func:`write` is the one choice between COPY and INSERT.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Generator, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import anyio
 
@@ -31,7 +31,7 @@ from pgq._db.codec import (
     job_from_row,
     vanished_holder,
 )
-from pgq._db.connections import Connection
+from pgq._db.drivers import AsyncDriver, SyncDriver
 from pgq.errors import ConfigError, PgqError
 from pgq.job import Job, JobState
 
@@ -88,54 +88,6 @@ class CopyJobs:
 Step: TypeAlias = Fetch | FetchRow | InTransaction | CopyJobs
 #: A plan: yields steps, receives what each returned, returns its result.
 Plan: TypeAlias = Generator[Step, Any, T]
-
-
-class AsyncDriver(Protocol):
-    """What a plan needs of an asynchronous connection."""
-
-    async def fetch(self, statement: str, params: Sequence[Any]) -> Sequence[RowLike]: ...
-
-    async def fetchrow(self, statement: str, params: Sequence[Any]) -> RowLike | None: ...
-
-    async def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None: ...
-
-    def transaction(self) -> AbstractAsyncContextManager[Any]: ...
-
-
-class SyncDriver(Protocol):
-    """What a plan needs of a synchronous connection."""
-
-    def fetch(self, statement: str, params: Sequence[Any]) -> Sequence[RowLike]: ...
-
-    def fetchrow(self, statement: str, params: Sequence[Any]) -> RowLike | None: ...
-
-    def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None: ...
-
-    def transaction(self) -> AbstractContextManager[Any]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class AsyncpgDriver:
-    """:class:`AsyncDriver` over an asyncpg connection (pgq's own, or a caller's)."""
-
-    conn: Connection
-
-    async def fetch(self, statement: str, params: Sequence[Any]) -> Sequence[RowLike]:
-        return await self.conn.fetch(statement, *params)
-
-    async def fetchrow(self, statement: str, params: Sequence[Any]) -> RowLike | None:
-        return await self.conn.fetchrow(statement, *params)
-
-    async def copy_jobs(self, records: list[tuple[Any, ...]], plain: bool) -> None:
-        # Binary COPY: no text to build or parse per row.
-        await self.conn.copy_records_to_table(
-            sql.COPY_JOBS_TABLE,
-            records=records,
-            columns=sql.COPY_JOBS_COLUMNS[: 6 if plain else None],
-        )
-
-    def transaction(self) -> AbstractAsyncContextManager[Any]:
-        return self.conn.transaction()
 
 
 async def run(driver: AsyncDriver, plan: Plan[T]) -> T:

@@ -64,7 +64,7 @@ def check_schema(conn: psycopg.Connection[Any]) -> None:
 
 
 class PsycopgDriver:
-    """``enqueue.SyncDriver`` over a psycopg connection (pgq's own, or a caller's)."""
+    """``drivers.SyncDriver`` over a psycopg connection (pgq's own, or a caller's)."""
 
     __slots__ = ("conn",)
 
@@ -134,7 +134,7 @@ def async_cursor(conn: psycopg.AsyncConnection[Any]) -> AsyncRawCursor[dict[str,
 
 
 class PsycopgAsyncDriver:
-    """``enqueue.AsyncDriver`` over a caller's psycopg ``AsyncConnection``."""
+    """``drivers.AsyncDriver`` over a caller's psycopg ``AsyncConnection``."""
 
     __slots__ = ("conn",)
 

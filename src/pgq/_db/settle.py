@@ -9,7 +9,7 @@ from typing import Any
 
 from pgq._db import sql
 from pgq._db.connections import Db
-from pgq._db.enqueue import AsyncDriver
+from pgq._db.drivers import AsyncDriver
 
 
 async def settle(

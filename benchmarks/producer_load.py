@@ -23,7 +23,7 @@ from pathlib import Path
 import asyncpg
 from common import drop_database, fresh_database, pgq_migrate
 
-from pgq._db import claims, leader, maintenance, producers
+from pgq._db import claims, maintenance, producers
 from pgq._db.connections import WORKER_SESSION_SETTINGS
 from pgq.settings import WorkerSettings
 
@@ -63,7 +63,7 @@ async def worker(dsn: str, index: int, per_worker: int, until: float, counts: li
     async def leading() -> None:
         next_rescue = 0.0
         while time.monotonic() < until:
-            await send(leader.acquire(conn, worker_id, name, S.leader_ttl))
+            await send(producers.acquire_lease(conn, worker_id, name, S.leader_ttl))
             if time.monotonic() >= next_rescue:
                 await send(
                     maintenance.rescue(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import pgq
-from pgq._db import claims, leader, maintenance, producers, settle, sql
+from pgq._db import claims, maintenance, producers, settle, sql
 from pgq._db.claims import ClaimPlan
 from pgq._db.drivers import AsyncpgDriver
 from pgq._worker.outcome import Outcome, error_entry
@@ -92,7 +92,7 @@ async def via_own_transaction(conn: Conn, running: Running, wanted: str) -> None
 async def via_leader_rescue(conn: Conn, running: Running, wanted: str) -> None:
     # The job's producer is gone: no row was ever registered under its id.
     await rescued_before(conn, running, wanted)
-    assert await leader.acquire(conn, LEADER_ID, "the-leader", 60)
+    assert await producers.acquire_lease(conn, LEADER_ID, "the-leader", 60)
     rescued = await maintenance.rescue(conn, LEADER_ID, stale_after=0, grace=0, limit=10)
     assert [r.id for r in rescued] == [running.job.id]
 

@@ -17,7 +17,6 @@ from pgq._core.dsn import resolve_dsn
 from pgq._core.names import check_queue_name
 from pgq._core.serde import MAX_JSON_DEPTH
 from pgq._db import jobs as store_jobs
-from pgq._db import leader as store_leader
 from pgq._db import producers as store_producers
 from pgq._db import queues as store_queues
 from pgq._db.claims import QueueLimits
@@ -126,7 +125,7 @@ async def producers(args: argparse.Namespace) -> int:
     try:
         await check_schema(conn)
         rows = await store_producers.list_producers(conn)
-        leader = await store_leader.current(conn)
+        leader = await store_producers.current_leader(conn)
     finally:
         await conn.close()
     items: list[dict[str, Any]] = [

@@ -1,4 +1,5 @@
-"""Producers in the database: registration, heartbeats, re-registration, the operator's list."""
+"""Producers in the database: registration, heartbeats, re-registration, the operator's list;
+and the leader's lease."""
 
 from __future__ import annotations
 
@@ -261,3 +262,38 @@ async def list_producers(db: Db) -> list[ProducerInfo]:
         )
         for r in await db.fetch(sql.LIST_PRODUCERS)
     ]
+
+
+# --------------------------------------------------------------------------- the leader's lease
+# One row, on the database clock: the elected worker judges its peers (pgq._worker.leader).
+
+
+async def acquire_lease(db: Db, worker_id: uuid.UUID, worker_name: str, ttl_s: float) -> bool:
+    """Take the lease if it is free or expired, or renew it if it is ours; returns whether
+    ``worker_id`` holds it now."""
+    return await db.fetchval(sql.ACQUIRE_LEADERSHIP, worker_id, worker_name, ttl_s) is not None
+
+
+async def resign_lease(db: Db, worker_id: uuid.UUID) -> None:
+    """Give the lease up (if held) and tell followers."""
+    await db.execute(sql.RESIGN_LEADERSHIP, worker_id)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderInfo:
+    """Who leads, since when, and how long the lease has left."""
+
+    worker_id: uuid.UUID
+    worker_name: str
+    elected_at: datetime
+    expires_in_s: float
+
+
+async def current_leader(db: Db) -> LeaderInfo | None:
+    """The current leader, or None when the lease is free or expired."""
+    row = await db.fetchrow(sql.CURRENT_LEADER)
+    if row is None:
+        return None
+    return LeaderInfo(
+        row["leader_id"], row["worker_name"], row["elected_at"], float(row["expires_in_s"])
+    )

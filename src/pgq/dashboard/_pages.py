@@ -15,7 +15,6 @@ from pgq._core import metrics as _metrics
 from pgq._core import serde
 from pgq._db import inspect, maintenance
 from pgq._db import jobs as store_jobs
-from pgq._db import leader as store_leader
 from pgq._db import producers as store_producers
 from pgq._db import queues as store_queues
 from pgq._db.connections import Pool
@@ -72,7 +71,7 @@ class Pages:
             notice = NOTICES[done].format(n=count, q=queue)
         return {
             "now": await maintenance.database_now(pool),
-            "leader": await store_leader.current(pool),
+            "leader": await store_producers.current_leader(pool),
             "notice": notice,
             "notice_warns": done in WARNING_NOTICES,
             "path": request.url.path,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import pgq
-from pgq._db import claims, maintenance, producers, settle, sql
+from pgq._db import claims, maintenance, producers, sql
 from pgq._db.claims import ClaimPlan
 from pgq._db.drivers import AsyncpgDriver
 from pgq._worker.outcome import Outcome, error_entry
@@ -78,7 +78,7 @@ async def via_last_resort(conn: Conn, running: Running, wanted: str) -> None:
 async def via_own_transaction(conn: Conn, running: Running, wanted: str) -> None:
     job = running.job
     async with conn.transaction():
-        state = await settle.settle(
+        state = await claims.settle(
             AsyncpgDriver(conn),
             job.id,
             job.attempt_token,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from pgq._db import claims as store
 from pgq._db import jobs as store_jobs
-from pgq._db import settle as store
 from pgq._db.boundary import database_errors
 from pgq._db.connections import Pool
 from pgq._db.drivers import caller_driver

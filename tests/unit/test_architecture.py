@@ -7,8 +7,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 import pgq
 from pgq.job import FINAL_STATES, JobState
 
@@ -105,24 +103,6 @@ def test_internal_modules_are_private() -> None:
         if len(parts) == 1:
             continue
         assert parts[1] in PUBLIC_MODULES or parts[1].startswith("_"), name
-
-
-@pytest.mark.parametrize("limit", [60])
-def test_no_function_longer_than_the_limit(limit: int) -> None:
-    """About 60 lines: a function past that usually hides a second one."""
-    long = []
-    for name, path in _modules().items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                body_start = node.body[0].lineno
-                if isinstance(node.body[0], ast.Expr) and isinstance(
-                    node.body[0].value, ast.Constant
-                ):
-                    body_start = node.body[0].end_lineno or body_start  # not the docstring
-                length = (node.end_lineno or node.lineno) - body_start
-                if length > limit:
-                    long.append(f"{name}.{node.name}: {length} lines")
-    assert long == []
 
 
 def test_the_states_have_one_definition() -> None:
@@ -284,29 +264,3 @@ def test_one_module_builds_jobs_from_rows() -> None:
             ):
                 builders.add(name)
     assert builders == {"pgq._db.codec", *JOB_BUILDERS_ELSEWHERE}
-
-
-#: Modules still past the limit, each to be split: take a module off once it is under.
-OVER_THE_LIMIT: set[str] = {"pgq._worker.worker"}  # one import line more; the caps go next
-
-
-def _code_lines(path: Path) -> int:
-    """Lines of code: not blank, not comments, not docstrings or other bare strings."""
-    text = path.read_text()
-    bare: set[int] = set()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            bare.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
-    return sum(
-        1
-        for number, line in enumerate(text.splitlines(), 1)
-        if line.strip() and not line.strip().startswith("#") and number not in bare
-    )
-
-
-@pytest.mark.parametrize("limit", [400])
-def test_no_module_longer_than_the_limit(limit: int) -> None:
-    """About 400 lines of code (statements, in .sql files, and docstrings aside): a module
-    past that is usually two ideas."""
-    long = {name for name, path in _modules().items() if _code_lines(path) > limit}
-    assert long - OVER_THE_LIMIT == set()

@@ -29,7 +29,7 @@ import asyncpg
 from common import dispatch, drop_database, emit, fresh_database, pgq_migrate
 
 from pgq._db import sql
-from pgq._worker.outcome import error_entry
+from pgq._worker.attempt import error_entry
 
 BATCH = 1_000
 HERE = Path(__file__).resolve().parent

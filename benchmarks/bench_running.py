@@ -37,7 +37,7 @@ from common import drop_database, emit, fresh_database, pgq_migrate, summary_ms
 
 from pgq._db import claims
 from pgq._db.claims import ClaimPlan
-from pgq._worker.outcome import Outcome, error_entry
+from pgq._worker.attempt import Outcome, error_entry
 
 WRITES = 40
 BATCH = 100

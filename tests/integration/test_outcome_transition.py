@@ -18,7 +18,7 @@ import pgq
 from pgq._db import claims, maintenance, producers, sql
 from pgq._db.claims import ClaimPlan
 from pgq._db.drivers import AsyncpgDriver
-from pgq._worker.outcome import Outcome, error_entry
+from pgq._worker.attempt import Outcome, error_entry
 
 if TYPE_CHECKING:
     from tests.tests_support import Conn

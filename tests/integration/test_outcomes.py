@@ -16,7 +16,7 @@ import pgq
 from pgq._db import claims
 from pgq._db.connections import create_pool
 from pgq._worker import outcomes as completer
-from pgq._worker.outcome import Outcome
+from pgq._worker.attempt import Outcome
 from tests.integration.test_liveness import FAST
 from tests.tests_support import until
 

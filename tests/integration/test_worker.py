@@ -12,8 +12,7 @@ import asyncpg
 import pytest
 
 import pgq
-from pgq._worker.attempt import CANCEL, Execution
-from pgq._worker.outcome import Outcome
+from pgq._worker.attempt import CANCEL, Execution, Outcome
 from pgq._worker.producer import Producer
 from tests.faults.proxy import Proxy
 from tests.faults.workers import upstream, via_proxy

@@ -12,15 +12,13 @@ import pytest
 
 import pgq
 from pgq._db.claims import QueueLimits
-from pgq._worker.attempt import FENCED, Execution
+from pgq._worker.attempt import FENCED, Execution, Outcome, ResourceFailures
 from pgq._worker.batches import BatchRunner
 from pgq._worker.claim_loop import ClaimLoop
 from pgq._worker.claimer import Claimer
 from pgq._worker.counters import ProducerCounters
 from pgq._worker.limits import LIMITS_REFRESH_S, LimitsCache
 from pgq._worker.liveness import ProducerHealth, ProducerIdentity
-from pgq._worker.outcome import Outcome
-from pgq._worker.resources import ResourceFailures
 from pgq._worker.settle import Settler
 from pgq._worker.settle_check import SettleCheck
 from pgq._worker.signals import Signal

@@ -1,13 +1,21 @@
-"""Runs one job: the task call, its timeout, cancellation, thread offload, and the outcome."""
+"""One attempt of a job, whole: its :class:`Outcome` (with the fencing token and the error
+entries it writes), the run (the task call, its timeout, cancellation, thread offload, the
+App's middleware and events: :func:`runner`), and the attempts that failed for want of a
+resource (:class:`ResourceFailures`)."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import logging
 import math
+import re
 import traceback
+import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Literal
 
@@ -15,10 +23,100 @@ import anyio
 
 from pgq._core import serde
 from pgq._core.hooks import CancelVerdict, Hooks, JobEvent, Middleware
-from pgq._worker.outcome import Outcome, error_entry
-from pgq._worker.resources import resource_reason
 from pgq.app import Task
 from pgq.job import STATES, Cancel, Discard, Job, JobContext, JobState, Retry, Settling, Snooze
+
+# --------------------------------------------------------------------------- the outcome
+# The end of one attempt, as the attempt decides it and the outcomes' writer writes it.
+
+#: Longest message and traceback kept in an error entry, in characters: a failure must never
+#: make its own outcome too big to store.
+MAX_MESSAGE = 10_000
+MAX_TRACEBACK = 50_000
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One attempt's outcome. ``(job_id, token)`` is its fencing token: the write changes
+    the job only while that attempt is still the one running. ``attempt_delta`` is -1 when
+    the attempt must not count (a snooze, a shutdown). ``queue`` names the producer that ran
+    it, for its counters."""
+
+    job_id: int
+    token: uuid.UUID | None
+    attempt: int
+    queue: str
+    state: str
+    delay_s: float | None = None
+    error: str | None = None
+    result: str | None = None
+    attempt_delta: int = 0
+    #: Why the attempt failed when the machine ran short (``MemoryError``, ``OSError
+    #: ENOMEM``...): its producer counts it.
+    resource: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        job: Job,
+        state: str,
+        *,
+        delay_s: float | None = None,
+        error: str | None = None,
+        result: str | None = None,
+        attempt_delta: int = 0,
+    ) -> Outcome:
+        """The outcome ``state`` for ``job``'s current attempt."""
+        return cls(
+            job.id,
+            job.attempt_token,
+            job.attempt,
+            job.queue,
+            state,
+            delay_s,
+            error,
+            result,
+            attempt_delta,
+        )
+
+
+def error_entry(
+    attempt: int,
+    kind: str,
+    message: str,
+    traceback: str | None = None,
+    *,
+    rescue: str | None = None,
+) -> str:
+    """One entry of a job's ``errors``, as JSON text (with ``rescue``, the token of the
+    write that took the job back). Whatever the message holds (a NUL, a lone surrogate,
+    megabytes of text), the entry can be stored."""
+    entry = {
+        "attempt": attempt,
+        "kind": kind,
+        "message": storable_text(message, MAX_MESSAGE),
+        "traceback": None if traceback is None else storable_text(traceback, MAX_TRACEBACK),
+    }
+    if rescue is not None:
+        entry["rescue"] = rescue
+    return serde.dumps(entry, "error")
+
+
+def storable_text(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters (saying so), with what jsonb cannot hold (NUL,
+    lone surrogates) replaced by U+FFFD."""
+    if len(text) > limit:
+        text = f"{text[: limit // 2]}\n... [{len(text) - limit} characters cut] ...\n{text[-limit // 2 :]}"
+    if not text.isascii():
+        text = _UNSTORABLE.sub("\ufffd", text)
+    elif "\x00" in text:
+        text = text.replace("\x00", "\ufffd")
+    return text
+
+
+# --------------------------------------------------------------------------- the attempt
 
 log = logging.getLogger("pgq.executor")
 
@@ -384,3 +482,66 @@ def interrupted(job: Job, reason: str) -> Outcome:
         error=error_entry(job.attempt, reason, f"interrupted by worker {reason}"),
         attempt_delta=-1,
     )
+
+
+# --------------------------------------------------------------------------- resources
+# Attempts that failed for want of a resource (memory, file descriptors, disk): counted by
+# task, and warned about once a window per task. A worker whose every attempt fails so stays
+# alive for its liveness probe (a restart would not give the machine more memory, and other
+# tasks may run fine); these counts are how an operator sees it.
+
+resource_log = logging.getLogger("pgq.worker")
+
+#: The errnos that say the machine, not the task's input, is short of something.
+RESOURCE_ERRNOS = frozenset({errno.ENOMEM, errno.EMFILE, errno.ENFILE, errno.ENOSPC})
+
+
+def resource_reason(exc: BaseException) -> str | None:
+    """``MemoryError`` or ``OSError ENOMEM`` (``EMFILE``, ``ENFILE``, ``ENOSPC``) when
+    ``exc``, or an exception it was raised from, is one; else None."""
+    seen = 0
+    current: BaseException | None = exc
+    while current is not None and seen < 8:
+        if isinstance(current, MemoryError):
+            return type(current).__name__
+        if isinstance(current, OSError) and current.errno in RESOURCE_ERRNOS:
+            return f"{type(current).__name__} {errno.errorcode[current.errno]}"
+        current = current.__cause__ or current.__context__
+        seen += 1
+    return None
+
+
+class ResourceFailures:
+    """One producer's count of such attempts, by task, and its rate-limited warning."""
+
+    def __init__(self, queue: str, *, window_s: float = 60.0) -> None:
+        self._queue = queue
+        self.window_s = window_s
+        #: Attempts that failed for want of a resource, by task, since the worker started.
+        self.by_task: Counter[str] = Counter()
+        self._warned_at: dict[str, float] = {}
+        self._since_warning: Counter[str] = Counter()
+
+    @property
+    def total(self) -> int:
+        """Every such attempt of this producer's."""
+        return self.by_task.total()
+
+    def record(self, task: str, job_id: int, reason: str) -> None:
+        """Count one; warn unless this task was warned about within the window."""
+        self.by_task[task] += 1
+        self._since_warning[task] += 1
+        now = monotonic()
+        last = self._warned_at.get(task)
+        if last is not None and now - last < self.window_s:
+            return
+        self._warned_at[task] = now
+        n, self._since_warning[task] = self._since_warning[task], 0
+        resource_log.warning(
+            "task %s (queue %s): %d attempt(s) failed for want of a resource (%s, job %d "
+            "last) since the last warning; %d since the worker started. The worker stays up "
+            "and healthy: give it more memory, file descriptors or disk, or make the task "
+            "need less",
+            task, self._queue, n, reason, job_id, self.by_task[task],
+            extra={"pgq": {"task": task, "queue": self._queue, "resource": reason}},
+        )  # fmt: skip

@@ -19,14 +19,14 @@ from pgq._worker.attempt import (
     SHUTDOWN,
     WAITED,
     Execution,
+    Outcome,
+    ResourceFailures,
     Runner,
     internal_failure,
     stopped_before_start,
 )
 from pgq._worker.counters import ProducerCounters
 from pgq._worker.liveness import ProducerHealth, clock
-from pgq._worker.outcome import Outcome
-from pgq._worker.resources import ResourceFailures
 from pgq._worker.settle_check import SettleCheck
 from pgq._worker.signals import Signal
 from pgq._worker.sizing import AheadSizing

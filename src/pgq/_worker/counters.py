@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgq._worker.outcome import Outcome
+from pgq._worker.attempt import Outcome
 
 
 class ProducerCounters:

@@ -27,7 +27,7 @@ import asyncpg
 from pgq._db import claims
 from pgq._db.claims import Written
 from pgq._db.connections import Db, Pool, is_transient
-from pgq._worker.outcome import Outcome, error_entry
+from pgq._worker.attempt import Outcome, error_entry
 
 log = logging.getLogger("pgq.completer")
 

@@ -17,15 +17,13 @@ from pgq._db import claims
 from pgq._db.claims import ClaimPlan
 from pgq._db.connections import Pool
 from pgq._db.producers import Beat
-from pgq._worker.attempt import FENCED, RESCUED, Execution, runner
+from pgq._worker.attempt import FENCED, RESCUED, Execution, Outcome, ResourceFailures, runner
 from pgq._worker.batches import BatchRunner, OutcomeSink
 from pgq._worker.claim_loop import ClaimLoop
 from pgq._worker.claimer import Claimer
 from pgq._worker.counters import ProducerCounters
 from pgq._worker.limits import LimitsCache
 from pgq._worker.liveness import ProducerHealth, ProducerIdentity
-from pgq._worker.outcome import Outcome
-from pgq._worker.resources import ResourceFailures
 from pgq._worker.settle import Settler
 from pgq._worker.settle_check import SettleCheck
 from pgq._worker.sizing import AheadSizing

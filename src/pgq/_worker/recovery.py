@@ -40,7 +40,7 @@ from pgq._db import claims, maintenance
 from pgq._db import producers as store
 from pgq._db.connections import DATABASE_ERRORS, Connection, Pool
 from pgq._db.producers import RunningJob
-from pgq._worker.outcome import Outcome, error_entry
+from pgq._worker.attempt import Outcome, error_entry
 from pgq._worker.rescue_reports import RescueReports
 from pgq._worker.unsure import Unsure
 from pgq.job import JobState

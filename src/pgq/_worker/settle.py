@@ -12,8 +12,7 @@ from pgq._db import jobs as store_jobs
 from pgq._db.boundary import database_errors
 from pgq._db.connections import Pool
 from pgq._db.drivers import caller_driver
-from pgq._worker.attempt import _completed, _raised
-from pgq._worker.outcome import Outcome
+from pgq._worker.attempt import Outcome, _completed, _raised
 from pgq.app import Task
 from pgq.errors import AttemptSuperseded
 from pgq.job import Cancel, Job, JobContext, Retry, Snooze

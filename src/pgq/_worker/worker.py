@@ -41,7 +41,7 @@ from pgq._db.connections import (
 from pgq._db.producers import ProducerRow
 from pgq._db.revision import check_schema
 from pgq._worker import health as health_server
-from pgq._worker.attempt import SHUTDOWN
+from pgq._worker.attempt import SHUTDOWN, Outcome
 from pgq._worker.control import Control
 from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.periodic import Periodic
@@ -54,7 +54,6 @@ from pgq._worker.leader.statistics import Statistics
 from pgq._worker.leader.throughput import Throughput
 from pgq._worker.leader.unrunnable import UnrunnableReport
 from pgq._worker.liveness import Heartbeater, health_verdict
-from pgq._worker.outcome import Outcome
 from pgq._worker.outcomes import LOCK_WAITERS, WRITERS, Completer
 from pgq._worker.producer import Producer
 from pgq._worker.recovery import CHECK_ERRORS, Strays

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 import pgq
 from pgq._core.dsn import sqlalchemy_url
 from pgq._worker import settle_check
-from pgq._worker.settle import Settler
+from pgq._worker.outcomes import Settler
 from tests.integration.test_liveness import FAST
 from tests.tests_support import until
 

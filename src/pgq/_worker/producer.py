@@ -24,7 +24,7 @@ from pgq._worker.claimer import Claimer
 from pgq._worker.counters import ProducerCounters
 from pgq._worker.limits import LimitsCache
 from pgq._worker.liveness import ProducerHealth, ProducerIdentity
-from pgq._worker.settle import Settler
+from pgq._worker.outcomes import Settler
 from pgq._worker.settle_check import SettleCheck
 from pgq._worker.sizing import AheadSizing
 from pgq.app import Task

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from pgq._db.connections import DATABASE_ERRORS
 from pgq._worker.attempt import Execution
-from pgq._worker.settle import Settler
+from pgq._worker.outcomes import Settler
 
 log = logging.getLogger("pgq.producer")
 

@@ -25,12 +25,9 @@ import pytest
 import pgq
 from pgq import migrate
 from pgq._db.connections import Pool, create_pool
-from pgq._worker import successor as successor_module
+from pgq._worker import recovery
 from pgq._worker import worker as worker_module
-from pgq._worker.recovery import CHECK_ERRORS, Strays
-from pgq._worker.rescue_reports import RescueReports
-from pgq._worker.successor import Successor
-from pgq._worker.unsure import Unsure
+from pgq._worker.recovery import CHECK_ERRORS, RescueReports, Strays, Successor, Unsure
 from tests.faults.cluster import Server, lone_server
 from tests.faults.proxy import Proxy
 from tests.faults.workers import (
@@ -864,7 +861,7 @@ async def test_a_takeover_whose_commit_reply_was_lost_is_reported_by_its_worker_
     """A worker restarted under its stable name takes its previous run's job over; the
     commit's reply is lost, and the commit lands while the successor waits an hour to look
     again: the stopping worker asks, and reports the takeover once."""
-    monkeypatch.setattr(successor_module, "RETRY_S", 3600.0)
+    monkeypatch.setattr(recovery, "TAKEOVER_RETRY_S", 3600.0)
     job_id = await _a_previous_runs_job_whose_takeover_commits_are_held(db)
     app = pgq.App()
     rescued: list[pgq.JobEvent] = []

@@ -24,7 +24,7 @@ from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LeaderServices
 from pgq._worker.leader.statistics import Statistics
 from pgq._worker.leader.throughput import LATE_S, Throughput
-from pgq._worker.unsure import Unsure
+from pgq._worker.recovery import Unsure
 from tests.integration.test_liveness import FAST, fake_producer, running_job
 from tests.tests_support import until
 

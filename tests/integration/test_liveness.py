@@ -21,11 +21,10 @@ from pgq._core.hooks import Hooks
 from pgq._db import producers as producers_store
 from pgq._db.connections import Target
 from pgq._db.producers import Beat
-from pgq._worker import rescue_reports
+from pgq._worker import recovery
 from pgq._worker.leader.rescuer import Rescuer
 from pgq._worker.liveness import Heartbeater, ProducerHealth, ProducerIdentity
-from pgq._worker.recovery import Strays
-from pgq._worker.rescue_reports import RescueReports
+from pgq._worker.recovery import RescueReports, Strays
 from pgq.errors import ConfigError
 from pgq.settings import WorkerSettings
 from tests.tests_support import until
@@ -815,7 +814,8 @@ async def test_a_worker_whose_job_rescued_hook_never_returns_still_stops(
     conn: Conn, dsn: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The hand-back at stop is reported to a hook that hangs: the worker waits for it
-    FLUSH_S at most, says the event was not delivered, and stops; the hook is cancelled."""
+    REPORTS_FLUSH_S at most, says the event was not delivered, and stops; the hook is
+    cancelled."""
     app = make_app()
     heard: list[tuple[int, str]] = []
 
@@ -844,7 +844,7 @@ async def test_a_worker_told_to_stop_at_once_waits_no_more_for_a_job_rescued_hoo
 ) -> None:
     """Stopping, the worker waits for a hook that hangs (here for an hour); told then to
     stop at once, it waits no more."""
-    monkeypatch.setattr(rescue_reports, "FLUSH_S", 3600.0)
+    monkeypatch.setattr(recovery, "REPORTS_FLUSH_S", 3600.0)
     app = make_app()
     entered = anyio.Event()
     heard: list[str] = []

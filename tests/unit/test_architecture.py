@@ -246,7 +246,7 @@ def test_no_statement_is_assembled_from_fragments() -> None:
 #: Modules that build a Job not from a row, each for a reason of its own.
 JOB_BUILDERS_ELSEWHERE = {
     # A rescue's report to the hooks: the job as far as the rescue knows it, not re-read.
-    "pgq._worker.rescue_reports",
+    "pgq._worker.recovery",
     # pgq.testing runs a task in memory, without a database: the job is made up.
     "pgq.testing",
 }

@@ -56,9 +56,7 @@ from pgq._worker.leader.unrunnable import UnrunnableReport
 from pgq._worker.liveness import Heartbeater, health_verdict
 from pgq._worker.outcomes import LOCK_WAITERS, WRITERS, Completer
 from pgq._worker.producer import Producer
-from pgq._worker.recovery import CHECK_ERRORS, Strays
-from pgq._worker.rescue_reports import RescueReports
-from pgq._worker.successor import Successor
+from pgq._worker.recovery import CHECK_ERRORS, RescueReports, Strays, Successor
 from pgq.app import App
 from pgq.errors import ConfigError
 from pgq.settings import MAX_SETTING, WorkerOverrides, WorkerSettings
@@ -322,7 +320,7 @@ class Worker:
                 if not parts.completer.pending:  # else the database may be down: no wait
                     await self._sweep(parts.strays)
                 await self._settle(parts)
-                await parts.reports.flush()  # at most FLUSH_S, whatever a hook does
+                await parts.reports.flush()  # at most REPORTS_FLUSH_S, whatever a hook does
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -809,7 +807,7 @@ class Observers:
     joblog: JobLog
     metrics: _metrics.WorkerMetrics | None
     #: The App's own hooks, and pgq's own ``job_rescued`` handlers (synchronous, quick):
-    #: rescues reach them apart (``pgq._worker.rescue_reports``).
+    #: rescues reach them apart (``pgq._worker.recovery``).
     app_hooks: Hooks
     own_rescued: list[Hook]
 

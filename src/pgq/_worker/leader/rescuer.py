@@ -15,8 +15,7 @@ from pgq._db import maintenance
 from pgq._db.connections import DATABASE_ERRORS, Connection, Pool
 from pgq._db.maintenance import Rescued
 from pgq._worker.leader.services import SETTLE_BOUND_S
-from pgq._worker.rescue_reports import RescueReports
-from pgq._worker.unsure import Unsure
+from pgq._worker.recovery import RescueReports, Unsure, report_rescue
 from pgq.job import JobState
 from pgq.settings import WorkerSettings
 
@@ -138,17 +137,3 @@ class Rescuer:
                 r.silent_s,
             )
             report_rescue(self._reports, r)
-
-
-def report_rescue(reports: RescueReports | None, r: Rescued) -> None:
-    """Queue the ``job_rescued`` event of the rescue ``r`` (the rescuer's, or a
-    successor's) for the hooks."""
-    if reports is not None:
-        reports.add(
-            job_id=r.id,
-            queue=r.queue,
-            task=r.task,
-            state=r.state,
-            attempt=r.attempt,
-            reason=r.reason,
-        )

@@ -1,5 +1,5 @@
 """The claim on a jobs table without column statistics (docs/performance.md, "Keep the jobs
-table analyzed"; the leader analyzes such a table, src/pgq/_worker/leader/statistics.py).
+table analyzed"; the leader analyzes such a table, src/pgq/_worker/leader/services.py).
 
 `python benchmarks/bench_no_stats.py [AVAILABLE]` (default 100,000) fills a fresh database's
 jobs table with AVAILABLE jobs of one queue, with autovacuum off for the table, and times

@@ -18,12 +18,10 @@ from pgq._db.maintenance import Rescued, rescue_predecessor
 from pgq._worker import liveness
 from pgq._worker.leader import elector as elector_module
 from pgq._worker.leader import retention as retention_module
-from pgq._worker.leader import statistics as statistics_module
+from pgq._worker.leader import services as leader_services
 from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.retention import Retention
-from pgq._worker.leader.services import LeaderServices
-from pgq._worker.leader.statistics import Statistics
-from pgq._worker.leader.throughput import LATE_S, Throughput
+from pgq._worker.leader.services import LATE_S, LeaderServices, Statistics, Throughput
 from pgq._worker.recovery import Unsure
 from tests.integration.test_liveness import FAST, fake_producer, running_job
 from tests.tests_support import until
@@ -351,7 +349,7 @@ async def test_a_large_table_whose_rows_were_never_counted_is_analyzed(
     """Planned from its size alone, the claim read every available job from about 400,000
     rows: a table never vacuumed or analyzed is analyzed once past UNCOUNTED_PAGES (here
     lowered to one page, for a table of a few)."""
-    monkeypatch.setattr(statistics_module, "UNCOUNTED_PAGES", 1)
+    monkeypatch.setattr(leader_services, "UNCOUNTED_PAGES", 1)
     await _uncounted_jobs(conn, 2000)
     assert (
         await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'pgq_jobs'::regclass") < 0

@@ -45,14 +45,17 @@ from pgq._worker.attempt import SHUTDOWN, Outcome
 from pgq._worker.control import Control
 from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.periodic import Periodic
-from pgq._worker.leader.promoter import Promoter
-from pgq._worker.leader.reaper import Reaper
 from pgq._worker.leader.rescuer import Rescuer
 from pgq._worker.leader.retention import Retention
-from pgq._worker.leader.services import LeaderService, LeaderServices
-from pgq._worker.leader.statistics import Statistics
-from pgq._worker.leader.throughput import Throughput
-from pgq._worker.leader.unrunnable import UnrunnableReport
+from pgq._worker.leader.services import (
+    LeaderService,
+    LeaderServices,
+    Promoter,
+    Reaper,
+    Statistics,
+    Throughput,
+    UnrunnableReport,
+)
 from pgq._worker.liveness import Heartbeater, health_verdict
 from pgq._worker.outcomes import LOCK_WAITERS, WRITERS, Completer
 from pgq._worker.producer import Producer

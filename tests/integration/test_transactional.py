@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 import pgq
 from pgq._core.dsn import sqlalchemy_url
-from pgq._worker import settle_check
+from pgq._worker import producer as producer_module
 from pgq._worker.outcomes import Settler
 from tests.integration.test_liveness import FAST
 from tests.tests_support import until
@@ -171,7 +171,7 @@ async def test_the_check_asked_again_after_a_stop_is_bounded(
     """When the check asked again after a stop gets no answer, the stop does not wait on
     it: after RECHECK_S the worker writes its own outcome (fenced out: the task's commit
     stands) and stops."""
-    monkeypatch.setattr(settle_check, "RECHECK_S", 0.3)
+    monkeypatch.setattr(producer_module, "RECHECK_S", 0.3)
     caplog.set_level(logging.WARNING)
     _, done, stats, checks = await _charge_and_stop(dsn, client, monkeypatch, stall_second=True)
     assert checks == ["cancelled", "cancelled"]  # the second ended by its bound

@@ -670,7 +670,7 @@ async def test_jobs_claimed_ahead_never_run_beyond_concurrency(
 
 
 async def test_the_claim_ahead_is_sized_from_claim_and_job_times() -> None:
-    from pgq._worker.sizing import AHEAD_ROUND_TRIPS, MAX_AHEAD, AheadSizing
+    from pgq._worker.producer import AHEAD_ROUND_TRIPS, MAX_AHEAD, AheadSizing
 
     def sized(concurrency: int, claim_s: float, job_s: float, fixed: int = -1) -> int:
         p = AheadSizing(concurrency, claim_ahead=fixed)

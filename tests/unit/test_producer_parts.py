@@ -13,16 +13,20 @@ import pytest
 import pgq
 from pgq._db.claims import QueueLimits
 from pgq._worker.attempt import FENCED, Execution, Outcome, ResourceFailures
-from pgq._worker.batches import BatchRunner
-from pgq._worker.claim_loop import ClaimLoop
-from pgq._worker.claimer import Claimer
-from pgq._worker.counters import ProducerCounters
-from pgq._worker.limits import LIMITS_REFRESH_S, LimitsCache
 from pgq._worker.liveness import ProducerHealth, ProducerIdentity
 from pgq._worker.outcomes import Settler
-from pgq._worker.settle_check import SettleCheck
-from pgq._worker.signals import Signal
-from pgq._worker.sizing import MIN_PATIENCE_S, AheadSizing
+from pgq._worker.producer import (
+    LIMITS_REFRESH_S,
+    MIN_PATIENCE_S,
+    AheadSizing,
+    BatchRunner,
+    Claimer,
+    ClaimLoop,
+    LimitsCache,
+    ProducerCounters,
+    SettleCheck,
+    Signal,
+)
 from pgq.app import Task
 from pgq.job import Job, JobContext
 

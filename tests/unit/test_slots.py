@@ -1,10 +1,10 @@
-"""The producer's execution slots (pgq._worker.slots.Slots)."""
+"""The producer's execution slots (pgq._worker.producer.Slots)."""
 
 import asyncio
 
 import pytest
 
-from pgq._worker.slots import Slots
+from pgq._worker.producer import Slots
 
 pytestmark = pytest.mark.anyio
 

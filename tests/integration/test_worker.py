@@ -718,8 +718,8 @@ def start_claimed(producer: Producer, job_id: int) -> asyncio.Task[None]:
         attempt_token=uuid.uuid4(),
     )  # fmt: skip
     execution = Execution(job)
-    producer.runner.admit([execution])
-    (task,) = producer.runner.spawn([execution])
+    producer.admit([execution])
+    (task,) = producer.spawn([execution])
     return task
 
 
@@ -730,14 +730,14 @@ async def test_a_job_cancelled_before_its_task_begins_gets_its_outcome(slot: str
     cancelled, not left running with no outcome, whether a slot is free or it must wait."""
     producer, outcomes, ran = bare_producer()
     if slot == "taken":
-        await producer.runner.slots.acquire()
+        await producer.slots.acquire()
     task = start_claimed(producer, 1)
     assert producer.cancel({1}, CANCEL) == [1]  # before the task's first step
     with anyio.fail_after(10):
         await task
     assert not task.cancelled()
     assert [o.state for o in outcomes] == ["cancelled"]
-    assert ran == [] and producer.running == {} and not producer.runner.waiting
+    assert ran == [] and producer.running == {} and not producer.waiting
 
 
 async def test_a_job_that_comes_to_wait_after_a_stop_began_is_handed_back_at_once() -> None:
@@ -745,14 +745,14 @@ async def test_a_job_that_comes_to_wait_after_a_stop_began_is_handed_back_at_onc
     wait only after it (no job duration learnt yet, so no patience) is handed back too,
     at once, instead of waiting for a slot."""
     producer, outcomes, ran = bare_producer()
-    await producer.runner.slots.acquire()  # the one slot is taken
+    await producer.slots.acquire()  # the one slot is taken
     task = start_claimed(producer, 1)
     producer.stop_fetching()  # before the job's task takes its first step
     with anyio.fail_after(10):
         await task
     assert [(o.state, o.attempt_delta) for o in outcomes] == [("available", -1)]
     assert "its worker is stopping" in (outcomes[0].error or "")
-    assert ran == [] and producer.running == {} and not producer.runner.waiting
+    assert ran == [] and producer.running == {} and not producer.waiting
 
 
 async def test_after_a_hand_back_for_want_of_a_slot_none_are_claimed_ahead_until_a_job_ends() -> (
@@ -762,7 +762,7 @@ async def test_after_a_hand_back_for_want_of_a_slot_none_are_claimed_ahead_until
     producer, outcomes, _ran = bare_producer(claim_ahead=3)
     producer.sizing.job_took(0.001)  # short jobs: a job waits MIN_PATIENCE_S for a slot
     assert producer.sizing.ahead == 3
-    await producer.runner.slots.acquire()
+    await producer.slots.acquire()
     task = start_claimed(producer, 1)
     with anyio.fail_after(10):
         await task

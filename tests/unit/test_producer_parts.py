@@ -1,6 +1,7 @@
-"""The producer's parts, each alone (no database): its identity, claim-ahead sizing, the
-queue's limits, the counters, the settle check, batch running and the claim loop. Tests
-wait on the parts' test signals, never on fixed sleeps."""
+"""The producer without a database: its identity, claim-ahead sizing, the queue's limits,
+the counters, the check of a task's own outcome, then a producer whose attempts and claims
+are the test's (batch running, the claim loop). Tests wait on the producer's test signals,
+never on fixed sleeps."""
 
 from __future__ import annotations
 
@@ -12,20 +13,18 @@ import pytest
 
 import pgq
 from pgq._db.claims import QueueLimits
-from pgq._worker.attempt import FENCED, Execution, Outcome, ResourceFailures
-from pgq._worker.liveness import ProducerHealth, ProducerIdentity
+from pgq._worker.attempt import Execution, Outcome
+from pgq._worker.liveness import ProducerIdentity
 from pgq._worker.outcomes import Settler
 from pgq._worker.producer import (
     LIMITS_REFRESH_S,
     MIN_PATIENCE_S,
     AheadSizing,
-    BatchRunner,
-    Claimer,
-    ClaimLoop,
     LimitsCache,
+    Producer,
     ProducerCounters,
-    SettleCheck,
     Signal,
+    settled_state,
 )
 from pgq.app import Task
 from pgq.job import Job, JobContext
@@ -213,18 +212,60 @@ class FakeSettler(Settler):
 
 async def test_the_settle_check_answers_the_committed_state_or_none() -> None:
     execution = Execution(job(1))
-    assert await SettleCheck({"t": FakeSettler("completed")}).committed(execution) == "completed"
-    assert await SettleCheck({"t": FakeSettler(None)}).committed(execution) is None
-    unanswered = SettleCheck({"t": FakeSettler(OSError("cut off"))})
-    assert await unanswered.committed(execution) is None  # the worker writes its own
+    assert await settled_state(FakeSettler("completed"), execution) == "completed"
+    assert await settled_state(FakeSettler(None), execution) is None
+    unanswered = FakeSettler(OSError("cut off"))
+    assert await settled_state(unanswered, execution) is None  # the worker writes its own
 
 
 # --------------------------------------------------------------------------- batch running
 
 
+class ScriptedClaimer:
+    """Answers each claim with the next batch of jobs (then none), recording each limit."""
+
+    def __init__(self, batches: list[list[Job]], before: Any = None) -> None:
+        self.batches = batches
+        self.limits: list[int] = []
+        self.before = before
+
+    async def claim(self, limit: int, producer_id: uuid.UUID, *, slots_free: int) -> list[Job]:
+        self.limits.append(limit)
+        if self.before is not None:
+            self.before()
+        return self.batches.pop(0) if self.batches else []
+
+
+class TestProducer(Producer):
+    """A producer whose attempts are the test's (``Parts.execute``) and whose claims a
+    :class:`ScriptedClaimer` answers."""
+
+    __test__ = False
+
+    def __init__(self, parts: Parts, concurrency: int, claim_ahead: int) -> None:
+        super().__init__(
+            queue="default",
+            concurrency=concurrency,
+            tasks=parts.tasks,
+            pool=None,  # type: ignore[arg-type]
+            outcomes=parts.outcomes.append,
+            limiter=anyio.CapacityLimiter(1),
+            poll_interval=3600.0,  # only a wake or a full batch claims again
+            fence_after_s=3600.0,
+            claim_ahead=claim_ahead,
+        )
+        self._execute = parts.execute
+        self._settlers = {"t": FakeSettler(None)}
+        self.claimer: ScriptedClaimer | None = None
+
+    async def _claim(self, limit: int, producer_id: uuid.UUID, *, slots_free: int) -> list[Job]:
+        assert self.claimer is not None
+        return await self.claimer.claim(limit, producer_id, slots_free=slots_free)
+
+
 class Parts:
-    """A batch runner (and the parts it shares) whose attempts complete unless the test
-    holds them, and whose outcomes go to a list."""
+    """A producer (and the parts it holds) whose attempts complete unless the test holds
+    them, and whose outcomes go to a list."""
 
     def __init__(self, concurrency: int = 1, claim_ahead: int = -1) -> None:
         app = pgq.App()
@@ -237,21 +278,10 @@ class Parts:
         self.started: list[int] = []
         self.release = anyio.Event()
         self.hold = False
-        self.health = ProducerHealth("default", 3600.0, on_fenced=self.fenced)
-        self.sizing = AheadSizing(concurrency, claim_ahead)
-        self.counters = ProducerCounters()
-        self.runner = BatchRunner(
-            concurrency=concurrency,
-            tasks=self.tasks,
-            execute=self.execute,
-            settle=SettleCheck({"t": FakeSettler(None)}),
-            outcomes=self.outcomes.append,
-            limiter=anyio.CapacityLimiter(1),
-            health=self.health,
-            sizing=self.sizing,
-            counters=self.counters,
-            resources=ResourceFailures("default"),
-        )
+        self.runner = TestProducer(self, concurrency, claim_ahead)
+        self.health = self.runner.health
+        self.sizing = self.runner.sizing
+        self.counters = self.runner.counters
 
     async def execute(
         self, task: Task, execution: Execution, limiter: anyio.CapacityLimiter
@@ -260,9 +290,6 @@ class Parts:
         if self.hold:
             await self.release.wait()
         return Outcome.of(execution.ctx.job, "completed")
-
-    def fenced(self) -> None:
-        self.runner.cancel_waiting(FENCED)
 
     def states(self) -> list[tuple[int, str]]:
         return sorted((o.job_id, o.state) for o in self.outcomes)
@@ -303,7 +330,7 @@ async def test_a_stop_hands_back_the_waiting_jobs_and_lets_the_running_one_end()
     async with anyio.create_task_group() as tg:
         parts.runner.start(tg, [job(1), job(2)])
         await anyio.wait_all_tasks_blocked()
-        parts.runner.stop()
+        parts.runner.stop_fetching()
         with anyio.fail_after(5):
             await parts.runner.handed_back.wait(1)
         assert parts.runner.fenced.count == 0 and 1 in parts.runner.running
@@ -314,37 +341,11 @@ async def test_a_stop_hands_back_the_waiting_jobs_and_lets_the_running_one_end()
 # --------------------------------------------------------------------------- claim loop
 
 
-class ScriptedClaimer(Claimer):
-    """Answers each claim with the next batch of jobs (then none), recording each limit."""
-
-    def __init__(self, batches: list[list[Job]], before: Any = None) -> None:
-        self.batches = batches
-        self.limits: list[int] = []
-        self.before = before
-
-    async def claim(self, limit: int, producer_id: uuid.UUID, *, slots_free: int) -> list[Job]:
-        self.limits.append(limit)
-        if self.before is not None:
-            self.before()
-        return self.batches.pop(0) if self.batches else []
-
-
-def claim_loop(parts: Parts, claimer: Claimer, concurrency: int) -> ClaimLoop:
-    async def unlimited() -> QueueLimits:
-        return QueueLimits()
-
-    return ClaimLoop(
-        queue="default",
-        concurrency=concurrency,
-        poll_interval=3600.0,  # only a wake or a full batch claims again
-        claimer=claimer,
-        runner=parts.runner,
-        identity=ProducerIdentity(),
-        health=parts.health,
-        limits=LimitsCache(unlimited),
-        sizing=parts.sizing,
-        counters=parts.counters,
-    )
+def claim_loop(parts: Parts, claimer: ScriptedClaimer, concurrency: int) -> TestProducer:
+    """The producer of ``parts``, claiming from ``claimer``."""
+    assert parts.runner.concurrency == concurrency
+    parts.runner.claimer = claimer
+    return parts.runner
 
 
 async def test_the_claim_loop_claims_half_the_slots_and_again_after_a_full_batch() -> None:
@@ -352,11 +353,11 @@ async def test_the_claim_loop_claims_half_the_slots_and_again_after_a_full_batch
     claimer = ScriptedClaimer([[job(1), job(2)], [job(3)]])
     loop = claim_loop(parts, claimer, concurrency=4)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(loop.run, tg)
+        tg.start_soon(loop.run)
         with anyio.fail_after(5):
             await loop.claims.wait(2)  # a full batch: claim again at once
             await parts.runner.wait_empty()
-        loop.stop()
+        loop.stop_fetching()
     assert claimer.limits == [2, 2]
     assert parts.states() == [(1, "completed"), (2, "completed"), (3, "completed")]
     assert parts.counters.claims_sent == 2 and parts.counters.claimed == 3
@@ -373,10 +374,10 @@ async def test_a_claim_that_spans_a_fence_is_handed_back_never_started() -> None
     claimer = ScriptedClaimer([[job(1)]], before=fence)
     loop = claim_loop(parts, claimer, concurrency=2)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(loop.run, tg)
+        tg.start_soon(loop.run)
         with anyio.fail_after(5):
             await parts.runner.fenced.wait(1)
         assert loop.claims.count == 1  # and no claim while fenced
-        loop.stop()
+        loop.stop_fetching()
         parts.health.release()
     assert parts.started == [] and parts.states() == [(1, "available")]

@@ -1,7 +1,11 @@
-"""A producer: claims jobs of one queue into its free slots and runs them, composed of
-parts that each own one concern (docs/architecture.md): the claim loop, the claim and the
-queue's limits, claim-ahead sizing, batch running, the settle check and the counters. Its
-ids and health are liveness's."""
+"""A producer: the per-queue state machine of a worker, whole. It claims jobs of one queue
+into its free slots (and some ahead of them), starts each claimed job as a slot frees,
+hands back those that must not start, and sends each attempt's outcome to the worker's
+writer. Read top to bottom: the claim loop (:meth:`Producer.run`), the claim, a claimed
+batch into the slots, what the rest of the worker asks of it; then the state it keeps in
+parts of their own: the queue's limits (:class:`LimitsCache`), claim-ahead sizing
+(:class:`AheadSizing`), the slots (:class:`Slots`), its counters and its test signals. Its
+ids and health are liveness's (``pgq._worker.liveness``)."""
 
 from __future__ import annotations
 
@@ -30,7 +34,6 @@ from pgq._worker.attempt import (
     Execution,
     Outcome,
     ResourceFailures,
-    Runner,
     internal_failure,
     runner,
     stopped_before_start,
@@ -40,15 +43,45 @@ from pgq._worker.outcomes import Settler
 from pgq.app import Task
 from pgq.job import Job
 
+log = logging.getLogger("pgq.producer")
+
+#: While a queue's limits hold its claims back, look again this often: a slot frees when
+#: another worker's outcome is written, which nothing announces.
+LIMIT_RECHECK_S = 0.1
+#: A claim asks for up to half the slots, or up to this many when jobs are claimed ahead:
+#: larger claims drain short jobs faster but write more WAL per job (docs/architecture.md).
+CLAIM_BATCH = 50
+#: How long the check of a task's own committed outcome may take when it is asked again
+#: after a stop interrupted it (a stop must not wait on a database that does not answer).
+RECHECK_S = 5.0
+
+#: Receives each attempt's outcome (the worker's completer).
+OutcomeSink = Callable[[Outcome], None]
+
 
 class Producer:
-    """Runs up to ``concurrency`` jobs of ``queue`` at once (see :class:`ClaimLoop` for
-    when it claims, :class:`AheadSizing` for how many it claims ahead of its free slots,
-    :class:`BatchRunner` for how claimed jobs start or are handed back).
+    """Runs up to ``concurrency`` jobs of ``queue`` at once.
 
-    A claimed job counts as running in the database (and for the queue's limits) from its
-    claim; an unhealthy producer (its heartbeats keep failing) claims nothing until a
-    heartbeat succeeds, and hands back the jobs it holds unstarted."""
+    It claims jobs for the free slots in one statement (at most half the slots, or up to
+    ``CLAIM_BATCH`` with the jobs wanted ahead, so that claims overlap running jobs), when
+    woken (new jobs announced, the producer healthy again, an outcome written while the
+    queue's limits held claims back), when a slot frees after a full batch, or every
+    ``poll_interval``. A claimed job counts as running in the database (and for the queue's
+    limits) from its claim. At most ``concurrency`` execute at once; the others, claimed
+    ahead, wait for a slot in claim order, each for as long as its patience. A job starts
+    the moment a slot frees, unless it waited past its patience or the producer stopped or
+    fenced itself meanwhile: then it is handed back unstarted, available again at once in
+    its place in the queue. An unhealthy producer (its heartbeats keep failing) claims
+    nothing until a heartbeat succeeds, and hands back the jobs it holds unstarted; a
+    limited queue's claim grants jobs ahead of the free slots only out of room to spare."""
+
+    __slots__ = (
+        "_async_commit", "_claim_pool", "_empty", "_execute", "_gate", "_half_slots",
+        "_hurry_outcomes", "_limiter", "_outcomes", "_poll_interval", "_settlers", "_slot",
+        "_stopping", "_tasks", "_waiting", "_wake", "_worker_name", "claims", "concurrency",
+        "counters", "fenced", "fetching", "handed_back", "health", "identity", "limits", "plan",
+        "queue", "resources", "running", "sizing",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -75,7 +108,7 @@ class Producer:
         self.health = ProducerHealth(
             queue, fence_after_s, on_healthy=self.wake, on_fenced=self._fenced
         )
-        tasks = dict(tasks)
+        self._tasks = tasks = dict(tasks)
         self.plan = ClaimPlan(
             queue,
             tuple(tasks),
@@ -83,252 +116,61 @@ class Producer:
             tuple(t.max_attempts for t in tasks.values()),
         )
         self.counters = ProducerCounters()
-        self._outcomes = outcomes
-        self._hurry_outcomes = hurry_outcomes
         self.sizing = AheadSizing(concurrency, claim_ahead)
         self.limits = LimitsCache(lambda: claims.queue_limits(pool, queue))
-        self.runner = BatchRunner(
-            concurrency=concurrency,
-            tasks=tasks,
-            execute=runner(hooks if hooks else None),
-            settle=SettleCheck({name: Settler(pool, task) for name, task in tasks.items()}),
-            outcomes=self._outcome,
-            limiter=limiter,
-            health=self.health,
-            sizing=self.sizing,
-            counters=self.counters,
-            resources=ResourceFailures(queue),
-        )
-        self.loop = ClaimLoop(
-            queue=queue,
-            concurrency=concurrency,
-            poll_interval=poll_interval,
-            claimer=Claimer(
-                pool,
-                self.plan,
-                self.limits,
-                worker_name=worker_name,
-                async_commit=async_commit,
-                claim_pool=claim_pool,
-            ),
-            runner=self.runner,
-            identity=self.identity,
-            health=self.health,
-            limits=self.limits,
-            sizing=self.sizing,
-            counters=self.counters,
-        )
-
-    # ------------------------------------------------------------------ read
-
-    @property
-    def id(self) -> uuid.UUID:
-        """The producer's row id now (re-registration changes it)."""
-        return self.identity.id
-
-    @property
-    def running(self) -> dict[int, Execution]:
-        """Every claimed job not ended yet, by id: executing, or waiting for a slot."""
-        return self.runner.running
-
-    @property
-    def fetching(self) -> bool:
-        """Whether a claim is in flight."""
-        return self.loop.fetching
-
-    @property
-    def claims_sent(self) -> int:
-        """Claims sent so far."""
-        return self.counters.claims_sent
-
-    @property
-    def resources(self) -> ResourceFailures:
-        """Attempts that failed for want of a resource."""
-        return self.runner.resources
-
-    def ids(self) -> list[uuid.UUID]:
-        """Every id the database may hold jobs of this producer's under."""
-        return self.identity.ids()
-
-    def running_ids(self) -> list[int]:
-        """The ids of the jobs running now."""
-        return list(self.runner.running)
-
-    def knows(self, job_id: int, token: uuid.UUID | None) -> bool:
-        """Whether it runs, or holds for a slot, that attempt (job and token)."""
-        return self.runner.knows(job_id, token)
-
-    # ------------------------------------------------------------------ control
-
-    def wake(self) -> None:
-        """Fetch now (new jobs were announced, or the producer became healthy)."""
-        self.loop.wake()
-
-    def limits_changed(self) -> None:
-        """The queue's limits were set or cleared (or a notification may have been missed):
-        read them before the next claim."""
-        self.limits.changed()
-        self.loop.wake()
-
-    def stop_fetching(self) -> None:
-        """Claim nothing more; running jobs go on, jobs claimed ahead are handed back."""
-        self.loop.stop()
-        self.health.release()
-        self.runner.stop()
-
-    def lost(self, job_ids: set[int]) -> None:
-        """These jobs' attempts were rescued (re-registration did not adopt them): any of
-        them still waiting for a slot is handed back, never started (its outcome is fenced
-        out). Those already executing go on, as before, their outcomes rejected."""
-        self.runner.cancel_waiting_among(job_ids, RESCUED)
-
-    def _fenced(self) -> None:
-        """The producer fenced itself: every job waiting, claimed ahead, for a slot is
-        handed back now (its hand-back is fenced out where a peer rescued it already),
-        rather than started once the producer beats again."""
-        self.runner.cancel_waiting(FENCED)
-
-    def cancel(self, job_ids: set[int], reason: str) -> list[int]:
-        """Stop those of ``job_ids`` this producer runs; returns their ids."""
-        return self.runner.cancel(job_ids, reason)
-
-    def cancel_running(self, reason: str) -> None:
-        """Cancel every running job; each records its interruption as its outcome."""
-        self.runner.cancel_running(reason)
-
-    async def wait_empty(self) -> None:
-        """Return when no job runs."""
-        await self.runner.wait_empty()
-
-    def _outcome(self, outcome: Outcome) -> None:
-        """An attempt ended: its outcome to the completer, written at once (not after the
-        gather window) while the queue's limits hold claims back: it frees a slot."""
-        self._outcomes(outcome)
-        if self.limits.held_back:
-            self._hurry_outcomes()
-
-    def counted(self, outcomes: list[Outcome], accepted: bool) -> None:
-        """Count outcomes of this producer's as the database took them (written, or
-        rejected by the fence)."""
-        if not outcomes:
-            return
-        if self.limits.held_back:
-            # Written: the jobs no longer count against the queue's limit. Claim again now.
-            self.loop.wake()
-        self.counters.counted(outcomes, accepted)
-
-    # ------------------------------------------------------------------ run
-
-    async def run(
-        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Fetch and run jobs until :meth:`stop_fetching`, then wait for running jobs."""
-        async with anyio.create_task_group() as tg:
-            task_status.started()
-            await self.loop.run(tg)
-
-    # ------------------------------------------------------------------ liveness, stats
-
-    def beat(self) -> Beat:
-        """This producer's heartbeat row as of now."""
-        c = self.counters
-        return Beat(
-            self.identity.id,
-            len(self.runner.running),
-            self.health.healthy,
-            c.claimed,
-            c.completed,
-            c.failed,
-            c.rejected_outcomes,
-        )
-
-    def stats(self) -> dict[str, Any]:
-        """A snapshot for :meth:`pgq.Worker.stats`."""
-        return {
-            "producer_id": str(self.identity.id),
-            "queue": self.queue,
-            "healthy": self.health.healthy,
-            "consecutive_failures": self.health.consecutive_failures,
-            "last_heartbeat_ok_at": self.health.last_ok_at,
-            "concurrency": self.concurrency,
-            "running": len(self.runner.running),
-            "executing": self.runner.slots.in_use,
-            "claim_ahead": self.sizing.ahead,
-            **self.counters.stats(),
-            "resource_failures": dict(self.runner.resources.by_task),
-        }
-
-
-log = logging.getLogger("pgq.producer")
-
-#: While a queue's limits hold its claims back, look again this often: a slot frees when
-#: another worker's outcome is written, which nothing announces.
-LIMIT_RECHECK_S = 0.1
-#: A claim asks for up to half the slots, or up to this many when jobs are claimed ahead:
-#: larger claims drain short jobs faster but write more WAL per job (docs/architecture.md).
-CLAIM_BATCH = 50
-
-
-class ClaimLoop:
-    """Claims jobs for the free slots in one statement (at most half the slots, or up to
-    ``CLAIM_BATCH`` with the jobs wanted ahead, so that claims overlap running jobs), when
-    woken (new jobs announced, the producer healthy again, an outcome written while the
-    queue's limits held claims back), when a slot frees after a full batch, or every
-    ``poll_interval``. An unhealthy producer claims nothing until a heartbeat succeeds; a
-    limited queue's claim grants jobs ahead of the free slots only out of room to spare."""
-
-    __slots__ = (
-        "_claimer", "_concurrency", "_counters", "_half_slots", "_health", "_identity",
-        "_limits", "_poll_interval", "_queue", "_runner", "_sizing", "_stopping", "_wake",
-        "claims", "fetching",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        *,
-        queue: str,
-        concurrency: int,
-        poll_interval: float,
-        claimer: Claimer,
-        runner: BatchRunner,
-        identity: ProducerIdentity,
-        health: ProducerHealth,
-        limits: LimitsCache,
-        sizing: AheadSizing,
-        counters: ProducerCounters,
-    ) -> None:
-        self._queue = queue
-        self._concurrency = concurrency
+        #: Attempts that failed for want of a resource.
+        self.resources = ResourceFailures(queue)
+        self._outcomes = outcomes
+        self._hurry_outcomes = hurry_outcomes
+        self._limiter = limiter
+        # How each attempt runs, chosen once from the hooks; and each task's writer of the
+        # outcome a task writes in its own transaction (each attempt's context gets it).
+        self._execute = runner(hooks if hooks else None)
+        self._settlers = {name: Settler(pool, task) for name, task in tasks.items()}
+        # The claim: on claim_pool when given (connections that keep cached plans, which
+        # the limited claim's function keeps for its own statements too).
+        self._claim_pool = pool if claim_pool is None else claim_pool
+        self._worker_name = worker_name
+        self._async_commit = async_commit
+        # The claim loop.
         self._half_slots = max(1, (concurrency + 1) // 2)
         self._poll_interval = poll_interval
-        self._claimer = claimer
-        self._runner = runner
-        self._identity = identity
-        self._health = health
-        self._limits = limits
-        self._sizing = sizing
-        self._counters = counters
         self._wake = anyio.Event()
         self._stopping = False
         #: True while a claim is in flight.
         self.fetching = False
-        #: Test signal: claims that came back (with jobs or without).
+        # At most `concurrency` jobs execute at once; claimed jobs beyond them wait here.
+        self._gate = Slots(concurrency)
+        #: Every claimed job not ended yet, by id: executing, or waiting for a slot.
+        self.running: dict[int, Execution] = {}
+        # Claimed and waiting for a slot (a part of `running`).
+        self._waiting: set[Execution] = set()
+        # Set as each job ends (asyncio's own event: set once per job, it skips anyio's layer).
+        self._slot = asyncio.Event()
+        self._empty = anyio.Event()
+        self._empty.set()
+        #: Test signals: claims that came back (with jobs or without); jobs handed back
+        #: unstarted (any reason but a cancel), and those of them handed back because the
+        #: producer fenced itself.
         self.claims = Signal()
+        self.handed_back = Signal()
+        self.fenced = Signal()
 
-    def wake(self) -> None:
-        """Claim now (new jobs were announced, or the producer became healthy)."""
-        self._wake.set()
+    # ------------------------------------------------------------------ the claim loop
 
-    def stop(self) -> None:
-        """Claim nothing more."""
-        self._stopping = True
-        self._wake.set()
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Claim, and start what comes back, until :meth:`stop_fetching`; then wait for the
+        running jobs."""
+        async with anyio.create_task_group() as tg:
+            task_status.started()
+            await self._claim_loop(tg)
 
-    async def run(self, tg: anyio.abc.TaskGroup) -> None:
-        """Claim, and start what comes back in ``tg``, until :meth:`stop`."""
+    async def _claim_loop(self, tg: anyio.abc.TaskGroup) -> None:
         more = True  # fetch at once on start
         failures = 0
-        health, runner = self._health, self._runner
+        health = self.health
         while not self._stopping:
             if not health.healthy:
                 await health.wait_healthy()
@@ -338,12 +180,12 @@ class ClaimLoop:
             # queue's budget is shared by every worker: its claim grants jobs ahead only out
             # of room to spare, so one worker never takes the whole budget and leaves the
             # others idle.
-            capacity = self._concurrency + (self._sizing.ahead if self._limits.known else 0)
-            if len(runner.running) >= capacity:
-                await runner.wait_for_room(capacity)
+            capacity = self.concurrency + (self.sizing.ahead if self.limits.known else 0)
+            if len(self.running) >= capacity:
+                await self._wait_for_room(capacity)
                 continue
             if not more:
-                pause = LIMIT_RECHECK_S if self._limits.held_back else self._poll_interval
+                pause = LIMIT_RECHECK_S if self.limits.held_back else self._poll_interval
                 with anyio.move_on_after(pause):
                     await self._wake.wait()
                 if self._stopping:
@@ -360,7 +202,7 @@ class ClaimLoop:
                 failures += 1
                 delay = min(self._poll_interval * failures, 5.0)
                 log.warning(
-                    "queue %s: fetch failed (%s); retrying in %.1fs", self._queue, exc, delay
+                    "queue %s: fetch failed (%s); retrying in %.1fs", self.queue, exc, delay
                 )
                 more = False
                 await anyio.sleep(delay)
@@ -370,24 +212,31 @@ class ClaimLoop:
             if jobs and self._stopping:
                 # Claimed while the worker began to stop: hand them straight back rather
                 # than start them.
-                runner.hand_back(jobs, SHUTDOWN)
+                self.hand_back(jobs, SHUTDOWN)
                 break
             if jobs and (fences != health.fences or not health.may_claim()):
                 # The producer fenced itself while the claim was out (the process held up,
                 # its heartbeats failing): a peer may have rescued these attempts since the
                 # claim committed. Hand them back (fenced out where rescued), never start.
-                runner.hand_back(jobs, FENCED)
+                self.hand_back(jobs, FENCED)
                 continue
             if jobs:
-                runner.start(tg, jobs)
+                self.start(tg, jobs)
 
     def _limit(self, capacity: int) -> int:
         """How many jobs the next claim asks for: at most half the slots (or CLAIM_BATCH,
         when that many are free with the jobs wanted ahead): the next claim overlaps the
         running batch."""
         half = max(1, (capacity + 1) // 2)
-        free = capacity - len(self._runner.running)
+        free = capacity - len(self.running)
         return min(free, max(self._half_slots, min(half, CLAIM_BATCH)))
+
+    async def _wait_for_room(self, capacity: int) -> None:
+        """Return once fewer than ``capacity`` jobs run (at once when they do), or a stop
+        began."""
+        self._slot = asyncio.Event()
+        if len(self.running) >= capacity:
+            await self._slot.wait()
 
     async def _fetch(self, limit: int) -> list[Job]:
         self.fetching = True
@@ -395,213 +244,67 @@ class ClaimLoop:
             # Shielded: a claim cut off between the server's commit and our reading of the
             # rows would leave jobs running that nobody runs (until rescued).
             started = monotonic()
-            producer_id = self._identity.claim_sent()
-            self._counters.claim_sent()
+            producer_id = self.identity.claim_sent()
+            self.counters.claim_sent()
             with anyio.CancelScope(shield=True), anyio.fail_after(30):
-                jobs = await self._claimer.claim(
-                    limit, producer_id, slots_free=self._concurrency - len(self._runner.running)
+                jobs = await self._claim(
+                    limit, producer_id, slots_free=self.concurrency - len(self.running)
                 )
-            self._sizing.claim_took(monotonic() - started)
+            self.sizing.claim_took(monotonic() - started)
         finally:
             self.fetching = False
-            self._identity.claim_ended()
-        self._counters.claim_returned(len(jobs))
+            self.identity.claim_ended()
+        self.counters.claim_returned(len(jobs))
         self.claims.fire()
         return jobs
 
+    # ------------------------------------------------------------------ the claim
 
-class Claimer:
-    """Claims up to ``limit`` jobs of the plan's queue and tasks: in one statement on an
-    unlimited queue, under the queue's lock (usage counted) in one call on a limited one;
-    both on ``claim_pool`` when given (connections that keep cached plans, which the
-    limited claim's function keeps for its own statements too)."""
-
-    __slots__ = ("_async_commit", "_claim_pool", "_limits", "_plan", "_pool", "_worker_name")
-
-    def __init__(
-        self,
-        pool: Pool,
-        plan: ClaimPlan,
-        limits: LimitsCache,
-        *,
-        worker_name: str,
-        async_commit: bool,
-        claim_pool: Pool | None = None,
-    ) -> None:
-        self._pool = pool
-        self._claim_pool = pool if claim_pool is None else claim_pool
-        self._plan = plan
-        self._limits = limits
-        self._worker_name = worker_name
-        self._async_commit = async_commit
-
-    async def claim(self, limit: int, producer_id: uuid.UUID, *, slots_free: int) -> list[Job]:
-        """Claim up to ``limit`` jobs under ``producer_id``, in claim order; those beyond
-        ``slots_free`` are claimed ahead, which a limited queue grants only where its
-        limits leave room to spare."""
+    async def _claim(self, limit: int, producer_id: uuid.UUID, *, slots_free: int) -> list[Job]:
+        """Claim up to ``limit`` jobs of the plan's queue and tasks under ``producer_id``, in
+        claim order: in one statement on an unlimited queue, under the queue's lock (usage
+        counted) in one call on a limited one. Those beyond ``slots_free`` are claimed
+        ahead, which a limited queue grants only where its limits leave room to spare."""
         now = anyio.current_time()
-        limits = await self._limits.current(now)
+        limits = await self.limits.current(now)
         if limits.limited:
             now_part = max(0, min(limit, slots_free))
             jobs, held_back, under_lock = await claims.claim_limited(
                 self._claim_pool,
-                self._plan,
+                self.plan,
                 producer_id,
                 self._worker_name,
                 now_part,
                 ahead=limit - now_part,
                 async_commit=self._async_commit,
             )
-            self._limits.claimed_limited(held_back, under_lock)
+            self.limits.claimed_limited(held_back, under_lock)
             return jobs
-        self._limits.claiming_unlimited()
+        self.limits.claiming_unlimited()
         jobs = await claims.claim(
             self._claim_pool,
-            self._plan,
+            self.plan,
             producer_id,
             self._worker_name,
             limit,
             async_commit=self._async_commit,
         )
         if not jobs:
-            self._limits.found_nothing(now)
+            self.limits.found_nothing(now)
         return jobs
 
-
-#: Receives each attempt's outcome (the worker's completer).
-OutcomeSink = Callable[[Outcome], None]
-
-
-class BatchRunner:
-    """Runs claimed jobs: at most ``concurrency`` execute at once, the others (claimed
-    ahead) wait for a slot in claim order, each for as long as its patience. A job starts
-    the moment a slot frees, without waiting for a round trip, unless it waited past its
-    patience or the producer stopped or fenced itself meanwhile: then it is handed back
-    unstarted, available again at once in its place in the queue."""
-
-    __slots__ = (
-        "_counters", "_empty", "_execute", "_gate", "_health", "_limiter", "_outcomes",
-        "_settle", "_sizing", "_slot", "_stopping", "_tasks", "_waiting", "fenced",
-        "handed_back", "resources", "running",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        *,
-        concurrency: int,
-        tasks: Mapping[str, Task],
-        execute: Runner,
-        settle: SettleCheck,
-        outcomes: OutcomeSink,
-        limiter: anyio.CapacityLimiter,
-        health: ProducerHealth,
-        sizing: AheadSizing,
-        counters: ProducerCounters,
-        resources: ResourceFailures,
-    ) -> None:
-        self._tasks = tasks
-        self._execute = execute
-        self._settle = settle
-        self._outcomes = outcomes
-        self._limiter = limiter
-        self._health = health
-        self._sizing = sizing
-        self._counters = counters
-        #: Attempts that failed for want of a resource.
-        self.resources = resources
-        # At most `concurrency` jobs execute at once; claimed jobs beyond them wait here.
-        self._gate = Slots(concurrency)
-        #: Every claimed job not ended yet, by id: executing, or waiting for a slot.
-        self.running: dict[int, Execution] = {}
-        # Claimed and waiting for a slot (a part of `running`).
-        self._waiting: set[Execution] = set()
-        # Set as each job ends (asyncio's own event: set once per job, it skips anyio's layer).
-        self._slot = asyncio.Event()
-        self._empty = anyio.Event()
-        self._empty.set()
-        self._stopping = False
-        #: Test signals: jobs handed back unstarted (any reason but a cancel), and those of
-        #: them handed back because the producer fenced itself.
-        self.handed_back = Signal()
-        self.fenced = Signal()
-
-    # ------------------------------------------------------------------ read
-
-    @property
-    def slots(self) -> Slots:
-        """The execution slots."""
-        return self._gate
-
-    @property
-    def waiting(self) -> int:
-        """How many claimed jobs wait for a slot now."""
-        return len(self._waiting)
-
-    def knows(self, job_id: int, token: uuid.UUID | None) -> bool:
-        """Whether it runs, or holds for a slot, that attempt (job and token)."""
-        execution = self.running.get(job_id)
-        return execution is not None and execution.ctx.job.attempt_token == token
-
-    async def wait_empty(self) -> None:
-        """Return when no job runs."""
-        await self._empty.wait()
-
-    async def wait_for_room(self, capacity: int) -> None:
-        """Return once fewer than ``capacity`` jobs run (at once when they do), or a stop
-        began."""
-        self._slot = asyncio.Event()
-        if len(self.running) >= capacity:
-            await self._slot.wait()
-
-    # ------------------------------------------------------------------ control
-
-    def stop(self) -> None:
-        """Start nothing more: the jobs waiting for a slot are handed back, and every job
-        that comes to wait or to start from now on."""
-        self._stopping = True
-        self._slot.set()
-        self.cancel_waiting(SHUTDOWN)
-
-    def cancel_waiting(self, reason: str) -> None:
-        """Hand back every job waiting, claimed ahead, for a slot (``reason``: why)."""
-        for execution in list(self._waiting):
-            execution.cancel(reason)
-
-    def cancel_waiting_among(self, job_ids: set[int], reason: str) -> None:
-        """Hand back those of ``job_ids`` still waiting for a slot."""
-        for execution in list(self._waiting):
-            if execution.ctx.job.id in job_ids:
-                execution.cancel(reason)
-
-    def cancel(self, job_ids: set[int], reason: str) -> list[int]:
-        """Stop those of ``job_ids`` that run here; returns their ids."""
-        hit = [i for i in job_ids if i in self.running]
-        for job_id in hit:
-            self.running[job_id].cancel(reason)
-        return hit
-
-    def cancel_running(self, reason: str) -> None:
-        """Cancel every running job; each records its interruption as its outcome."""
-        for execution in list(self.running.values()):
-            execution.cancel(reason)
-
-    def hand_back(self, jobs: list[Job], reason: str) -> None:
-        """Hand back, unstarted, jobs of a claim that must not start (``reason``: why)."""
-        for job in jobs:
-            self._not_started(job, reason)
-
-    # ------------------------------------------------------------------ run
+    # ------------------------------------------------------------------ a claimed batch
 
     def start(self, tg: anyio.abc.TaskGroup, jobs: list[Job]) -> None:
         """Start a claimed batch in ``tg``: each job executes as a slot frees."""
-        health, fences, now = self._health, self._health.fences, clock
+        health, fences, now = self.health, self.health.fences, clock
 
         def fence() -> bool:
             # Not if the producer fenced itself since the claim, even if it beats again
             # now: a peer may have rescued these attempts meanwhile.
             return health.fences == fences and health.may_start(now())
 
-        settlers = self._settle.settlers
+        settlers = self._settlers
         executions = [Execution(job, settlers[job.task], fence) for job in jobs]
         self.admit(executions)
         tg.start_soon(self._run_batch, executions, name=f"pgq batch of {len(jobs)}")
@@ -671,15 +374,15 @@ class BatchRunner:
                 outcome = internal_failure(job, task, exc)
             finally:
                 self._gate.release()
-                self._sizing.job_took(monotonic() - began)
+                self.sizing.job_took(monotonic() - began)
             if outcome.resource is not None:
                 self.resources.record(job.task, job.id, outcome.resource)
             if execution.ctx._settled:
-                state = await self._settle.committed(execution)
+                state = await settled_state(self._settlers[job.task], execution)
                 if state is not None:  # the task's own transaction wrote the outcome
-                    self._counters.settled(state)
+                    self.counters.settled(state)
                     return
-            self._outcomes(outcome)
+            self._outcome(outcome)
         finally:
             if self.running.get(job.id) is execution:  # not a later attempt of the same job
                 del self.running[job.id]
@@ -691,13 +394,13 @@ class BatchRunner:
         """Wait, claimed, for a slot; False when the job was handed back (its outcome sent)
         instead: cancelled or stopped meanwhile, or no slot freed within the patience."""
         job = execution.ctx.job
-        patience = self._sizing.patience()
+        patience = self.sizing.patience()
         timeout = self._tasks[job.task].timeout
         if timeout is not None:
             # Its timeout counts from the claim: hand it back while half of it is left,
             # rather than start it with little or no time to run.
             patience = timeout / 2 if patience is None else min(patience, timeout / 2)
-        if execution.reason is not None or self._stopping or not self._health.healthy:
+        if execution.reason is not None or self._stopping or not self.health.healthy:
             # Cancelled before its task began, or a stop began (or the producer fenced
             # itself) before this job came to wait (stop and the fence did not see it):
             # none would interrupt the wait.
@@ -713,7 +416,7 @@ class BatchRunner:
             if not waiting.expired():
                 raise
             # The jobs ahead of it take longer than learnt: let another worker have it.
-            self._sizing.waited_too_long()
+            self.sizing.waited_too_long()
             self._not_started(job, WAITED)
             return False
         except asyncio.CancelledError:
@@ -725,57 +428,184 @@ class BatchRunner:
         finally:
             self._waiting.discard(execution)
 
+    def hand_back(self, jobs: list[Job], reason: str) -> None:
+        """Hand back, unstarted, jobs of a claim that must not start (``reason``: why)."""
+        for job in jobs:
+            self._not_started(job, reason)
+
     def _not_started(self, job: Job, reason: str) -> None:
         """The job ends unstarted: cancelled, or handed back (``reason``: why)."""
-        self._outcomes(stopped_before_start(job, reason))
+        self._outcome(stopped_before_start(job, reason))
         if reason != CANCEL:
             self.handed_back.fire()
             if reason == FENCED:
                 self.fenced.fire()
 
+    def _outcome(self, outcome: Outcome) -> None:
+        """An attempt ended: its outcome to the completer, written at once (not after the
+        gather window) while the queue's limits hold claims back: it frees a slot."""
+        self._outcomes(outcome)
+        if self.limits.held_back:
+            self._hurry_outcomes()
 
-#: How long the check of a task's own committed outcome may take when it is asked again
-#: after a stop interrupted it (a stop must not wait on a database that does not answer).
-RECHECK_S = 5.0
+    # ------------------------------------------------------------------ control
+
+    def wake(self) -> None:
+        """Fetch now (new jobs were announced, or the producer became healthy)."""
+        self._wake.set()
+
+    def limits_changed(self) -> None:
+        """The queue's limits were set or cleared (or a notification may have been missed):
+        read them before the next claim."""
+        self.limits.changed()
+        self._wake.set()
+
+    def stop_fetching(self) -> None:
+        """Claim nothing more and start nothing more; running jobs go on, jobs claimed ahead
+        are handed back (those waiting for a slot now, and every job that comes to wait or
+        to start from now on)."""
+        self._stopping = True
+        self._wake.set()
+        self.health.release()
+        self._slot.set()
+        self.cancel_waiting(SHUTDOWN)
+
+    def lost(self, job_ids: set[int]) -> None:
+        """These jobs' attempts were rescued (re-registration did not adopt them): any of
+        them still waiting for a slot is handed back, never started (its outcome is fenced
+        out). Those already executing go on, as before, their outcomes rejected."""
+        for execution in list(self._waiting):
+            if execution.ctx.job.id in job_ids:
+                execution.cancel(RESCUED)
+
+    def _fenced(self) -> None:
+        """The producer fenced itself: every job waiting, claimed ahead, for a slot is
+        handed back now (its hand-back is fenced out where a peer rescued it already),
+        rather than started once the producer beats again."""
+        self.cancel_waiting(FENCED)
+
+    def cancel_waiting(self, reason: str) -> None:
+        """Hand back every job waiting, claimed ahead, for a slot (``reason``: why)."""
+        for execution in list(self._waiting):
+            execution.cancel(reason)
+
+    def cancel(self, job_ids: set[int], reason: str) -> list[int]:
+        """Stop those of ``job_ids`` this producer runs; returns their ids."""
+        hit = [i for i in job_ids if i in self.running]
+        for job_id in hit:
+            self.running[job_id].cancel(reason)
+        return hit
+
+    def cancel_running(self, reason: str) -> None:
+        """Cancel every running job; each records its interruption as its outcome."""
+        for execution in list(self.running.values()):
+            execution.cancel(reason)
+
+    async def wait_empty(self) -> None:
+        """Return when no job runs."""
+        await self._empty.wait()
+
+    def counted(self, outcomes: list[Outcome], accepted: bool) -> None:
+        """Count outcomes of this producer's as the database took them (written, or
+        rejected by the fence)."""
+        if not outcomes:
+            return
+        if self.limits.held_back:
+            # Written: the jobs no longer count against the queue's limit. Claim again now.
+            self._wake.set()
+        self.counters.counted(outcomes, accepted)
+
+    # ------------------------------------------------------------------ read
+
+    @property
+    def id(self) -> uuid.UUID:
+        """The producer's row id now (re-registration changes it)."""
+        return self.identity.id
+
+    @property
+    def claims_sent(self) -> int:
+        """Claims sent so far."""
+        return self.counters.claims_sent
+
+    @property
+    def slots(self) -> Slots:
+        """The execution slots."""
+        return self._gate
+
+    @property
+    def waiting(self) -> int:
+        """How many claimed jobs wait for a slot now."""
+        return len(self._waiting)
+
+    def ids(self) -> list[uuid.UUID]:
+        """Every id the database may hold jobs of this producer's under."""
+        return self.identity.ids()
+
+    def running_ids(self) -> list[int]:
+        """The ids of the jobs running now."""
+        return list(self.running)
+
+    def knows(self, job_id: int, token: uuid.UUID | None) -> bool:
+        """Whether it runs, or holds for a slot, that attempt (job and token)."""
+        execution = self.running.get(job_id)
+        return execution is not None and execution.ctx.job.attempt_token == token
+
+    def beat(self) -> Beat:
+        """This producer's heartbeat row as of now."""
+        c = self.counters
+        return Beat(
+            self.identity.id,
+            len(self.running),
+            self.health.healthy,
+            c.claimed,
+            c.completed,
+            c.failed,
+            c.rejected_outcomes,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot for :meth:`pgq.Worker.stats`."""
+        return {
+            "producer_id": str(self.identity.id),
+            "queue": self.queue,
+            "healthy": self.health.healthy,
+            "consecutive_failures": self.health.consecutive_failures,
+            "last_heartbeat_ok_at": self.health.last_ok_at,
+            "concurrency": self.concurrency,
+            "running": len(self.running),
+            "executing": self._gate.in_use,
+            "claim_ahead": self.sizing.ahead,
+            **self.counters.stats(),
+            "resource_failures": dict(self.resources.by_task),
+        }
 
 
-class SettleCheck:
-    """Asks, for an attempt its task settled, which state the task's committed transaction
-    left the job in; holds the producer's settler of each task."""
-
-    __slots__ = ("settlers",)
-
-    def __init__(self, settlers: Mapping[str, Settler]) -> None:
-        #: The settler of each task the producer runs (each attempt's context gets its own).
-        self.settlers = settlers
-
-    async def committed(self, execution: Execution) -> str | None:
-        """The state the task's own committed transaction left the attempt in; None when
-        none committed, or when that could not be told: then the worker writes its outcome
-        (fenced out, if the task's did commit)."""
-        settler = self.settlers[execution.ctx.job.task]
-        for asked in range(2):
-            try:
-                # Asked again, the check is bounded: it no longer answers to a stop.
-                async with asyncio.timeout(RECHECK_S if asked else None):
-                    return await settler.committed(execution.ctx)
-            except asyncio.CancelledError:
-                # A stop or cancel request that came as the attempt ended, and interrupted
-                # the check: the attempt is over either way. The worker cancels an attempt
-                # once, so the check asked again runs to its end. (Interrupted twice, by
-                # someone else: the worker's outcome is written, fenced out if need be.)
-                if execution.judge_cancel() == "raise":
-                    raise
-                if asked:
-                    return None
-            except DATABASE_ERRORS as exc:  # TimeoutError included
-                log.warning(
-                    "job %d: could not check its transactional outcome (%s); writing the worker's",
-                    execution.ctx.job.id,
-                    str(exc) or type(exc).__name__,
-                )
+async def settled_state(settler: Settler, execution: Execution) -> str | None:
+    """After an attempt whose task settled it in its own transaction: the state that
+    committed transaction left the job in; None when none committed, or when that could not
+    be told: then the worker writes its outcome (fenced out, if the task's did commit)."""
+    for asked in range(2):
+        try:
+            # Asked again, the check is bounded: it no longer answers to a stop.
+            async with asyncio.timeout(RECHECK_S if asked else None):
+                return await settler.committed(execution.ctx)
+        except asyncio.CancelledError:
+            # A stop or cancel request that came as the attempt ended, and interrupted the
+            # check: the attempt is over either way. The worker cancels an attempt once, so
+            # the check asked again runs to its end. (Interrupted twice, by someone else:
+            # the worker's outcome is written, fenced out if need be.)
+            if execution.judge_cancel() == "raise":
+                raise
+            if asked:
                 return None
-        return None  # pragma: no cover - the loop returns
+        except DATABASE_ERRORS as exc:  # TimeoutError included
+            log.warning(
+                "job %d: could not check its transactional outcome (%s); writing the worker's",
+                execution.ctx.job.id,
+                str(exc) or type(exc).__name__,
+            )
+            return None
+    return None  # pragma: no cover - the loop returns
 
 
 #: An idle producer of an unlimited queue reads the queue's limits again this often.

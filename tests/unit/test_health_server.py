@@ -1,5 +1,5 @@
 """The health port's HTTP (pgq._worker.health) and the supervisor's view of its
-children's (pgq._cli.fleet_health): a probe never takes down what it probes."""
+children's (pgq._cli.supervisor): a probe never takes down what it probes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from pgq._cli.fleet_health import POLL_S, FleetHealth
+from pgq._cli.supervisor import POLL_S, FleetHealth
 from pgq._worker.health import Check, Metrics, serve
 
 pytestmark = pytest.mark.anyio

@@ -10,13 +10,15 @@ from dataclasses import dataclass
 import pytest
 
 from pgq._cli import main
-from pgq._cli.fleet_health import SILENT_AFTER_S, FleetHealth, merge_metrics
 from pgq._cli.parser import build_parser
 from pgq._cli.supervisor import (
     MAX_DELAY,
     MAX_START_FAILURES,
     RESET_AFTER,
+    SILENT_AFTER_S,
+    FleetHealth,
     RestartPolicy,
+    merge_metrics,
     usable_cpus,
 )
 

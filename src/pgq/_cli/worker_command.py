@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from pgq._cli import child, supervisor
+from pgq._cli import supervisor
 from pgq._core.gc import GC_THRESHOLD, tune_gc
 from pgq._core.tracing import configure_from_env
 from pgq._worker.worker import Worker
@@ -79,7 +79,7 @@ def parse_queues(values: Sequence[str], default: int | None) -> dict[str, int] |
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run the worker until a signal (or, with --burst, until nothing is left); with
     ``--processes`` above 1, a supervisor of that many worker processes instead."""
-    link = child.link_from_env()
+    link = supervisor.link_from_env()
     if link is None and args.processes > 1:
         return supervisor.run(args, argv, resolve_settings(args))
     try:
@@ -100,7 +100,7 @@ def resolve_settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _run_worker(args: argparse.Namespace, link: child.Link | None) -> int:
+def _run_worker(args: argparse.Namespace, link: supervisor.Link | None) -> int:
     app = load_app(args.app)
     if link is None:
         name, health_port, health_host = args.name, args.health_port, args.health_host

@@ -848,7 +848,7 @@ async def test_a_takeover_whose_commit_reply_was_lost_is_reported_when_asked_at_
 
         await until(lambda: _rescue_landed(db, job_id), limit_s=30)
         assert events == [] and successor.unsure == 1
-        await successor.settle()
+        await successor.ask_unsure()
         await pool.close()
         tg.cancel_scope.cancel()
     assert [(e.job.id, e.reason) for e in events] == [(job_id, "worker restarted")]
@@ -903,7 +903,7 @@ async def test_a_stray_hand_back_whose_commit_reply_was_lost_is_reported_once_it
     and reported once, as its error entry (which names it) shows it landed."""
     async with _a_stray_whose_hand_back_lost_its_reply(dsn, db) as (strays, job_id, events):
         assert strays.unsure == 1 and strays.handed_back == 0
-        await strays.settle()
+        await strays.ask_unsure()
         assert strays._unsure.in_progress == 1 and strays.unsure == 1  # held: cannot know
         await db.execute("SELECT pg_advisory_unlock(4343)")
         await until(lambda: _rescue_landed(db, job_id), limit_s=30)
@@ -935,7 +935,7 @@ async def test_a_stray_hand_back_whose_commit_was_lost_and_aborted_is_not_report
 
         await until(aborted, limit_s=30)
         await db.execute("SELECT pg_advisory_unlock(4343)")
-        await strays.settle()
+        await strays.ask_unsure()
         assert strays.unsure == 0 and strays.handed_back == 0 and events == []
         assert await db.fetchval("SELECT state FROM pgq_jobs WHERE id = $1", job_id) == "running"
         assert await strays.sweep() == [job_id]  # still a stray: handed back, this time for good

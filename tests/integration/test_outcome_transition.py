@@ -78,7 +78,7 @@ async def via_last_resort(conn: Conn, running: Running, wanted: str) -> None:
 async def via_own_transaction(conn: Conn, running: Running, wanted: str) -> None:
     job = running.job
     async with conn.transaction():
-        state = await claims.settle(
+        state = await claims.write_in_transaction(
             AsyncpgDriver(conn),
             job.id,
             job.attempt_token,

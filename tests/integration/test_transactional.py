@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 import pgq
 from pgq._core.dsn import sqlalchemy_url
 from pgq._worker import producer as producer_module
-from pgq._worker.outcomes import Settler
+from pgq._worker.outcomes import InTransactionOutcomes
 from tests.integration.test_liveness import FAST
 from tests.tests_support import until
 
@@ -106,9 +106,9 @@ def _watch_checks(monkeypatch: pytest.MonkeyPatch, stall_second: bool = False) -
     "cancelled"); with ``stall_second``, the second never answers (a database that does not
     reply), as a stalled connection would."""
     seen: list[str] = []
-    checked = Settler.committed
+    checked = InTransactionOutcomes.committed
 
-    async def watched(self: Settler, ctx: pgq.JobContext) -> str | None:
+    async def watched(self: InTransactionOutcomes, ctx: pgq.JobContext) -> str | None:
         try:
             if stall_second and seen:
                 await anyio.sleep_forever()
@@ -119,7 +119,7 @@ def _watch_checks(monkeypatch: pytest.MonkeyPatch, stall_second: bool = False) -
         seen.append("answered")
         return state
 
-    monkeypatch.setattr(Settler, "committed", watched)
+    monkeypatch.setattr(InTransactionOutcomes, "committed", watched)
     return seen
 
 
@@ -171,7 +171,7 @@ async def test_the_check_asked_again_after_a_stop_is_bounded(
     """When the check asked again after a stop gets no answer, the stop does not wait on
     it: after RECHECK_S the worker writes its own outcome (fenced out: the task's commit
     stands) and stops."""
-    monkeypatch.setattr(producer_module, "RECHECK_S", 0.3)
+    monkeypatch.setattr(producer_module, "IN_TRANSACTION_RECHECK_S", 0.3)
     caplog.set_level(logging.WARNING)
     _, done, stats, checks = await _charge_and_stop(dsn, client, monkeypatch, stall_second=True)
     assert checks == ["cancelled", "cancelled"]  # the second ended by its bound

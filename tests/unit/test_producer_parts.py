@@ -15,7 +15,7 @@ import pgq
 from pgq._db.claims import QueueLimits
 from pgq._worker.attempt import Execution, Outcome
 from pgq._worker.liveness import ProducerIdentity
-from pgq._worker.outcomes import Settler
+from pgq._worker.outcomes import InTransactionOutcomes
 from pgq._worker.producer import (
     LIMITS_REFRESH_S,
     MIN_PATIENCE_S,
@@ -24,7 +24,7 @@ from pgq._worker.producer import (
     Producer,
     ProducerCounters,
     Signal,
-    settled_state,
+    in_transaction_state,
 )
 from pgq.app import Task
 from pgq.job import Job, JobContext
@@ -185,19 +185,19 @@ def test_the_counters_count_outcomes_as_the_database_took_them() -> None:
     handed_back = Outcome.of(j, "available", error="e", attempt_delta=-1)
     counters.counted([done, failed, handed_back], accepted=True)
     counters.counted([done], accepted=False)
-    counters.settled("completed")
-    counters.settled("discarded")
-    counters.settled("cancelled")
+    counters.counted_in_transaction("completed")
+    counters.counted_in_transaction("discarded")
+    counters.counted_in_transaction("cancelled")
     assert counters.claims_sent == 1
     assert counters.stats() == {
         "fetches": 1, "claimed": 3, "completed": 2, "failed": 2, "rejected_outcomes": 1,
     }  # fmt: skip
 
 
-# --------------------------------------------------------------------------- settle check
+# --------------------------------------------------------------------------- in-transaction outcome
 
 
-class FakeSettler(Settler):
+class FakeInTransaction(InTransactionOutcomes):
     """A settler whose check answers ``state``, or raises it."""
 
     def __init__(self, answer: str | BaseException | None) -> None:
@@ -212,10 +212,10 @@ class FakeSettler(Settler):
 
 async def test_the_settle_check_answers_the_committed_state_or_none() -> None:
     execution = Execution(job(1))
-    assert await settled_state(FakeSettler("completed"), execution) == "completed"
-    assert await settled_state(FakeSettler(None), execution) is None
-    unanswered = FakeSettler(OSError("cut off"))
-    assert await settled_state(unanswered, execution) is None  # the worker writes its own
+    assert await in_transaction_state(FakeInTransaction("completed"), execution) == "completed"
+    assert await in_transaction_state(FakeInTransaction(None), execution) is None
+    unanswered = FakeInTransaction(OSError("cut off"))
+    assert await in_transaction_state(unanswered, execution) is None  # the worker writes its own
 
 
 # --------------------------------------------------------------------------- batch running
@@ -255,7 +255,7 @@ class TestProducer(Producer):
             claim_ahead=claim_ahead,
         )
         self._execute = parts.execute
-        self._settlers = {"t": FakeSettler(None)}
+        self._in_transaction = {"t": FakeInTransaction(None)}
         self.claimer: ScriptedClaimer | None = None
 
     async def _claim(self, limit: int, producer_id: uuid.UUID, *, slots_free: int) -> list[Job]:

@@ -276,11 +276,11 @@ async def fail_attempt(
 # afterwards whether that transaction committed.
 
 
-async def settle(
+async def write_in_transaction(
     driver: AsyncDriver,
     job_id: int,
     token: uuid.UUID | None,
-    settle_token: uuid.UUID,
+    own_token: uuid.UUID,
     state: str,
     *,
     delay_s: float | None = None,
@@ -293,16 +293,16 @@ async def settle(
     running attempt (nothing written)."""
     row = await driver.fetchrow(
         sql.SETTLE_ATTEMPT,
-        [job_id, token, settle_token, state, delay_s, error, result, attempt_delta],
+        [job_id, token, own_token, state, delay_s, error, result, attempt_delta],
     )
     return None if row is None or row["state"] is None else str(row["state"])
 
 
-def settle_sync(
+def write_in_transaction_sync(
     conn: Any,
     job_id: int,
     token: uuid.UUID | None,
-    settle_token: uuid.UUID,
+    own_token: uuid.UUID,
     state: str,
     *,
     delay_s: float | None = None,
@@ -310,19 +310,19 @@ def settle_sync(
     result: str | None = None,
     attempt_delta: int = 0,
 ) -> str | None:
-    """:func:`settle` on a psycopg connection."""
+    """:func:`write_in_transaction` on a psycopg connection."""
     from pgq._db.psycopg_drivers import cursor
 
     with cursor(conn) as cur:
         row = cur.execute(
             sql.SETTLE_ATTEMPT,
-            [job_id, token, settle_token, state, delay_s, error, result, attempt_delta],
+            [job_id, token, own_token, state, delay_s, error, result, attempt_delta],
         ).fetchone()
     return None if row is None else str(row["state"])
 
 
-async def settled_by(db: Db, job_id: int, tokens: list[uuid.UUID]) -> uuid.UUID | None:
-    """Which of ``tokens`` job ``job_id`` holds (the transaction that settled it with that
+async def in_transaction_token(db: Db, job_id: int, tokens: list[uuid.UUID]) -> uuid.UUID | None:
+    """Which of ``tokens`` job ``job_id`` holds (the transaction that wrote its outcome with that
     token committed), or None."""
     token: uuid.UUID | None = await db.fetchval(sql.SETTLED_BY, job_id, tokens)
     return token

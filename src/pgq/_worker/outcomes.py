@@ -1,7 +1,7 @@
 """Every way an attempt's outcome is written. The :class:`Completer` batches the worker's
 outcomes into fenced UPDATEs: one round trip for many jobs, and up to ``WRITERS`` batches
 written at once, each on a connection of its own; a task may write its own instead, in its
-own transaction (:class:`Settler`).
+own transaction (:class:`InTransactionOutcomes`).
 
 Every outcome reaches the database, and none waits for a lock held elsewhere: a batch passes
 over the rows locked now (an application transaction that holds a job's row), and each of
@@ -214,18 +214,18 @@ class Completer:
         return batch
 
     async def _write_batch(self, batch: list[Outcome]) -> None:
-        """Write one batch (a writer's); what a transient failure kept from being settled
+        """Write one batch (a writer's); what a transient failure kept from being written
         goes back to the front of the buffer, to be tried again after a backoff."""
         try:
-            unsettled = await self._flush(batch)
+            kept = await self._flush(batch)
         finally:
             # By identity: two batches are never the same list.
             self._writing[:] = [b for b in self._writing if b is not batch]
             self._more.set()
-        if unsettled:
+        if kept:
             self._retry_at = anyio.current_time() + self._retry_delay
             self._retry_delay = min(self._retry_delay * 2, self._retry_max_s)
-            self._buffer[:0] = unsettled
+            self._buffer[:0] = kept
             self._has_items.set()
             if len(self._buffer) >= self._batch_size:
                 self._full.set()
@@ -255,16 +255,16 @@ class Completer:
 
     async def _flush(self, batch: list[Outcome]) -> list[Outcome]:
         """Write ``batch``, one statement per kind of outcome; returns the outcomes a
-        transient failure kept from being settled (written, rejected by the fence, or held)."""
+        transient failure kept from being written (or rejected by the fence, or held)."""
         simple: list[Outcome] = []
         other: list[Outcome] = []
         for o in batch:
             (simple if o.state == "completed" and o.error is None else other).append(o)
-        unsettled: list[Outcome] = []
+        kept: list[Outcome] = []
         for group in (simple, other):
             if group:
-                unsettled += await self._flush_group(group)
-        return unsettled
+                kept += await self._flush_group(group)
+        return kept
 
     async def _flush_group(self, group: list[Outcome]) -> list[Outcome]:
         try:
@@ -285,7 +285,7 @@ class Completer:
             )
         for i, outcome in enumerate(group):
             try:
-                await self._settle(outcome)
+                await self._write_with_fallbacks(outcome)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
@@ -293,7 +293,7 @@ class Completer:
                 return group[i:]
         return []
 
-    async def _settle(self, outcome: Outcome) -> None:
+    async def _write_with_fallbacks(self, outcome: Outcome) -> None:
         """Write one outcome, falling back step by step; raises only transient errors."""
         error: Exception | None = None
         for form in ("as is", "again", "salvaged", "failed attempt"):
@@ -472,8 +472,10 @@ def _salvaged(outcome: Outcome, exc: Exception | None) -> Outcome:
 # job's outcome commit together or not at all.
 
 
-class Settler:
-    """Writes outcomes a task's own transaction carries; one per task of a producer."""
+class InTransactionOutcomes:
+    """Writes outcomes a task's own transaction carries; one per task of a producer. It is
+    the :class:`pgq.job.Settling` a :class:`~pgq.JobContext` calls (``settle``: the public
+    protocol's name for an in-transaction outcome)."""
 
     def __init__(self, pool: Pool, task: Task[Any, Any]) -> None:
         self._pool = pool
@@ -503,42 +505,44 @@ class Settler:
         """Write the outcome in ``connection``'s transaction, or raise AttemptSuperseded;
         the driver's errors come out as pgq's (a public call's, for the task)."""
         outcome = self.outcome(ctx, kind, **details)
-        settle_token = uuid.uuid4()
+        own_token = uuid.uuid4()
         with database_errors(caller=connection):
             driver = await caller_driver(connection)
-            state = await claims.settle(
-                driver, outcome.job_id, outcome.token, settle_token, outcome.state,
+            state = await claims.write_in_transaction(
+                driver, outcome.job_id, outcome.token, own_token, outcome.state,
                 delay_s=outcome.delay_s, error=outcome.error, result=outcome.result,
                 attempt_delta=outcome.attempt_delta,
             )  # fmt: skip
-        self._settled(ctx, settle_token, state)
+        self._written(ctx, own_token, state)
 
     def settle_sync(self, ctx: JobContext, connection: Any, kind: str, **details: Any) -> None:
         """:meth:`settle` for plain ``def`` tasks, on a psycopg or SQLAlchemy connection."""
         from pgq._db.psycopg_drivers import caller_connection_sync
 
         outcome = self.outcome(ctx, kind, **details)
-        settle_token = uuid.uuid4()
+        own_token = uuid.uuid4()
         with database_errors(caller=connection):
-            state = claims.settle_sync(
+            state = claims.write_in_transaction_sync(
                 caller_connection_sync(connection), outcome.job_id, outcome.token,
-                settle_token, outcome.state, delay_s=outcome.delay_s, error=outcome.error,
+                own_token, outcome.state, delay_s=outcome.delay_s, error=outcome.error,
                 result=outcome.result, attempt_delta=outcome.attempt_delta,
             )  # fmt: skip
-        self._settled(ctx, settle_token, state)
+        self._written(ctx, own_token, state)
 
     @staticmethod
-    def _settled(ctx: JobContext, settle_token: uuid.UUID, state: str | None) -> None:
+    def _written(ctx: JobContext, own_token: uuid.UUID, state: str | None) -> None:
         if state is None:
             raise AttemptSuperseded(ctx.job.id, ctx.job.attempt)
-        if ctx._settled is None:
-            ctx._settled = []
-        ctx._settled.append((settle_token, state))
+        if ctx._own_outcomes is None:
+            ctx._own_outcomes = []
+        ctx._own_outcomes.append((own_token, state))
 
     async def committed(self, ctx: JobContext) -> str | None:
-        """The state the task's own transaction left the job in, when one that settled it
+        """The state the task's own transaction left the job in, when one that wrote it
         committed; None when none did (rolled back, or still open)."""
-        if not ctx._settled:
+        if not ctx._own_outcomes:
             return None
-        held = await claims.settled_by(self._pool, ctx.job.id, [t for t, _ in ctx._settled])
-        return next((state for token, state in ctx._settled if token == held), None)
+        held = await claims.in_transaction_token(
+            self._pool, ctx.job.id, [t for t, _ in ctx._own_outcomes]
+        )
+        return next((state for token, state in ctx._own_outcomes if token == held), None)

@@ -39,7 +39,7 @@ from pgq._worker.attempt import (
     stopped_before_start,
 )
 from pgq._worker.liveness import ProducerHealth, ProducerIdentity, clock
-from pgq._worker.outcomes import Settler
+from pgq._worker.outcomes import InTransactionOutcomes
 from pgq.app import Task
 from pgq.job import Job
 
@@ -53,7 +53,7 @@ LIMIT_RECHECK_S = 0.1
 CLAIM_BATCH = 50
 #: How long the check of a task's own committed outcome may take when it is asked again
 #: after a stop interrupted it (a stop must not wait on a database that does not answer).
-RECHECK_S = 5.0
+IN_TRANSACTION_RECHECK_S = 5.0
 
 #: Receives each attempt's outcome (the worker's completer).
 OutcomeSink = Callable[[Outcome], None]
@@ -77,10 +77,10 @@ class Producer:
 
     __slots__ = (
         "_async_commit", "_claim_pool", "_empty", "_execute", "_gate", "_half_slots",
-        "_hurry_outcomes", "_limiter", "_outcomes", "_poll_interval", "_settlers", "_slot",
-        "_stopping", "_tasks", "_waiting", "_wake", "_worker_name", "claims", "concurrency",
-        "counters", "fenced", "fetching", "handed_back", "health", "identity", "limits", "plan",
-        "queue", "resources", "running", "sizing",
+        "_hurry_outcomes", "_in_transaction", "_limiter", "_outcomes", "_poll_interval",
+        "_slot", "_stopping", "_tasks", "_waiting", "_wake", "_worker_name", "claims",
+        "concurrency", "counters", "fenced", "fetching", "handed_back", "health", "identity",
+        "limits", "plan", "queue", "resources", "running", "sizing",
     )  # fmt: skip
 
     def __init__(
@@ -126,7 +126,9 @@ class Producer:
         # How each attempt runs, chosen once from the hooks; and each task's writer of the
         # outcome a task writes in its own transaction (each attempt's context gets it).
         self._execute = runner(hooks if hooks else None)
-        self._settlers = {name: Settler(pool, task) for name, task in tasks.items()}
+        self._in_transaction = {
+            name: InTransactionOutcomes(pool, task) for name, task in tasks.items()
+        }
         # The claim: on claim_pool when given (connections that keep cached plans, which
         # the limited claim's function keeps for its own statements too).
         self._claim_pool = pool if claim_pool is None else claim_pool
@@ -304,8 +306,8 @@ class Producer:
             # now: a peer may have rescued these attempts meanwhile.
             return health.fences == fences and health.may_start(now())
 
-        settlers = self._settlers
-        executions = [Execution(job, settlers[job.task], fence) for job in jobs]
+        own = self._in_transaction
+        executions = [Execution(job, own[job.task], fence) for job in jobs]
         self.admit(executions)
         tg.start_soon(self._run_batch, executions, name=f"pgq batch of {len(jobs)}")
 
@@ -377,10 +379,10 @@ class Producer:
                 self.sizing.job_took(monotonic() - began)
             if outcome.resource is not None:
                 self.resources.record(job.task, job.id, outcome.resource)
-            if execution.ctx._settled:
-                state = await settled_state(self._settlers[job.task], execution)
+            if execution.ctx._own_outcomes:
+                state = await in_transaction_state(self._in_transaction[job.task], execution)
                 if state is not None:  # the task's own transaction wrote the outcome
-                    self.counters.settled(state)
+                    self.counters.counted_in_transaction(state)
                     return
             self._outcome(outcome)
         finally:
@@ -580,15 +582,15 @@ class Producer:
         }
 
 
-async def settled_state(settler: Settler, execution: Execution) -> str | None:
-    """After an attempt whose task settled it in its own transaction: the state that
+async def in_transaction_state(own: InTransactionOutcomes, execution: Execution) -> str | None:
+    """After an attempt whose task wrote its outcome in its own transaction: the state that
     committed transaction left the job in; None when none committed, or when that could not
     be told: then the worker writes its outcome (fenced out, if the task's did commit)."""
     for asked in range(2):
         try:
             # Asked again, the check is bounded: it no longer answers to a stop.
-            async with asyncio.timeout(RECHECK_S if asked else None):
-                return await settler.committed(execution.ctx)
+            async with asyncio.timeout(IN_TRANSACTION_RECHECK_S if asked else None):
+                return await own.committed(execution.ctx)
         except asyncio.CancelledError:
             # A stop or cancel request that came as the attempt ended, and interrupted the
             # check: the attempt is over either way. The worker cancels an attempt once, so
@@ -836,8 +838,8 @@ class ProducerCounters:
             ):
                 self.failed += 1
 
-    def settled(self, state: str) -> None:
-        """A task's own transaction settled its attempt in ``state``, and committed."""
+    def counted_in_transaction(self, state: str) -> None:
+        """A task's own transaction wrote its attempt's outcome (``state``), and committed."""
         if state == "completed":
             self.completed += 1
         elif state in ("retryable", "discarded"):

@@ -95,7 +95,7 @@ class Unsure(Generic[W]):
         """The rows of the transactions whose outcome was unknown that have landed since;
         those that did not are forgotten (their jobs are as they were, and may be taken
         again). A transaction still in progress is asked about again next time. Nothing is
-        settled unless every question got its answer."""
+        decided unless every question got its answer."""
         async with self._asking:
             verdicts = await self._ask(db)
         landed: list[W] = []
@@ -388,7 +388,7 @@ class Strays:
         (within a bound; the question's failure is not the check's)."""
         if self._unsure.waiting:
             with anyio.move_on_after(self._interval_s / 2), contextlib.suppress(*CHECK_ERRORS):
-                await self.settle()
+                await self.ask_unsure()
         unknown, by_id = await self._unknown()
         # Read right after the rows, with nothing awaited between: a claim whose reply came
         # meanwhile made its jobs known above.
@@ -430,7 +430,7 @@ class Strays:
         sent, fetching = claims_now[producer]
         return fetching and self._claims.get(producer) == (sent, fetching)
 
-    async def settle(self) -> None:
+    async def ask_unsure(self) -> None:
         """Count and report the hand-backs whose commit's reply was lost that have landed
         since (each check asks first, and so does the worker as it stops)."""
         if self._unsure.waiting:
@@ -617,7 +617,7 @@ class Successor:
             with contextlib.suppress(*DATABASE_ERRORS):
                 self._took_over(await self._unsure.landed(self._pool))
 
-    async def settle(self) -> None:
+    async def ask_unsure(self) -> None:
         """Report the takeovers whose commit's reply was lost that have landed since (as
         this worker stops, before its last rescue reports go out)."""
         if self._unsure.waiting:

@@ -72,8 +72,8 @@ log = logging.getLogger("pgq.worker")
 
 #: How long a stopping worker asks what became of rescues whose commit's reply was lost,
 #: and how often.
-SETTLE_S = 5.0
-SETTLE_AGAIN_S = 0.2
+UNSURE_S = 5.0
+UNSURE_AGAIN_S = 0.2
 #: How long a stopping worker's sweep for strays may take.
 SWEEP_S = 5.0
 
@@ -174,7 +174,7 @@ class Worker:
         self._make_due: Callable[[Producer], Awaitable[int]] | None = None
         self._by_queue: dict[str, Producer] = {}
         self._rescuing: list[Stoppable] = []
-        self._settling: anyio.CancelScope | None = None
+        self._asking_unsure: anyio.CancelScope | None = None
         self._started_at = 0.0
         #: Set once the worker runs (its producers registered, claiming).
         self.started = anyio.Event()
@@ -199,8 +199,8 @@ class Worker:
                 producer.cancel_running(SHUTDOWN)
             if self._parts:
                 self._parts.reports.cut()
-            if self._settling is not None:
-                self._settling.cancel()
+            if self._asking_unsure is not None:
+                self._asking_unsure.cancel()
         self._run.stop()  # a start still connecting ends at once
         self._stop_requested.set()
 
@@ -318,11 +318,11 @@ class Worker:
                     await self._stop_requested.wait()
                     await self._drain(parts.producers)
                 await self._flush(parts.completer)
-                for loop in self._rescuing:  # see _settle
+                for loop in self._rescuing:  # see _ask_unsure
                     await loop.stop()
                 if not parts.completer.pending:  # else the database may be down: no wait
                     await self._sweep(parts.strays)
-                await self._settle(parts)
+                await self._ask_unsure(parts)
                 await parts.reports.flush()  # at most REPORTS_FLUSH_S, whatever a hook does
                 tg.cancel_scope.cancel()
         finally:
@@ -353,7 +353,7 @@ class Worker:
         tg.start_soon(parts.heartbeater.run)
         await parts.elector.attempt()
         tg.start_soon(functools.partial(parts.elector.run, attempted=True))
-        # Stopped before the rest, at the stop: see _settle.
+        # Stopped before the rest, at the stop: see _ask_unsure.
         self._rescuing = [Stoppable(parts.leader.run), Stoppable(parts.strays.run)]
         if parts.successor is not None:
             self._rescuing.append(Stoppable(parts.successor.run))
@@ -411,7 +411,7 @@ class Worker:
                 await strays.sweep()
         except CHECK_ERRORS as exc:
             reason = str(exc) or type(exc).__name__
-            if strays.unsure > unsure:  # its commit was sent: _settle asks what became of it
+            if strays.unsure > unsure:  # its commit was sent: _ask_unsure asks what became of it
                 log.warning(
                     "handing back jobs of claims whose reply was lost, the commit's outcome "
                     "is unknown (%s); asking before stopping",
@@ -424,12 +424,12 @@ class Worker:
                 reason,
             )
 
-    async def _settle(self, parts: Parts) -> None:
+    async def _ask_unsure(self, parts: Parts) -> None:
         # A rescue, takeover or hand-back whose commit's reply was lost is reported if it
         # landed, before the last rescue reports go out: after the stop, nothing would ask.
         # The leader's duties, the successor's watch and the checks for strays have ended
         # (before the stop's sweep), so a round or check cut short has recorded what it left
-        # unknown; a commit still in progress is asked about again until SETTLE_S has passed.
+        # unknown; a commit still in progress is asked about again until UNSURE_S has passed.
         parties = [
             (party, what)
             for party, what in (
@@ -441,14 +441,14 @@ class Worker:
         ]
         errors: dict[str, str] = {}
         if parties and not self._stop_now and not parts.completer.pending:
-            with anyio.move_on_after(SETTLE_S) as self._settling:
+            with anyio.move_on_after(UNSURE_S) as self._asking_unsure:
                 while any(party.unsure for party, _ in parties):
                     for party, what in parties:
                         try:
-                            await party.settle()
+                            await party.ask_unsure()
                         except DATABASE_ERRORS as exc:
                             errors[what] = str(exc) or type(exc).__name__
-                    await anyio.sleep(SETTLE_AGAIN_S)
+                    await anyio.sleep(UNSURE_AGAIN_S)
         for party, what in parties:
             if party.unsure:
                 log.warning(
@@ -456,16 +456,16 @@ class Worker:
                     "(%s): those that landed are not reported",
                     party.unsure,
                     what,
-                    self._unsettled(parts, errors.get(what)),
+                    self._why_unsure(parts, errors.get(what)),
                 )
 
-    def _unsettled(self, parts: Parts, error: str | None) -> str:
-        """Why the stop could not settle a rescue whose commit's reply was lost."""
+    def _why_unsure(self, parts: Parts, error: str | None) -> str:
+        """Why the stop could not tell what became of a rescue whose commit's reply was lost."""
         if self._stop_now:
             return "stopping at once"
         if parts.completer.pending:
             return "the database did not take the last outcomes"
-        return error or f"still in progress, or no answer, after {SETTLE_S:g} s"
+        return error or f"still in progress, or no answer, after {UNSURE_S:g} s"
 
     def _counted(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         by_queue = self._by_queue

@@ -29,7 +29,7 @@ log = logging.getLogger("pgq.leader")
 
 #: The least time one question off the lead may take (a connection that stalls without
 #: breaking would otherwise hold the service's loop).
-SETTLE_BOUND_S = 5.0
+UNSURE_BOUND_S = 5.0
 
 
 class LeaderService(Protocol):
@@ -50,11 +50,11 @@ class LeaderService(Protocol):
 
 
 @runtime_checkable
-class Settles(Protocol):
+class AsksUnsure(Protocol):
     """A service whose rounds may leave an outcome unknown (a commit whose reply was lost)
     and find it out later, whether or not this worker still leads."""
 
-    async def settle(self) -> None:
+    async def ask_unsure(self) -> None:
         """Find out what became of what earlier rounds left unknown."""
         ...
 
@@ -117,17 +117,17 @@ class LeaderServices:
             if self._elector.is_leader or service.name in self._everywhere:
                 await self.run_service(service.name)
             else:
-                await self._settle(service)
+                await self._ask_unsure(service)
 
-    async def _settle(self, service: LeaderService) -> None:
-        """Off the lead, a service still settles what its rounds left unknown (each
+    async def _ask_unsure(self, service: LeaderService) -> None:
+        """Off the lead, a service still asks what became of what its rounds left unknown (each
         distinct failure logged once, like a round's)."""
-        if not isinstance(service, Settles):
+        if not isinstance(service, AsksUnsure):
             return
         logged = self.status[service.name]._logged
         try:
-            with anyio.fail_after(max(service.interval_s, SETTLE_BOUND_S)):
-                await service.settle()
+            with anyio.fail_after(max(service.interval_s, UNSURE_BOUND_S)):
+                await service.ask_unsure()
         except Exception as exc:
             text = f"could not settle what its rounds left unknown: {type(exc).__name__}: {exc}"
             if text not in logged:

@@ -1,5 +1,7 @@
-"""The ``pgq`` command line: ``parser`` builds the arguments, ``worker`` runs a worker,
-``admin`` holds the commands that look and act, ``render`` shows what they found."""
+"""The ``pgq`` command line: ``parser`` builds the arguments, ``worker_command`` runs a
+worker (``supervisor``: N of them), ``admin`` holds the commands that look and act,
+``render`` shows what they found, ``dashboard_command`` serves the dashboard and
+``logconfig`` sets up the logs."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Connections: opening pools and connections with clear errors, and telling passing
-failures from refusals (a caller's connection is ``callers.py``'s)."""
+failures from refusals (a caller's connection is ``drivers.py``'s)."""
 
 from __future__ import annotations
 

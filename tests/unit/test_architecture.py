@@ -1,11 +1,15 @@
-"""The shape of the package holds: no import cycles (type-only ones included), SQL only in
-the store, internals private, one definition of the job states."""
+"""The shape of the package holds: no import cycles (type-only ones included), the layers
+(public API, _core, _db, _worker, then _cli and the dashboard) each importing only from
+those before it, one name per module, SQL only in _db, internals private, one definition
+of the job states, and docs/architecture.md's module map true to the tree."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
+
+import pytest
 
 import pgq
 from pgq.job import FINAL_STATES, JobState
@@ -71,7 +75,111 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
-def test_only_the_store_holds_sql() -> None:
+#: What each private package may not import, directly or through the modules it imports:
+#: the core does no I/O and knows no layer above it; the database layer knows no worker.
+LAYERS = {
+    "pgq._core": ("pgq._db", "pgq._worker", "pgq._cli", "pgq.dashboard", "pgq.client"),
+    "pgq._db": ("pgq._worker", "pgq._cli", "pgq.dashboard"),
+    "pgq._worker": ("pgq._cli", "pgq.dashboard"),
+}
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_each_layer_imports_only_from_the_layers_before_it(package: str) -> None:
+    modules = _modules()
+    graph = {name: _imports(path, set(modules)) - {name} for name, path in modules.items()}
+    crossings = []
+    for name in sorted(n for n in graph if _within(n, package)):
+        seen, todo = {name}, [(name, [name])]
+        while todo:  # every module it reaches, and through which imports
+            current, trail = todo.pop()
+            for dep in sorted(graph[current] - seen):
+                seen.add(dep)
+                if any(_within(dep, above) for above in LAYERS[package]):
+                    crossings.append(" -> ".join([*trail, dep]))
+                else:
+                    todo.append((dep, [*trail, dep]))
+    assert crossings == []
+
+
+#: The private packages: a module name means one thing across them.
+PRIVATE_PACKAGES = ("_core", "_db", "_worker", "_cli")
+#: Private modules outside the private packages, each for a reason of its own.
+PRIVATE_ELSEWHERE = {
+    # pytest finds pgq's fixtures through this entry point (pyproject.toml's pytest11).
+    "pgq._pytest_plugin",
+}
+
+
+def test_no_module_name_is_in_two_private_packages() -> None:
+    homes: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC).parts
+        if parts[0] in PRIVATE_PACKAGES and path.stem != "__init__":
+            homes.setdefault(path.stem, set()).add(parts[0])
+    assert {stem: sorted(p) for stem, p in homes.items() if len(p) > 1} == {}
+
+
+def test_private_modules_live_in_the_private_packages() -> None:
+    outside = {
+        name
+        for name in _modules()
+        if name.count(".") == 1 and name.split(".")[1].startswith("_")
+        and name.split(".")[1] not in PRIVATE_PACKAGES and name != "pgq.__main__"
+    }  # fmt: skip
+    assert outside == PRIVATE_ELSEWHERE
+
+
+ARCHITECTURE = SRC.parents[1] / "docs" / "architecture.md"
+#: A line of the module map that names a module or a folder: its indent, then its name.
+_ENTRY = re.compile(r"^( *)([\w.]+\.py|\w+/)(?:\s|$)")
+
+
+def _module_map() -> set[str]:
+    """The paths docs/architecture.md's module map names, relative to src/pgq."""
+    text = ARCHITECTURE.read_text()
+    block = text.split("## The modules", 1)[1].split("```", 2)[1]
+    lines = block.splitlines()
+    root = next(i for i, line in enumerate(lines) if line.strip() == "src/pgq/")
+    names: set[str] = set()
+    folders: list[str] = []  # the folder at each depth
+    for line in lines[root + 1 :]:
+        match = _ENTRY.match(line)
+        if match is None:
+            continue
+        depth = len(match.group(1)) // 2 - 1
+        if depth > len(folders):
+            continue  # a description's continuation that starts with a name
+        del folders[depth:]
+        name = match.group(2)
+        path = "/".join([*folders, name.rstrip("/")])
+        names.add(path + "/" if name.endswith("/") else path)
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
+    return names
+
+
+def test_the_architecture_module_map_matches_the_tree() -> None:
+    """Every module is in docs/architecture.md's map (a package's __init__ may be left
+    out, and so may the migrations' revisions), and every module or folder it names is
+    there."""
+    mapped = _module_map()
+    tree = {
+        str(p.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        if "migrations" not in p.relative_to(SRC).parts
+        and not (p.name == "__init__.py" and p.parent != SRC)
+    }
+    assert sorted(tree - mapped) == [], "modules missing from docs/architecture.md's map"
+    missing = [m for m in mapped if not (SRC / m.rstrip("/")).exists()]
+    assert sorted(missing) == [], "docs/architecture.md's map names what is not in the tree"
+
+
+def test_only_the_database_layer_holds_sql() -> None:
     statement = re.compile(r"\b(SELECT|INSERT INTO|UPDATE pgq_|DELETE FROM)\b")
     offenders = []
     for name, path in _modules().items():

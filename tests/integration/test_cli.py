@@ -500,7 +500,7 @@ async def test_a_second_sigint_stops_at_once(python: str, dsn: str, tmp_path: Pa
 def test_no_shape_of_dsn_shows_its_password_on_the_command_line(
     python: str, tmp_path: Path
 ) -> None:
-    from tests.unit.test_dsn import SECRET_SHAPES
+    from tests.unit._core.test_dsn import SECRET_SHAPES
 
     for dsn, pieces in SECRET_SHAPES:
         for command in (["stats"], ["enqueue", "t"]):
@@ -535,7 +535,7 @@ def test_connection_flags_go_before_or_after_the_command_and_the_later_wins(
 
 
 def test_a_dsn_taken_for_the_command_is_quoted_masked(python: str, tmp_path: Path) -> None:
-    """The issue's case, as a shell runs it (the rest: tests/unit/test_cli_usage.py)."""
+    """The issue's case, as a shell runs it (the rest: tests/unit/_cli/test_parser.py)."""
     out = pgq_cmd(python, "postgresql://u:S3cretPw@h/db", "stats", cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "invalid choice: 'postgresql://u:***@h/db'" in out.stderr, out.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pgq._cli import main
-from tests.unit.test_dsn import SECRET_SHAPES
+from tests.unit._core.test_dsn import SECRET_SHAPES
 
 
 @pytest.mark.parametrize(

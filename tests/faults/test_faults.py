@@ -38,7 +38,7 @@ from tests.faults.workers import (
     via_proxy,
     wait_registered,
 )
-from tests.integration.test_liveness import (
+from tests.integration._worker.test_liveness import (
     StandInProducer,
     claimed_jobs,
     fake_producer,

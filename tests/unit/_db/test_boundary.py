@@ -1,6 +1,6 @@
 """What the drivers raise comes out of a public call as one of pgq's errors, by the
 condition a caller handles, the driver's exception on ``__cause__`` and no password in the
-message (tests/integration/test_errors.py shows it through the public calls)."""
+message (tests/integration/_db/test_boundary.py shows it through the public calls)."""
 
 from __future__ import annotations
 

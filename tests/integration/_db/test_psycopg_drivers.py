@@ -14,7 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
 import pgq
-from tests.integration.test_liveness import FAST
+from tests.integration._worker.test_liveness import FAST
 from tests.tests_support import job_notes
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from pgq._worker.leader.elector import Elector
 from pgq._worker.leader.retention import Retention
 from pgq._worker.leader.services import LATE_S, LeaderServices, Statistics, Throughput
 from pgq._worker.recovery import Unsure
-from tests.integration.test_liveness import FAST, fake_producer, running_job
+from tests.integration._worker.test_liveness import FAST, fake_producer, running_job
 from tests.tests_support import until
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 import pgq
-from tests.integration.test_job_log import worker_idle
-from tests.integration.test_liveness import FAST
+from tests.integration._core.test_joblog import worker_idle
+from tests.integration._worker.test_liveness import FAST
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import pgq
 from pgq.dashboard import create_app
-from tests.integration.test_liveness import FAST, fake_producer, heartbeats_blocked, running_job
+from tests.integration._worker.test_liveness import (
+    FAST,
+    fake_producer,
+    heartbeats_blocked,
+    running_job,
+)
 from tests.tests_support import until
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import pgq
 from pgq._core.dsn import sqlalchemy_url
 from pgq._worker import producer as producer_module
 from pgq._worker.outcomes import InTransactionOutcomes
-from tests.integration.test_liveness import FAST
+from tests.integration._worker.test_liveness import FAST
 from tests.tests_support import until
 
 if TYPE_CHECKING:

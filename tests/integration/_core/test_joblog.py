@@ -16,7 +16,7 @@ import pgq
 import pgq.testing
 from pgq._core.joblog import JobLog
 from pgq.logs import JsonFormatter
-from tests.integration.test_liveness import FAST
+from tests.integration._worker.test_liveness import FAST
 
 pytestmark = pytest.mark.anyio
 

@@ -17,7 +17,7 @@ from pgq._db import claims
 from pgq._db.connections import create_pool
 from pgq._worker import outcomes as completer
 from pgq._worker.attempt import Outcome
-from tests.integration.test_liveness import FAST
+from tests.integration._worker.test_liveness import FAST
 from tests.tests_support import until
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.integration.test_cli import pgq_cmd
+from tests.integration._cli.test_main import pgq_cmd
 
 pytestmark = pytest.mark.anyio
 

@@ -6,14 +6,16 @@ of its outcome in a real worker: the figure of docs/architecture.md's "path of a
 A worker runs in this process on a database of its own (pgq.testing.TestDatabase), its
 background rounds (heartbeats, the leader's services, polls) set far apart so that none
 falls in a window. Each window runs under ``sys.setprofile``: it opens with the call of
-``Client.enqueue`` and closes once the job reads ``completed`` from a connection of the
-tool's own (asyncpg, no pgq code), so the completer's outcome has committed. A warm-up job
-goes first; the files are those every one of ``ROUNDS`` windows called into.
+``Client.enqueue`` and closes when the statement that writes the outcome returns (its
+commit done: ``OUTCOME_WRITES``); the tool then waits until the job reads ``completed`` on
+a connection of its own (asyncpg, no pgq code). A warm-up job goes first; the files are
+those every one of ``ROUNDS`` windows called into.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dis
 import sys
 from collections import Counter
 from pathlib import Path
@@ -27,6 +29,9 @@ from pgq.testing import TestDatabase
 
 SRC = Path(pgq.__file__).resolve().parent
 ROUNDS = 3
+#: The functions whose return ends a window: the outcome's statement has committed.
+OUTCOME_WRITES = {"complete_successes", "write_outcomes"}
+_RETURN = dis.opmap["RETURN_VALUE"]
 #: Far apart: no background round of the worker's falls in a window of a few milliseconds.
 QUIET = {
     "poll_interval": 600.0,
@@ -54,18 +59,30 @@ async def _window(client: pgq.Client, conn: asyncpg.Connection[Any]) -> set[str]
     """The pgq files one job's path calls into."""
     files: set[str] = set()
     src = str(SRC)
+    written = False
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
-        if event == "call":
-            name = frame.f_code.co_filename
-            if name.startswith(src):
-                files.add(name)
+        nonlocal written
+        if written:
+            return
+        code = frame.f_code
+        if event == "call" and code.co_filename.startswith(src):
+            files.add(code.co_filename)
+        elif (
+            event == "return"
+            and code.co_name in OUTCOME_WRITES
+            and code.co_filename.startswith(src)
+            and code.co_code[frame.f_lasti] == _RETURN  # returned, not suspended at an await
+        ):
+            written = True
 
     sys.setprofile(profile)
     try:
         job = await client.enqueue("noop", {})
         state = None
-        while state != "completed":  # polled: nothing of pgq's may run to tell us
+        # Polled: nothing of pgq's may run to tell us. Both, so that no write of this job's
+        # returns in the next window.
+        while state != "completed" or not written:
             await asyncio.sleep(0.001)
             state = await conn.fetchval("SELECT state::text FROM pgq_jobs WHERE id = $1", job.id)
     finally:

@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import pgq
-from tests.integration.support import burst
+from tests.tests_support import burst
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ import anyio.lowlevel
 import pytest
 
 import pgq
-from tests.integration.support import burst
+from tests.tests_support import burst
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,7 @@ import pytest
 import pgq
 from pgq._worker.attempt import CANCEL, Execution, Outcome
 from pgq._worker.producer import Producer
-from tests.integration.support import burst
-from tests.tests_support import until
+from tests.tests_support import burst, until
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,7 @@ import pytest
 import pgq
 from tests.faults.proxy import Proxy
 from tests.faults.workers import upstream, via_proxy
-from tests.integration.support import burst
-from tests.tests_support import blocking_app
+from tests.tests_support import blocking_app, burst
 
 pytestmark = pytest.mark.anyio
 

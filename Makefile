@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test test-embedded test-all lint typecheck check bench latency-rounds peers oban-venv soak soak-pinned clean chromium pgbouncer patroni screenshots chaos node model
+.PHONY: help demo unit test test-embedded test-all lint typecheck check bench latency-rounds peers oban-venv soak soak-pinned clean chromium pgbouncer patroni screenshots chaos node model
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP) ## run a worker on a few hundred demo jobs (embedded Postgres unless PGQ_DSN is set)
 	$(BIN)/python docs/examples/demo.py
+
+unit: $(STAMP) ## the tests that need no server (tests/unit), in well under a minute
+	$(BIN)/python -m pytest tests/unit -q -p no:xdist
 
 # Test processes for `make test` and `make test-embedded` (pytest-xdist); 0 runs one.
 TEST_WORKERS ?= 2

@@ -22,7 +22,7 @@ import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate, private_server, run, summary_ms
 
 import pgq
-from pgq._store import sql
+from pgq._db import sql
 
 HERE = Path(__file__).resolve().parent
 

@@ -14,9 +14,9 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import Connection, text
 
-from pgq._dsn import resolve_dsn, sqlalchemy_url
-from pgq._store import sql
-from pgq._store.connections import sqlalchemy_engine
+from pgq._core.dsn import resolve_dsn, sqlalchemy_url
+from pgq._db import sql
+from pgq._db.connections import sqlalchemy_engine
 from pgq.migrate import rename_old_ids
 from pgq.schema import VERSION_TABLE, metadata
 

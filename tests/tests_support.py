@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 import asyncpg
@@ -23,6 +23,12 @@ async def until(
     with anyio.fail_after(limit_s):
         while not await condition():  # noqa: ASYNC110 - nothing to await but the condition
             await anyio.sleep(every_s)
+
+
+async def burst(app: pgq.App, dsn: str, limit_s: float = 30, **kw: Any) -> None:
+    """Run a burst worker of ``app`` until no runnable job is left (at most ``limit_s``)."""
+    with anyio.fail_after(limit_s):
+        await pgq.Worker(app, dsn, **kw).run(burst=True)
 
 
 def blocking_app() -> tuple[pgq.App, anyio.Event]:

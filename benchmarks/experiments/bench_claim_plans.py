@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 import asyncpg
 from common import drop_database, fresh_database, percentile, pgq_migrate, run
 
-from pgq._store import sql
-from pgq._store.connections import CLAIM_SESSION_SETTINGS
+from pgq._db import sql
+from pgq._db.connections import CLAIM_SESSION_SETTINGS
 
 NAME = "bench_claim_plans"
 

@@ -27,8 +27,8 @@ import httpx
 from common import fresh_database
 
 from pgq import migrate
-from pgq._store import inspect
-from pgq._worker.leader.throughput import BACKFILL_S, LATE_S
+from pgq._db import inspect
+from pgq._worker.leader.services import BACKFILL_S, LATE_S
 from pgq.dashboard import create_app
 
 REQUESTS = 7

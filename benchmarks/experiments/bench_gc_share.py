@@ -10,7 +10,7 @@ worker (uvloop when installed, metrics off) and prints the process's CPU time du
 `gc.callbacks`), their share, and how many collections of each generation ran. Then the median
 share per concurrency. With ``BENCH_GC=tuned`` the collector is set up first as `pgq worker`
 sets up its own; by default it is left at Python's settings, as an embedded worker leaves its
-host's. The shares are what the worker's start-up note (``pgq._gc.untuned_note``) and
+host's. The shares are what the worker's start-up note (``pgq._core.gc.untuned_note``) and
 docs/embedding.md quote."""
 
 from __future__ import annotations

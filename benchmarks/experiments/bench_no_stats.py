@@ -5,7 +5,7 @@ on a table vacuumed but never analyzed, against 35 ms at the server's defaults
 (docs/performance.md).
 
 The claim on a jobs table without column statistics (docs/performance.md, "Keep the jobs
-table analyzed"; the leader analyzes such a table, src/pgq/_worker/leader/statistics.py).
+table analyzed"; the leader analyzes such a table, src/pgq/_worker/leader/services.py).
 
 `python benchmarks/experiments/bench_no_stats.py [AVAILABLE]` (default 100,000) fills a fresh
 database's jobs table with AVAILABLE jobs of one queue, with autovacuum off for the table, and
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate, run, summary_ms
 
-from pgq._store import sql
-from pgq._store.connections import CLAIM_SESSION_SETTINGS
+from pgq._db import sql
+from pgq._db.connections import CLAIM_SESSION_SETTINGS
 
 CLAIMS = 50
 LIMIT = 10

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 import asyncpg
 from common import dispatch, drop_database, emit, fresh_database, pgq_migrate
 
-from pgq._store import sql
-from pgq._worker.outcome import error_entry
+from pgq._db import sql
+from pgq._worker.attempt import error_entry
 
 BATCH = 1_000
 HERE = Path(__file__).resolve().parent
@@ -58,7 +58,7 @@ WANTED = ("retryable", "available", "retryable", "discarded")
 
 def statements(src: Path) -> dict[str, str]:
     """The outcome statements as the tree at ``src`` writes them."""
-    return sql.parse((src / "pgq" / "_store" / "sql" / "outcomes.sql").read_text())
+    return sql.parse((src / "pgq" / "_db" / "sql" / "outcomes.sql").read_text())
 
 
 async def complete_jobs(conn: asyncpg.Connection, statement: str) -> float:

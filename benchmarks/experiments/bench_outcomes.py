@@ -113,9 +113,9 @@ async def _write_all(dsn: str, writers: int, n: int) -> float:
     import anyio
     import asyncpg
 
-    from pgq._store.connections import WORKER_SESSION_SETTINGS, Target, create_pool
-    from pgq._worker.completer import Completer
-    from pgq._worker.outcome import Outcome
+    from pgq._db.connections import WORKER_SESSION_SETTINGS, Target, create_pool
+    from pgq._worker.attempt import Outcome
+    from pgq._worker.outcomes import Completer
 
     conn = await asyncpg.connect(dsn)
     rows = await conn.fetch(

@@ -10,7 +10,7 @@ does with a retention of two minutes, then times one rollup round (the median of
 ways, each on the same rows:
 
 - a round 15 s after the previous one, as pgq counts now: from the start of the minute
-  ``15 + LATE_S`` seconds ago (pgq._worker.leader.throughput);
+  ``15 + LATE_S`` seconds ago (pgq._worker.leader.services);
 - the same round as pgq counted before: the current minute and the two before
   it (one more for late outcomes).
 
@@ -33,7 +33,7 @@ import asyncpg
 from common import fresh_database
 
 from pgq import migrate
-from pgq._worker.leader.throughput import LATE_S
+from pgq._worker.leader.services import LATE_S
 
 ROUNDS = 7
 SPAN_S = 150

@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 import asyncpg
 from common import drop_database, emit, fresh_database, pgq_migrate, summary_ms
 
-from pgq._store import claims
-from pgq._store.claims import ClaimPlan
-from pgq._worker.outcome import Outcome, error_entry
+from pgq._db import claims
+from pgq._db.claims import ClaimPlan
+from pgq._worker.attempt import Outcome, error_entry
 
 WRITES = 40
 BATCH = 100

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 import asyncpg
 from common import drop_database, fresh_database, pgq_migrate
 
-from pgq._store import claims, leader, maintenance, producers
-from pgq._store.connections import WORKER_SESSION_SETTINGS
+from pgq._db import claims, maintenance, producers
+from pgq._db.connections import WORKER_SESSION_SETTINGS
 from pgq.settings import WorkerSettings
 
 S = WorkerSettings()
@@ -69,7 +69,7 @@ async def worker(dsn: str, index: int, per_worker: int, until: float, counts: li
     async def leading() -> None:
         next_rescue = 0.0
         while time.monotonic() < until:
-            await send(leader.acquire(conn, worker_id, name, S.leader_ttl))
+            await send(producers.acquire_lease(conn, worker_id, name, S.leader_ttl))
             if time.monotonic() >= next_rescue:
                 await send(
                     maintenance.rescue(

@@ -8,10 +8,9 @@ Every public name is here. Modules whose names start with ``_`` are internals th
 change without notice; ``pgq.migrate`` and ``pgq.schema`` are public too.
 """
 
-from pgq._backoff import Backoff
-from pgq._gc import tune_gc
-from pgq._hooks import JobEvent
-from pgq._sync import SyncClient
+from pgq._core.backoff import Backoff
+from pgq._core.gc import tune_gc
+from pgq._core.hooks import JobEvent
 from pgq._worker.worker import Worker
 from pgq.app import App, JobSpec, Task
 from pgq.client import Client, QueueInfo, QueueLimits, QueueStats
@@ -29,6 +28,7 @@ from pgq.errors import (
 )
 from pgq.job import Cancel, Discard, Job, JobContext, JobState, Retry, Snooze
 from pgq.settings import WorkerSettings
+from pgq.sync import SyncClient
 
 __version__ = "0.1.0"
 

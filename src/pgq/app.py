@@ -12,11 +12,12 @@ from typing import Any, Concatenate, Generic, Protocol, overload
 
 from typing_extensions import ParamSpec, TypeVar
 
-from pgq import _argtypes, _lifespan, _serde
-from pgq._backoff import Backoff
-from pgq._cron import TimeSchedule, make_schedule
-from pgq._hooks import EVENTS, EventName, Hook, Hooks, Middleware
-from pgq._names import check_queue_name, check_task_name
+from pgq._core import argtypes, serde
+from pgq._core import lifespan as _lifespan
+from pgq._core.backoff import Backoff
+from pgq._core.cron import TimeSchedule, make_schedule
+from pgq._core.hooks import EVENTS, EventName, Hook, Hooks, Middleware
+from pgq._core.names import check_queue_name, check_task_name
 from pgq.errors import ConfigError, UnknownTaskError
 from pgq.job import (
     DEFAULT_MAX_ATTEMPTS,
@@ -128,7 +129,7 @@ class Task(Generic[P, R]):
                 f"task {self.name!r}: its first parameter receives the JobContext; declare "
                 "it, e.g. `async def task(ctx: pgq.JobContext, ...)`"
             )
-        hints = _argtypes.resolved_hints(self.fn)
+        hints = argtypes.resolved_hints(self.fn)
         first = hints.get(params[0].name, Any)
         if first is not Any and not (
             isinstance(first, type)
@@ -136,7 +137,7 @@ class Task(Generic[P, R]):
         ):
             raise ConfigError(
                 f"task {self.name!r}: the first parameter receives the JobContext, so "
-                f"{params[0].name} cannot be {_argtypes.describe(first)}; declare it "
+                f"{params[0].name} cannot be {argtypes.describe(first)}; declare it "
                 "`ctx: pgq.JobContext` and the job's arguments after it"
             )
         rest = params[1:]
@@ -157,7 +158,7 @@ class Task(Generic[P, R]):
             self._names if self._names == self._required and not self._var_keyword else None
         )
         #: (name, check, expected type) of each argument whose annotation JSON can carry.
-        self._checks = _argtypes.checks_of(self.fn, [p.name for p in named])
+        self._checks = argtypes.checks_of(self.fn, [p.name for p in named])
 
     def argument_problem(self, args: Mapping[str, Any]) -> str | None:
         """Why ``args`` cannot be this task's keyword arguments (their names, and their
@@ -169,14 +170,14 @@ class Task(Generic[P, R]):
             if name in args and not check(args[name]):
                 return (
                     f"task {self.name!r}: argument {name} must be {expected}, got "
-                    f"{_argtypes.shown(args[name])}"
+                    f"{argtypes.shown(args[name])}"
                 )
         return None
 
     def names_problem(self, args: Mapping[str, Any]) -> str | None:
         """Why ``args`` cannot be this task's keyword arguments by their names alone (what a
         worker checks before it runs a job), or None when they can."""
-        if args.__class__ is _serde.UndecodableArgs:
+        if args.__class__ is serde.UndecodableArgs:
             return args.problem
         keys = args.keys()
         if self._exact is not None and keys == self._exact:
@@ -424,7 +425,7 @@ class App:
         schedule = make_schedule(cron, every, timezone)
         # Checked now, not by the leader at each slot: a schedule that cannot enqueue must
         # fail where it is declared.
-        _serde.dumps(dict(args or {}), "args")
+        serde.dumps(dict(args or {}), "args")
         if queue is not None:
             check_queue_name(queue)
 

@@ -11,24 +11,23 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 import anyio
 
-from pgq import _serde
-from pgq._boundary import CLOSED, database_errors, public
-from pgq._enqueue import _where, prepare
-from pgq._names import check_queue_name
-from pgq._store import claims as store_claims
-from pgq._store import enqueue
-from pgq._store import jobs as store_jobs
-from pgq._store import queues as store_queues
-from pgq._store.callers import caller_db, caller_driver, too_large_errors
-from pgq._store.claims import QueueLimits
-from pgq._store.codec import NewJob
-from pgq._store.connections import Connection, Db, Pool, Target, create_pool
-from pgq._store.enqueue import AsyncpgDriver, Plan, run
-from pgq._store.listen import CLOSED_DURING_WAIT, DoneWaiters
-from pgq._store.queues import QueueInfo, QueueStats
-from pgq._store.revision import check_schema
-from pgq._tracing import require as require_tracing
-from pgq._tracing import send_span, sent
+from pgq._core import serde
+from pgq._core.names import check_queue_name
+from pgq._core.specs import NewJob, _where, prepare
+from pgq._core.tracing import require as require_tracing
+from pgq._core.tracing import send_span, sent
+from pgq._db import claims as store_claims
+from pgq._db import enqueue
+from pgq._db import jobs as store_jobs
+from pgq._db import queues as store_queues
+from pgq._db.boundary import CLOSED, database_errors, public
+from pgq._db.claims import QueueLimits
+from pgq._db.connections import Connection, Db, Pool, Target, create_pool
+from pgq._db.drivers import AsyncpgDriver, caller_db, caller_driver, too_large_errors
+from pgq._db.enqueue import Plan, run
+from pgq._db.listen import CLOSED_DURING_WAIT, DoneWaiters
+from pgq._db.queues import QueueInfo, QueueStats
+from pgq._db.revision import check_schema
 from pgq.app import App, JobSpec, Task
 from pgq.errors import ClientClosed, ConfigError, SerializationError
 from pgq.job import MAX_JOB_ID, Job, JobState, R
@@ -465,7 +464,7 @@ class Client:
             states=states,
             queue=queue,
             task=task,
-            args_contain=None if args is None else _serde.dumps(dict(args), "args"),
+            args_contain=None if args is None else serde.dumps(dict(args), "args"),
             limit=limit,
         )
 
@@ -539,7 +538,7 @@ def _queue_or_star(name: str) -> str:
 
 
 def _too_large(rows: list[NewJob], exc: Exception) -> SerializationError:
-    # jsonb limits that a JSON text under _serde.MAX_JSON_BYTES can still exceed (a huge
+    # jsonb limits that a JSON text under serde.MAX_JSON_BYTES can still exceed (a huge
     # array of small numbers takes more room in jsonb than as text).
     largest = max(range(len(rows)), key=lambda i: len(rows[i].args_json))
     return SerializationError(

@@ -233,7 +233,7 @@ class JobContext:
     """What a task receives first: its job, a logger bound to it, cancellation state, and the
     means to settle its attempt inside its own transaction (:meth:`complete` and siblings)."""
 
-    __slots__ = ("_cancel", "_log", "_parents", "_settled", "_settler", "_state", "job")
+    __slots__ = ("_cancel", "_log", "_own_outcomes", "_parents", "_settler", "_state", "job")
 
     def __init__(self, job: Job, settler: Settling | None = None) -> None:
         self.job = job
@@ -248,7 +248,7 @@ class JobContext:
         self._settler = settler
         #: (token, state) of each outcome this attempt wrote in its own transactions (None:
         #: none yet).
-        self._settled: list[tuple[uuid.UUID, str]] | None = None
+        self._own_outcomes: list[tuple[uuid.UUID, str]] | None = None
 
     @property
     def id(self) -> int:

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import anyio
 
-from pgq._store import sql
-from pgq._store.connections import Target, connect, sqlalchemy_engine
-from pgq._store.revision import (
+from pgq._db import sql
+from pgq._db.connections import Target, connect, sqlalchemy_engine
+from pgq._db.revision import (
     OLD_REVISION_IDS,
     SCHEMA_REVISION,
     VERSION_TABLE,

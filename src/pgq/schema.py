@@ -27,9 +27,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TIMESTAMP, UUID
 
-from pgq._store import sql
-from pgq._store.revision import SCHEMA_REVISION, VERSION_TABLE
-from pgq._store.sql import CHANNEL_DONE, CHANNEL_JOBS
+from pgq._db import sql
+from pgq._db.revision import SCHEMA_REVISION, VERSION_TABLE
+from pgq._db.sql import CHANNEL_DONE, CHANNEL_JOBS
 from pgq.job import FINAL_STATES, JobState
 
 #: The job states in the database enum's order: JobState's, the one definition.

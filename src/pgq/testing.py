@@ -27,10 +27,12 @@ import anyio
 import asyncpg
 from typing_extensions import ParamSpec, TypeVar
 
-from pgq import _serde, migrate
-from pgq._dsn import resolve_dsn
-from pgq._store import admin, jobs, maintenance
-from pgq._store.connections import create_pool
+from pgq import migrate
+from pgq._core import serde
+from pgq._core.dsn import resolve_dsn
+from pgq._db import databases as admin
+from pgq._db import jobs, maintenance
+from pgq._db.connections import create_pool
 from pgq._worker.worker import Worker
 from pgq.app import App, Task
 from pgq.client import Client
@@ -326,7 +328,7 @@ async def assert_enqueued(
         return found
     waiting = await enqueued(client)
     seen = "\n".join(
-        f"  job {j.id}: {j.task}({_serde.dumps(j.args)}) in queue {j.queue}" for j in waiting
+        f"  job {j.id}: {j.task}({serde.dumps(j.args)}) in queue {j.queue}" for j in waiting
     )
     name = task.name if isinstance(task, Task) else task
     wanted = f"{'exactly ' + str(count) if count is not None else 'a'} job of {name!r}"

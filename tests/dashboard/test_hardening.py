@@ -119,7 +119,7 @@ async def test_allowed_hosts_names_more_and_auth_turns_the_default_off(
 
 
 async def test_the_health_port_answers_only_ip_addresses_and_localhost() -> None:
-    from pgq._worker.health_server import serve
+    from pgq._worker.health import serve
 
     async def ask(port: int, host: str | None) -> bytes:
         async with await anyio.connect_tcp("127.0.0.1", port) as s:
@@ -328,7 +328,7 @@ async def test_pages_render_a_bounded_preview_of_any_value_and_download_it_whole
 def test_pgq_dashboard_answers_its_bind_address_and_the_hosts_it_is_told(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from pgq._cli.dashboard import allowed_hosts
+    from pgq._cli.dashboard_command import allowed_hosts
     from pgq._cli.parser import build_parser
 
     def hosts(*argv: str) -> list[str] | None:

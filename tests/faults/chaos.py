@@ -28,7 +28,7 @@ import anyio
 import asyncpg
 
 import pgq
-from pgq._store.connections import CONNECTION_ERRORS
+from pgq._db.connections import CONNECTION_ERRORS
 from tests.faults.workers import SHORT, WorkerProcess, wait_registered
 
 #: Liveness settings for chaos runs: short, so rescues happen within a bounded run.

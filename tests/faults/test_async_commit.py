@@ -27,10 +27,10 @@ import pytest
 
 import pgq
 from pgq import migrate
-from pgq._store import claims
-from pgq._store.connections import create_pool
-from pgq._worker.outcome import Outcome, error_entry
-from pgq._worker.strays import LOST_REPLY_OR_OUTCOME
+from pgq._db import claims
+from pgq._db.connections import create_pool
+from pgq._worker.attempt import Outcome, error_entry
+from pgq._worker.recovery import LOST_REPLY_OR_OUTCOME
 from tests.faults.cluster import Server, lone_server
 from tests.tests_support import until
 

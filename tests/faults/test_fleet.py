@@ -16,7 +16,7 @@ import asyncpg
 import pytest
 
 import pgq
-from tests.faults.test_faults import all_completed, assert_exactly_once, enqueue, running_under
+from tests.faults.checks import all_completed, assert_exactly_once, enqueue, running_under
 from tests.faults.workers import HERE, ROOT, SHORT, WorkerProcess, wait_registered
 from tests.tests_support import until
 

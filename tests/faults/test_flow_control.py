@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 import pgq
-from tests.faults.test_faults import all_completed, assert_exactly_once, enqueue
+from tests.faults.checks import all_completed, assert_exactly_once, enqueue
 from tests.faults.workers import SHORT, WorkerProcess, wait_registered
 from tests.tests_support import until
 

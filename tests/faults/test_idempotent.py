@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "examples"
 
 import idempotent
 
-# With the chaos test of test_faults.py: not beside it (see there).
+# With the chaos test of test_transactions.py: not beside it (see there).
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.faults,

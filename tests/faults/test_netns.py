@@ -14,9 +14,9 @@ import anyio
 import asyncpg
 import pytest
 
+from tests.faults.checks import all_completed, assert_exactly_once, enqueue, running_under
 from tests.faults.netns import Namespace, namespace
 from tests.faults.proxy import Proxy
-from tests.faults.test_faults import all_completed, assert_exactly_once, enqueue, running_under
 from tests.faults.workers import SHORT, WorkerProcess, upstream, wait_registered
 from tests.tests_support import until
 

@@ -23,14 +23,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import pgq
 from pgq._cli.supervisor import STARTING_S
-from tests.faults.proxy import Proxy
-from tests.faults.test_faults import (
+from tests.faults.checks import (
     all_completed,
     assert_exactly_once,
     enqueue,
     health,
     running_under,
 )
+from tests.faults.proxy import Proxy
 from tests.faults.test_stable_names import SETTINGS
 from tests.faults.workers import WorkerProcess, free_port, wait_registered
 from tests.tests_support import until

@@ -23,7 +23,7 @@ import anyio
 import pytest
 
 import pgq
-from pgq._store.connections import CONNECT_TIMEOUT_S, connect, connect_budget_s, create_pool
+from pgq._db.connections import CONNECT_TIMEOUT_S, connect, connect_budget_s, create_pool
 from pgq._worker.leader.elector import Elector
 from tests.faults.cluster import Server, lone_server, primary_and_standby
 from tests.faults.proxy import Proxy

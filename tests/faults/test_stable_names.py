@@ -10,7 +10,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tests.faults.test_faults import all_completed, assert_exactly_once, enqueue, running_under
+from tests.faults.checks import all_completed, assert_exactly_once, enqueue, running_under
 from tests.faults.workers import WorkerProcess, wait_registered
 from tests.tests_support import until
 

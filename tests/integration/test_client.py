@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
 import pgq
-from pgq._dsn import sqlalchemy_url
-from pgq._store.connections import create_pool
-from pgq._store.revision import SCHEMA_REVISION
+from pgq._core.dsn import sqlalchemy_url
+from pgq._db.connections import create_pool
+from pgq._db.revision import SCHEMA_REVISION
 from pgq.errors import ConfigError, SerializationError, UnknownTaskError
 from tests.tests_support import job_notes, until
 
@@ -220,7 +220,7 @@ async def test_a_stop_before_the_commit_is_awaited_still_reaches_it(
     # which has not yet read its command is dropped by PostgreSQL (the docstring's "may have
     # written it"), and on a busy machine the backend can be that late.
     await conn.execute(SLOW_COMMIT)
-    from pgq._store import enqueue
+    from pgq._db import enqueue
 
     def stopped_while_building(*args: object) -> list[pgq.Job[object]]:
         _block_until_sleeping(dsn)  # also shows the COMMIT was sent before the jobs are built
@@ -248,7 +248,7 @@ async def test_a_bulk_enqueue_whose_jobs_cannot_be_built_says_its_commit_landed(
     # memory while the server still runs the commit) used to cancel the commit and raise,
     # though the COMMIT may have landed: a caller retrying the batch would enqueue it twice.
     await conn.execute(SLOWISH_COMMIT)
-    from pgq._store import enqueue
+    from pgq._db import enqueue
 
     def out_of_memory(*args: object) -> list[pgq.Job[object]]:
         _block_until_sleeping(dsn)  # the commit is under way
@@ -277,7 +277,7 @@ async def test_a_bulk_enqueue_whose_build_and_commit_fail_says_nothing_was_writt
     await conn.execute(
         REFUSE_BOOM + REFUSE_WHEN["commit"] + " FOR EACH ROW EXECUTE FUNCTION refuse_boom()"
     )
-    from pgq._store import enqueue
+    from pgq._db import enqueue
 
     def out_of_memory(*args: object) -> list[pgq.Job[object]]:
         raise MemoryError("no room")

@@ -19,8 +19,8 @@ import anyio
 import asyncpg
 import pytest
 
-from pgq._dsn import sqlalchemy_url
-from pgq._store.revision import KNOWN_REVISIONS, SCHEMA_REVISION, check_schema
+from pgq._core.dsn import sqlalchemy_url
+from pgq._db.revision import KNOWN_REVISIONS, SCHEMA_REVISION, check_schema
 
 # One process builds the release and its venvs for the whole module (pytest-xdist's
 # loadgroup keeps the module's tests together).
@@ -118,8 +118,8 @@ def test_the_release_ships_the_migrations_the_statements_and_py_typed(
     for expected in (
         *(f"pgq/migrations/{f}" for f in files),
         "pgq/py.typed",
-        "pgq/_store/sql/claims.sql",
-        "pgq/_store/sql/outcomes.sql",
+        "pgq/_db/sql/claims.sql",
+        "pgq/_db/sql/outcomes.sql",
     ):
         assert expected in in_wheel
     assert not any("__pycache__" in name or name.endswith(".pyc") for name in in_wheel)

@@ -55,7 +55,7 @@ async def test_unique_true_derives_the_key_from_task_queue_and_args(client: pgq.
 
 
 async def test_unique_period_buckets(client: pgq.Client) -> None:
-    from pgq._enqueue import derive_unique_key
+    from pgq._core.specs import derive_unique_key
 
     k1 = derive_unique_key("t", "q", "{}", 60, now=120.0)
     k2 = derive_unique_key("t", "q", "{}", 60, now=179.0)

@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import pgq
 from pgq import migrate
-from pgq._dsn import sqlalchemy_url
-from pgq._store.revision import check_schema
+from pgq._core.dsn import sqlalchemy_url
+from pgq._db.revision import check_schema
 from pgq.schema import SCHEMA_REVISION, metadata
 
 pytestmark = pytest.mark.anyio

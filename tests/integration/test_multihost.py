@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 import pgq
-from pgq._dsn import mask_dsn
+from pgq._core.dsn import mask_dsn
 from tests.faults.workers import free_port
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ import pytest
 
 import pgq
 from pgq import migrate
-from pgq._store.revision import KNOWN_REVISIONS, SCHEMA_REVISION, check_schema
+from pgq._db.revision import KNOWN_REVISIONS, SCHEMA_REVISION, check_schema
 
 pytestmark = pytest.mark.anyio
 
@@ -156,7 +156,7 @@ async def test_upgrade_on_leaves_a_newer_schema_that_serves_this_release(
     not."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from pgq._dsn import sqlalchemy_url
+    from pgq._core.dsn import sqlalchemy_url
 
     await anyio.to_thread.run_sync(apply_future, dsn)
     engine = create_async_engine(sqlalchemy_url(dsn))

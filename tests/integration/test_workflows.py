@@ -397,7 +397,7 @@ async def test_pending_jobs_show_in_the_cli_and_the_dashboard(dsn: str, client: 
 
 
 async def test_deleting_an_unfinished_parent_cancels_its_dependents(client: pgq.Client) -> None:
-    from pgq._store import inspect
+    from pgq._db import inspect
 
     parent = await client.enqueue("step", {"n": 1}, delay=3600)
     child = await client.enqueue("step", {"n": 2}, depends_on=[parent])

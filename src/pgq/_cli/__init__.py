@@ -1,5 +1,7 @@
-"""The ``pgq`` command line: ``parser`` builds the arguments, ``worker`` runs a worker,
-``admin`` holds the commands that look and act, ``render`` shows what they found."""
+"""The ``pgq`` command line: ``parser`` builds the arguments, ``worker_command`` runs a
+worker (``supervisor``: N of them), ``admin`` holds the commands that look and act,
+``render`` shows what they found, ``dashboard_command`` serves the dashboard and
+``logconfig`` sets up the logs."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ from typing import Any
 
 import anyio
 
-from pgq._cli import admin, logconfig, worker
+from pgq._cli import admin, logconfig, worker_command
 from pgq._cli.parser import build_parser
-from pgq._dsn import libpq_target, resolve_dsn
+from pgq._core.dsn import libpq_target, resolve_dsn
 from pgq.errors import DatabaseError, PgqError
 
 
@@ -59,15 +61,15 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "migrate":
             return admin.migrate(args)
         if args.command == "worker":
-            return worker.run(args, argv)
+            return worker_command.run(args, argv)
         if args.command == "enqueue":
             return anyio.run(admin.enqueue, args)
         if args.command == "producers":
             return anyio.run(admin.producers, args)
         if args.command == "dashboard":
-            from pgq._cli import dashboard  # the dashboard extra, imported only when asked
+            from pgq._cli import dashboard_command  # the dashboard extra, imported only when asked
 
-            return dashboard.run(args, logs)
+            return dashboard_command.run(args, logs)
         return anyio.run(admin.operate, args)
     except PgqError as exc:
         print(f"pgq: error: {_where(exc, args)}", file=sys.stderr)

@@ -12,17 +12,16 @@ import anyio
 
 from pgq._cli.render import emit, job_dict, render_table, show_job, when
 from pgq._cli.render import ids as _ids
-from pgq._cli.worker import load_app
-from pgq._dsn import resolve_dsn
-from pgq._names import check_queue_name
-from pgq._serde import MAX_JSON_DEPTH
-from pgq._store import jobs as store_jobs
-from pgq._store import leader as store_leader
-from pgq._store import producers as store_producers
-from pgq._store import queues as store_queues
-from pgq._store.claims import QueueLimits
-from pgq._store.connections import Target, connect
-from pgq._store.revision import check_schema
+from pgq._cli.worker_command import load_app
+from pgq._core.dsn import resolve_dsn
+from pgq._core.names import check_queue_name
+from pgq._core.serde import MAX_JSON_DEPTH
+from pgq._db import jobs as store_jobs
+from pgq._db import producers as store_producers
+from pgq._db import queues as store_queues
+from pgq._db.claims import QueueLimits
+from pgq._db.connections import Target, connect
+from pgq._db.revision import check_schema
 from pgq.app import JobSpec
 from pgq.client import Client
 from pgq.errors import ConfigError
@@ -126,7 +125,7 @@ async def producers(args: argparse.Namespace) -> int:
     try:
         await check_schema(conn)
         rows = await store_producers.list_producers(conn)
-        leader = await store_leader.current(conn)
+        leader = await store_producers.current_leader(conn)
     finally:
         await conn.close()
     items: list[dict[str, Any]] = [

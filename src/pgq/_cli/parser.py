@@ -1,16 +1,21 @@
-"""The `pgq` argument parser, one function per command."""
+"""The `pgq` argument parser: one function per command, the flags' value types (each
+refuses a value that cannot work, saying what a valid one looks like), and argparse's
+parser with usage errors that never show a password."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
-from typing import Any
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from pgq._cli import logconfig
-from pgq._cli.flags import MAX_LIST, bind_host, health_port, host_list, job_id, port, whole
 from pgq._cli.supervisor import add_process_arguments
-from pgq._cli.usage import Parser, SubParser
-from pgq.job import JobState
+from pgq._core.dsn import scrub_arguments
+from pgq._core.names import is_host_name
+from pgq.job import MAX_JOB_ID, JobState
 from pgq.settings import env_name, optional_setting, parse_optional_seconds, setting_help
 
 _DSN_HELP = (
@@ -398,3 +403,114 @@ def _dashboard(sub: Any) -> None:
         help="judge producers stale past this heartbeat age (default: each worker's own "
         "setting, as it recorded it)",
     )
+
+
+# --------------------------------------------------------------------------- flag values
+# argparse ``type=`` functions that parse a value and refuse one that cannot work, saying
+# what a valid one looks like.
+
+#: The most rows a listing returns.
+MAX_LIST = 100_000
+
+
+def whole(lowest: int, highest: int) -> Callable[[str], int]:
+    """An argument type: a whole number from ``lowest`` to ``highest``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not lowest <= value <= highest:
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from {lowest:,} to {highest:,}, got {text!r}"
+            )
+        return value
+
+    return parse
+
+
+job_id = whole(1, MAX_JOB_ID)
+port = whole(1, 65535)
+health_port = whole(0, 65535)
+
+
+def host_list(text: str | None) -> list[str] | None:
+    """``a.example,b.example`` as a list (None: not given)."""
+    if text is None:
+        return None
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def bind_host(text: str) -> str:
+    """An argument type: an address to listen on, an IP address (``127.0.0.1``, ``::``) or a
+    host name (``localhost``, ``pod.internal``); whether this machine has it shows at bind."""
+    name = text.strip()
+    try:
+        ipaddress.ip_address(name.removeprefix("[").removesuffix("]"))
+        return name.removeprefix("[").removesuffix("]")
+    except ValueError:
+        pass
+    if is_host_name(name):
+        return name
+    raise argparse.ArgumentTypeError(
+        f"expected an address of this machine (127.0.0.1, or 0.0.0.0 or :: for every "
+        f"interface) or a host name, got {text!r}"
+    )
+
+
+# --------------------------------------------------------------------------- usage errors
+# argparse quotes what it cannot parse (``invalid choice: 'postgresql://u:secret@db/app'``),
+# so every message is scrubbed of the password of every argument shaped like a DSN, and of
+# ``--auth``'s.
+
+#: Options whose whole value after the first ':' is a password (USER:PASSWORD).
+_PASSWORD_FLAGS = ("--auth",)
+
+
+class _Usage(Exception):
+    """A subcommand's usage error, carried up to the parser that knows every argument."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class SubParser(argparse.ArgumentParser):
+    """A command's parser: its usage errors go up to :class:`Parser`, which masks them."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _Usage(self, message)
+
+
+class Parser(argparse.ArgumentParser):
+    """The top-level parser: a usage error, its own or a command's, is printed with every
+    argument's password masked, then exits with status 2 as argparse does."""
+
+    _argv: Sequence[str] = ()
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: Any = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        self._argv = list(sys.argv[1:] if args is None else args)
+        try:
+            return super().parse_known_args(self._argv, namespace)
+        except _Usage as usage:
+            self._fail(usage.parser, usage.message)
+
+    def error(self, message: str) -> NoReturn:
+        self._fail(self, message)
+
+    def _fail(self, parser: argparse.ArgumentParser, message: str) -> NoReturn:
+        masked = scrub_arguments(message, self._argv)
+        for i, arg in enumerate(self._argv):
+            flag, eq, value = arg.partition("=")
+            if flag in _PASSWORD_FLAGS:
+                if not eq:
+                    value = self._argv[i + 1] if i + 1 < len(self._argv) else ""
+                password = value.partition(":")[2]
+                if password:
+                    masked = masked.replace(password, "***")
+        parser.print_usage(sys.stderr)
+        parser.exit(2, f"{parser.prog}: error: {masked}\n")

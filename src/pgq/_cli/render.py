@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from pgq import _serde
+from pgq._core import serde
 from pgq.job import Job, JobState
 from pgq.logs import printable
 
@@ -36,7 +36,7 @@ def _json_default(value: Any) -> Any:
 def job_dict(job: Job) -> dict[str, Any]:
     """A job as the CLI's JSON shows it (arguments Python could not decode are null, with
     ``args_problem`` saying why)."""
-    problem = _serde.unreadable(job.args)
+    problem = serde.unreadable(job.args)
     shown = {
         "id": job.id,
         "queue": job.queue,
@@ -64,7 +64,7 @@ def job_dict(job: Job) -> dict[str, Any]:
 
 
 def _args_shown(args: dict[str, Any]) -> str:
-    problem = _serde.unreadable(args)
+    problem = serde.unreadable(args)
     return json.dumps(args) if problem is None else f"(not shown: {problem})"
 
 

@@ -2,11 +2,12 @@
 
 Each child is ``python -m pgq`` with the supervisor's own arguments, so the App's import
 path and every setting (flags and ``PGQ_*`` variables alike) are the same by construction;
-an environment variable (:data:`pgq._cli.child.ENV`) tells it its number and hands it its
+an environment variable (:data:`ENV`) tells it its number and hands it its
 end of a socket pair, the link. A child says over the link when it has started; the
 supervisor asks it to stop over the link, so a child that a service manager also signalled
 directly counts one stop, not two; when the supervisor goes away, the link closes and the
-child stops gracefully. Each child runs in a session of its own (see _run_child).
+child stops gracefully. Each child runs in a session of its own (see _run_child). Below
+the supervisor: the child's end of the link, and the fleet's /healthz and /metrics.
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 
-from pgq import _metrics
-from pgq._cli import child as child_link
-from pgq._cli.fleet_health import FleetHealth, describe
-from pgq._worker import health_server
+from pgq._core import metrics as _metrics
+from pgq._worker import health as health_server
+from pgq._worker.worker import Worker
 from pgq.errors import ConfigError
 from pgq.settings import WorkerSettings
 
@@ -88,7 +88,7 @@ class Child:
         assert self.process is not None
         if self.started and self.link is not None:
             with contextlib.suppress(OSError):
-                self.link.send(child_link.STOP_NOW if now else child_link.STOP)
+                self.link.send(STOP_NOW if now else STOP)
                 return
         self.process.send_signal(signal.SIGTERM)
 
@@ -344,7 +344,7 @@ class Supervisor:
         ours, theirs = socket.socketpair()
         env = {
             **os.environ,
-            child_link.ENV: f"{c.index},{theirs.fileno()},{int(self._health is not None)}",
+            ENV: f"{c.index},{theirs.fileno()},{int(self._health is not None)}",
         }
         c.started, c.health_port, c.error, c.up = False, None, None, anyio.Event()
         try:
@@ -478,3 +478,274 @@ def _name(base: str | None, index: int, pid: int | None) -> str:
     if base:
         return f"{base}-{index}"
     return f"{socket.gethostname()}:{pid}" if pid is not None else f"worker {index}"
+
+
+# --------------------------------------------------------------------------- the child's end
+# The child's end of ``pgq worker --processes N``: a worker started by the supervisor finds
+# its place in the environment (:data:`ENV`), tells the supervisor when it has started (and
+# where its health endpoint is) or why it could not, and stops gracefully when the
+# supervisor goes away (its end of the link closes).
+
+child_log = logging.getLogger("pgq.cli")
+
+#: ``INDEX,FD,HEALTH``: set by the supervisor for each child, private to pgq (the child's
+#: number from 1, its end of the link, 1 when the supervisor serves a health port).
+ENV = "_PGQ_SUPERVISED"
+#: What the supervisor sends down the link: stop gracefully, stop now.
+STOP, STOP_NOW = b"s", b"n"
+
+
+@dataclass(frozen=True)
+class Link:
+    """A supervised child's place: its number, its end of the link, whether it serves
+    health (on a free loopback port the supervisor polls)."""
+
+    index: int
+    sock: socket.socket
+    health: bool
+
+    def name(self, base: str | None) -> str | None:
+        """``BASE-INDEX`` under a base name (``--name`` or ``PGQ_WORKER_NAME``), else None:
+        the worker's own default, ``host:pid``."""
+        base = base or os.environ.get("PGQ_WORKER_NAME")
+        return f"{base}-{self.index}" if base else None
+
+    def report(self, **message: Any) -> None:
+        """Send one message to the supervisor (lost, harmlessly, when it has gone)."""
+        with contextlib.suppress(OSError):
+            self.sock.sendall(json.dumps(message).encode() + b"\n")
+
+    async def serve(self, worker: Worker) -> None:
+        """Report the start; stop the worker when the supervisor says so (as one signal
+        would: a worker signalled directly too, by a service manager that signals the
+        whole group, stops no sooner), and gracefully when the supervisor goes away."""
+        self.sock.setblocking(False)
+        loop = asyncio.get_running_loop()
+        async with anyio.create_task_group() as tg:
+
+            async def report_start() -> None:
+                await worker.started.wait()
+                message = {"started": True, "health_port": worker.health_port}
+                await loop.sock_sendall(self.sock, json.dumps(message).encode() + b"\n")
+
+            tg.start_soon(report_start)
+            while True:
+                try:
+                    data = await loop.sock_recv(self.sock, 64)
+                except OSError:
+                    data = b""
+                if not data:
+                    child_log.warning("worker %s: its supervisor has gone; stopping", worker.name)
+                    worker.stop()
+                    break
+                if STOP_NOW in data:
+                    child_log.warning(
+                        "worker %s: stopping now, as its supervisor asks", worker.name
+                    )
+                    worker.stop(now=True)
+                elif STOP in data:
+                    child_log.info(
+                        "worker %s: stopping gracefully, as its supervisor asks", worker.name
+                    )
+                    worker.stop()
+
+
+def link_from_env() -> Link | None:
+    """This process's link to its supervisor, or None when it was not started by one."""
+    value = os.environ.pop(ENV, None)  # not handed down to anything this worker starts
+    if not value:
+        return None
+    index, fd, health = (int(part) for part in value.split(","))
+    os.set_inheritable(fd, False)  # a process a task starts must not hold the link open
+    return Link(index, socket.socket(fileno=fd), bool(health))
+
+
+# --------------------------------------------------------------------------- the fleet's health
+# The supervisor's ``/healthz`` and ``/metrics``: each child serves its own on a free
+# loopback port, which the supervisor polls every POLL_S; the fleet is healthy only while
+# every child is running, answering and healthy by its own verdict. ``/metrics`` gathers the
+# children's metrics at scrape time, each series labelled with its ``worker``.
+
+#: Seconds between polls of each child's /healthz, and how long one poll may take.
+POLL_S, POLL_TIMEOUT_S = 1.0, 2.0
+#: Seconds without an answer after which a running child counts as unhealthy (a stopped,
+#: hung or swamped process).
+SILENT_AFTER_S = 5.0
+#: Seconds a scrape waits for each child's metrics.
+SCRAPE_TIMEOUT_S = 5.0
+
+
+class ChildView(Protocol):
+    """What the health port reads of a supervised child (the supervisor's record)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def running(self) -> bool: ...
+    @property
+    def started(self) -> bool: ...
+    @property
+    def pid(self) -> int | None: ...
+    @property
+    def health_port(self) -> int | None: ...
+    @property
+    def spawned_at(self) -> float: ...
+    @property
+    def restarts(self) -> int: ...
+    @property
+    def last_status(self) -> int | None: ...
+
+
+class FleetHealth:
+    """What the supervisor's health port says about its children."""
+
+    def __init__(self, children: Sequence[ChildView], startup_grace_s: float) -> None:
+        self._children = children
+        self._grace_s = startup_grace_s
+        #: Per child index: (when it last answered, its verdict, its body).
+        self._answers: dict[int, tuple[float, bool, dict[str, Any]]] = {}
+
+    async def poll(self, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        """Ask every started child for its health, every POLL_S, until cancelled."""
+        task_status.started()
+        while True:
+            async with anyio.create_task_group() as tg:
+                for c in self._children:
+                    if c.running and c.started and c.health_port is not None:
+                        tg.start_soon(self._ask, c.index, c.health_port)
+            await anyio.sleep(POLL_S)
+
+    async def _ask(self, index: int, port: int) -> None:
+        with anyio.move_on_after(POLL_TIMEOUT_S):
+            try:
+                status, body = await get(port, "/healthz")
+                verdict = json.loads(body)
+            except (OSError, ValueError, anyio.EndOfStream):
+                return
+            if not isinstance(verdict, dict):  # not a worker's answer: as if it had none
+                return
+            self._answers[index] = (time.monotonic(), status == 200, verdict)
+
+    def check(self) -> tuple[bool, dict[str, Any]]:
+        """The fleet's verdict for ``/healthz``: 503 naming each child that is down,
+        silent or unhealthy."""
+        workers = [self._verdict(c) for c in self._children]
+        sick = [w for w in workers if not w["ok"]]
+        body: dict[str, Any] = {"status": "unhealthy" if sick else "ok", "workers": workers}
+        if sick:
+            body["reason"] = "; ".join(f"{w['name']}: {w['reason']}" for w in sick)
+        return not sick, body
+
+    def _verdict(self, c: ChildView) -> dict[str, Any]:
+        now = time.monotonic()
+        base: dict[str, Any] = {"name": c.name, "restarts": c.restarts}
+        if not c.running:
+            why = "not started yet" if c.last_status is None else describe(c.last_status)
+            return {**base, "ok": False, "status": "down", "reason": f"down ({why})"}
+        base["pid"] = c.pid
+        if not c.started:
+            waited = now - c.spawned_at
+            if waited <= self._grace_s:
+                return {**base, "ok": True, "status": "starting"}
+            return {**base, "ok": False, "status": "starting",
+                    "reason": f"not started after {waited:.0f}s"}  # fmt: skip
+        answered_at, ok, verdict = self._answers.get(c.index, (c.spawned_at, True, {}))
+        if answered_at < c.spawned_at:  # an answer of the child's previous run
+            answered_at, ok, verdict = c.spawned_at, True, {}
+        silent_s = now - answered_at
+        if silent_s > SILENT_AFTER_S:
+            return {**base, "ok": False, "status": "silent",
+                    "reason": f"its health endpoint has not answered for {silent_s:.0f}s"}  # fmt: skip
+        result = {**base, "ok": ok, "status": verdict.get("status", "ok" if ok else "unhealthy")}
+        if not ok:
+            result["reason"] = verdict.get("reason", "unhealthy")
+        return result
+
+    async def metrics(self) -> bytes:
+        """Every running child's metrics, labelled with its worker name, as one scrape;
+        ``pgq_worker_up`` says which children answered."""
+        bodies: list[tuple[str, str | None]] = []
+
+        async def scrape(c: ChildView, port: int) -> None:
+            text = None
+            with anyio.move_on_after(SCRAPE_TIMEOUT_S):
+                try:
+                    status, body = await get(port, "/metrics")
+                    text = body.decode() if status == 200 else None
+                except (OSError, ValueError, anyio.EndOfStream):  # ValueError: not HTTP, not text
+                    text = None
+            bodies.append((c.name, text))
+
+        async with anyio.create_task_group() as tg:
+            for c in self._children:
+                if c.running and c.started and c.health_port is not None:
+                    tg.start_soon(scrape, c, c.health_port)
+                else:
+                    bodies.append((c.name, None))
+        bodies.sort(key=lambda pair: pair[0])
+        return merge_metrics(bodies).encode()
+
+
+def describe(status: int) -> str:
+    """A child's exit status as a person reads it (128 + N: killed by signal N)."""
+    if status > 128 and status - 128 in signal.valid_signals():
+        return f"killed by {signal.Signals(status - 128).name}"
+    return f"exit status {status}"
+
+
+async def get(port: int, path: str) -> tuple[int, bytes]:
+    """``GET path`` from a child's health server on loopback: its status and body."""
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        data = b""
+        try:
+            while True:
+                data += await stream.receive()
+        except anyio.EndOfStream:
+            pass
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = head.split(b" ", 2)[1:2]
+    if not status or not status[0].isdigit():  # whatever answers there, it is not HTTP
+        raise ValueError(f"not an HTTP response from port {port}: {head[:40]!r}")
+    return int(status[0]), body
+
+
+def merge_metrics(bodies: Sequence[tuple[str, str | None]]) -> str:
+    """The Prometheus text of several workers as one exposition: each family's HELP and
+    TYPE once, its samples from every worker together, each with a ``worker`` label."""
+    heads: dict[str, list[str]] = {}
+    samples: dict[str, list[str]] = {}
+    for worker, text in bodies:
+        family = ""
+        for line in (text or "").splitlines():
+            if line.startswith(("# HELP ", "# TYPE ")):
+                family = line.split(" ", 3)[2]
+                known = heads.setdefault(family, [])
+                if line not in known:
+                    known.append(line)
+            elif line.strip() and not line.startswith("#"):
+                samples.setdefault(family, []).append(_labelled(line, worker))
+    up = [f'pgq_worker_up{{worker="{_escape(w)}"}} {0 if t is None else 1}' for w, t in bodies]
+    lines = [
+        "# HELP pgq_worker_up 1 while the supervisor could read this worker's metrics",
+        "# TYPE pgq_worker_up gauge",
+        *up,
+    ]
+    for family, head in heads.items():
+        lines += head + samples.get(family, [])
+    return "\n".join(lines) + "\n"
+
+
+def _labelled(sample: str, worker: str) -> str:
+    label = f'worker="{_escape(worker)}"'
+    brace, space = sample.find("{"), sample.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        rest = sample[brace + 1 :]
+        return f"{sample[: brace + 1]}{label}{'' if rest.startswith('}') else ','}{rest}"
+    return f"{sample[:space]}{{{label}}}{sample[space:]}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,5 +1,7 @@
-"""The worker's parts. ``worker`` wires them; each other module owns one concern:
-``producer`` (claims and slots), ``executor`` (one attempt), ``outcome``, ``completer``
-(writing outcomes), ``liveness`` (heartbeats, fencing, re-registration, the probe's
-verdict), ``control`` (notifications, cancel requests, the end of a burst), ``leader``
-(the lease and the leader's services), ``health_server`` (``/healthz``)."""
+"""The worker, one module per idea: ``worker`` (the Worker: its run, its assembly, its
+snapshot), ``producer`` (one queue's state machine: claims, slots, hand-backs), ``attempt``
+(one attempt and its Outcome), ``outcomes`` (writing outcomes: in batches, or in the task's
+own transaction), ``liveness`` (heartbeats, fencing, re-registration, the probe's verdict),
+``recovery`` (strays, a stable name's previous run, commits whose reply was lost, rescue
+reports), ``control`` (notifications, cancel requests, the end of a burst), ``health``
+(``/healthz``) and ``leader`` (the lease and the leader's services)."""

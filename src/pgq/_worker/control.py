@@ -9,13 +9,13 @@ from datetime import datetime
 
 import anyio
 
-from pgq._store import claims, maintenance, queues
-from pgq._store.connections import DATABASE_ERRORS, Pool, Target
-from pgq._store.listen import CancelRequested, LimitsChanged, Notifier, parse_control
-from pgq._store.sql import CHANNEL_CONTROL, CHANNEL_JOBS, CHANNEL_LEADER
-from pgq._worker.completer import Completer
-from pgq._worker.executor import CANCEL
-from pgq._worker.leader.unrunnable import describe
+from pgq._db import claims, maintenance, queues
+from pgq._db.connections import DATABASE_ERRORS, Pool, Target
+from pgq._db.listen import CancelRequested, LimitsChanged, Notifier, parse_control
+from pgq._db.sql import CHANNEL_CONTROL, CHANNEL_JOBS, CHANNEL_LEADER
+from pgq._worker.attempt import CANCEL
+from pgq._worker.leader.services import describe
+from pgq._worker.outcomes import Completer
 from pgq._worker.producer import Producer
 from pgq.settings import WorkerSettings
 

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 import anyio
 import asyncpg
 
-from pgq._store import producers as store
-from pgq._store.connections import Target, connect, connect_budget_s
-from pgq._store.producers import Beat
+from pgq._db import producers as store
+from pgq._db.connections import Target, connect, connect_budget_s
+from pgq._db.producers import Beat
 from pgq.settings import WorkerSettings
 
 log = logging.getLogger("pgq.liveness")

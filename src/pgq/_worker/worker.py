@@ -1,43 +1,65 @@
-"""The :class:`Worker`: builds a worker's parts, runs them, stops them. Nothing else: each
-part owns its concern (see ``pgq._worker``)."""
+"""The :class:`Worker`: builds a worker's parts, runs them, stops them; each part owns its
+concern (see ``pgq._worker``). Below the Worker, in the order it uses them: its one run
+(:class:`RunOnce`), how it is put together (its pools, :func:`build` of its parts), what it
+adds to the App's hooks (:func:`observers`), its snapshot for ``stats()``, and the loops it
+stops before the rest (:class:`Stoppable`)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, Unpack
+from typing import TYPE_CHECKING, Any, Self, TypeVar, Unpack
 
 import anyio
 import anyio.abc
 
-from pgq import _metrics
-from pgq._gc import untuned_note
-from pgq._names import check_queue_name
-from pgq._store import producers as store_producers
-from pgq._store.connections import (
+from pgq._core import metrics as _metrics
+from pgq._core.gc import untuned_note
+from pgq._core.hooks import EVENTS, EventName, Hook, Hooks, Middleware
+from pgq._core.joblog import JobLog
+from pgq._core.names import check_queue_name
+from pgq._db import inspect
+from pgq._db import producers as store_producers
+from pgq._db.connections import (
+    CLAIM_SESSION_SETTINGS,
     DATABASE_ERRORS,
+    WORKER_SESSION_SETTINGS,
     Pool,
     Target,
+    connect_budget_s,
+    create_pool,
 )
-from pgq._store.producers import ProducerRow
-from pgq._worker import assembly, health_server
-from pgq._worker.assembly import Identity, Parts, Pools, open_pools
-from pgq._worker.completer import Completer
-from pgq._worker.executor import SHUTDOWN
-from pgq._worker.liveness import health_verdict
-from pgq._worker.observe import observers
-from pgq._worker.outcome import Outcome
+from pgq._db.producers import ProducerRow
+from pgq._db.revision import check_schema
+from pgq._worker import health as health_server
+from pgq._worker.attempt import SHUTDOWN, Outcome
+from pgq._worker.control import Control
+from pgq._worker.leader.elector import Elector
+from pgq._worker.leader.periodic import Periodic
+from pgq._worker.leader.rescuer import Rescuer
+from pgq._worker.leader.retention import Retention
+from pgq._worker.leader.services import (
+    LeaderService,
+    LeaderServices,
+    Promoter,
+    Reaper,
+    Statistics,
+    Throughput,
+    UnrunnableReport,
+)
+from pgq._worker.liveness import Heartbeater, health_verdict
+from pgq._worker.outcomes import LOCK_WAITERS, WRITERS, Completer
 from pgq._worker.producer import Producer
-from pgq._worker.run_once import RunOnce
-from pgq._worker.snapshot import worker_stats
-from pgq._worker.stoppable import Stoppable
-from pgq._worker.strays import CHECK_ERRORS, Strays
+from pgq._worker.recovery import CHECK_ERRORS, RescueReports, Strays, Successor
 from pgq.app import App
 from pgq.errors import ConfigError
 from pgq.settings import MAX_SETTING, WorkerOverrides, WorkerSettings
@@ -45,12 +67,13 @@ from pgq.settings import MAX_SETTING, WorkerOverrides, WorkerSettings
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+
 log = logging.getLogger("pgq.worker")
 
 #: How long a stopping worker asks what became of rescues whose commit's reply was lost,
 #: and how often.
-SETTLE_S = 5.0
-SETTLE_AGAIN_S = 0.2
+UNSURE_S = 5.0
+UNSURE_AGAIN_S = 0.2
 #: How long a stopping worker's sweep for strays may take.
 SWEEP_S = 5.0
 
@@ -151,7 +174,7 @@ class Worker:
         self._make_due: Callable[[Producer], Awaitable[int]] | None = None
         self._by_queue: dict[str, Producer] = {}
         self._rescuing: list[Stoppable] = []
-        self._settling: anyio.CancelScope | None = None
+        self._asking_unsure: anyio.CancelScope | None = None
         self._started_at = 0.0
         #: Set once the worker runs (its producers registered, claiming).
         self.started = anyio.Event()
@@ -176,8 +199,8 @@ class Worker:
                 producer.cancel_running(SHUTDOWN)
             if self._parts:
                 self._parts.reports.cut()
-            if self._settling is not None:
-                self._settling.cancel()
+            if self._asking_unsure is not None:
+                self._asking_unsure.cancel()
         self._run.stop()  # a start still connecting ends at once
         self._stop_requested.set()
 
@@ -253,7 +276,7 @@ class Worker:
         pool = self._pool = pools.main
         try:
             async with self.app.running():  # the App's lifespan, around every job it runs
-                parts = self._parts = assembly.build(self._identity(), pools, self._counted)
+                parts = self._parts = build(self._identity(), pools, self._counted)
                 self._by_queue = {p.queue: p for p in parts.producers}
                 await self._serve(pool, parts, burst, task_status)
         finally:
@@ -295,12 +318,12 @@ class Worker:
                     await self._stop_requested.wait()
                     await self._drain(parts.producers)
                 await self._flush(parts.completer)
-                for loop in self._rescuing:  # see _settle
+                for loop in self._rescuing:  # see _ask_unsure
                     await loop.stop()
                 if not parts.completer.pending:  # else the database may be down: no wait
                     await self._sweep(parts.strays)
-                await self._settle(parts)
-                await parts.reports.flush()  # at most FLUSH_S, whatever a hook does
+                await self._ask_unsure(parts)
+                await parts.reports.flush()  # at most REPORTS_FLUSH_S, whatever a hook does
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -330,7 +353,7 @@ class Worker:
         tg.start_soon(parts.heartbeater.run)
         await parts.elector.attempt()
         tg.start_soon(functools.partial(parts.elector.run, attempted=True))
-        # Stopped before the rest, at the stop: see _settle.
+        # Stopped before the rest, at the stop: see _ask_unsure.
         self._rescuing = [Stoppable(parts.leader.run), Stoppable(parts.strays.run)]
         if parts.successor is not None:
             self._rescuing.append(Stoppable(parts.successor.run))
@@ -388,7 +411,7 @@ class Worker:
                 await strays.sweep()
         except CHECK_ERRORS as exc:
             reason = str(exc) or type(exc).__name__
-            if strays.unsure > unsure:  # its commit was sent: _settle asks what became of it
+            if strays.unsure > unsure:  # its commit was sent: _ask_unsure asks what became of it
                 log.warning(
                     "handing back jobs of claims whose reply was lost, the commit's outcome "
                     "is unknown (%s); asking before stopping",
@@ -401,12 +424,12 @@ class Worker:
                 reason,
             )
 
-    async def _settle(self, parts: Parts) -> None:
+    async def _ask_unsure(self, parts: Parts) -> None:
         # A rescue, takeover or hand-back whose commit's reply was lost is reported if it
         # landed, before the last rescue reports go out: after the stop, nothing would ask.
         # The leader's duties, the successor's watch and the checks for strays have ended
         # (before the stop's sweep), so a round or check cut short has recorded what it left
-        # unknown; a commit still in progress is asked about again until SETTLE_S has passed.
+        # unknown; a commit still in progress is asked about again until UNSURE_S has passed.
         parties = [
             (party, what)
             for party, what in (
@@ -418,14 +441,14 @@ class Worker:
         ]
         errors: dict[str, str] = {}
         if parties and not self._stop_now and not parts.completer.pending:
-            with anyio.move_on_after(SETTLE_S) as self._settling:
+            with anyio.move_on_after(UNSURE_S) as self._asking_unsure:
                 while any(party.unsure for party, _ in parties):
                     for party, what in parties:
                         try:
-                            await party.settle()
+                            await party.ask_unsure()
                         except DATABASE_ERRORS as exc:
                             errors[what] = str(exc) or type(exc).__name__
-                    await anyio.sleep(SETTLE_AGAIN_S)
+                    await anyio.sleep(UNSURE_AGAIN_S)
         for party, what in parties:
             if party.unsure:
                 log.warning(
@@ -433,16 +456,16 @@ class Worker:
                     "(%s): those that landed are not reported",
                     party.unsure,
                     what,
-                    self._unsettled(parts, errors.get(what)),
+                    self._why_unsure(parts, errors.get(what)),
                 )
 
-    def _unsettled(self, parts: Parts, error: str | None) -> str:
-        """Why the stop could not settle a rescue whose commit's reply was lost."""
+    def _why_unsure(self, parts: Parts, error: str | None) -> str:
+        """Why the stop could not tell what became of a rescue whose commit's reply was lost."""
         if self._stop_now:
             return "stopping at once"
         if parts.completer.pending:
             return "the database did not take the last outcomes"
-        return error or f"still in progress, or no answer, after {SETTLE_S:g} s"
+        return error or f"still in progress, or no answer, after {UNSURE_S:g} s"
 
     def _counted(self, written: list[Outcome], rejected: list[Outcome]) -> None:
         by_queue = self._by_queue
@@ -487,7 +510,8 @@ class Worker:
             raise ConfigError("metrics are off for this worker (metrics=False)")
         body = self.metrics.render()
         if self.settings.queue_metrics and self._pool is not None:
-            body += _metrics.render_families(await _metrics.queue_families(self._pool))
+            gauges = await inspect.queue_gauges(self._pool)
+            body += _metrics.render_families(_metrics.queue_families(*gauges))
         return body
 
     def health(self) -> tuple[bool, dict[str, Any]]:
@@ -510,3 +534,381 @@ def _event_loop_name() -> str:
     """ "uvloop" or "asyncio": the event loop this worker runs on."""
     loop = asyncio.get_running_loop()
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+
+
+# --------------------------------------------------------------------------- one run
+# A Worker's one run: a second or concurrent run is refused before it connects, and a stop
+# that comes while the run still connects ends it at once (nothing runs yet to wait for).
+
+T = TypeVar("T")
+
+
+class RunOnce:
+    """The run of one worker (``name``, for the error): :meth:`open` begins it,
+    :meth:`ended` ends it, :meth:`stop` cancels an opening under way (or to come)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._state: str | None = None  # "running", then "ran"
+        self._opening: anyio.CancelScope | None = None
+        self._stopped = False
+
+    async def open(self, opener: Callable[[], Awaitable[T]]) -> T | None:
+        """What ``opener`` opens; None when :meth:`stop` came first (before or during). A
+        failed opening leaves the worker as it was: it may run later."""
+        # Checked and set before the first await: of two concurrent runs, one opens.
+        if self._state is not None:
+            raise ConfigError(
+                f"worker {self._name}: this Worker "
+                f"{'is running' if self._state == 'running' else 'has run'} already; "
+                "a Worker runs once: make a new pgq.Worker to run again"
+            )
+        self._state = "running"
+        opened = None
+        try:
+            with anyio.CancelScope() as self._opening:
+                if self._stopped:
+                    self._opening.cancel()
+                opened = await opener()
+        except BaseException:
+            self._state = None  # nothing ran: a start that could not connect may retry
+            raise
+        finally:
+            self._opening = None
+        if opened is None:
+            self._state = "ran"
+        return opened
+
+    def stop(self) -> None:
+        """A stop: an opening under way is cancelled, one to come never begins."""
+        self._stopped = True
+        if self._opening is not None:
+            self._opening.cancel()
+
+    def ended(self) -> None:
+        """The run is over: any other is refused."""
+        self._state = "ran"
+
+
+# --------------------------------------------------------------------------- assembly
+# How a worker is put together: its connections (open_pools) and its parts, each built once
+# from the worker's settings and wired to the others (build).
+
+
+@dataclass(frozen=True, slots=True)
+class Pools:
+    """The worker's connections: ``main`` plans every statement for its parameters
+    (outcomes, liveness, the leader's services); ``claims`` keeps Postgres's cached plans,
+    for the claims (docs/architecture.md). The same pool behind a transaction pooler."""
+
+    main: Pool
+    claims: Pool
+
+    async def close(self) -> None:
+        """Close both (each cut off after 5 s)."""
+        for pool in (self.main,) if self.claims is self.main else (self.claims, self.main):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
+                await pool.close()
+            if scope.cancelled_caught:
+                pool.terminate()
+
+
+async def open_pools(target: Target, worker_name: str, queues: int) -> Pools:
+    """Open the worker's pools for ``queues`` producers, once the schema is checked."""
+    application_name = f"pgq worker {worker_name}"
+    pool = await create_pool(
+        target.dsn,
+        min_size=1,
+        # A claim per queue (behind a transaction pooler, where this pool serves them), the
+        # batches of outcomes being written, a leader service or two, and the outcomes that
+        # wait alone for rows locked elsewhere.
+        max_size=queues + 2 + WRITERS + LOCK_WAITERS,
+        **target.options(application_name, WORKER_SESSION_SETTINGS),
+    )
+    try:
+        await check_schema(pool)
+        if target.pooled:  # no session settings there: one pool serves both
+            return Pools(pool, pool)
+        claims = await create_pool(
+            target.dsn,
+            min_size=1,
+            max_size=queues,  # one claim in flight per producer
+            **target.options(application_name, CLAIM_SESSION_SETTINGS),
+        )
+    except BaseException:
+        # Shielded: a stop while the worker opens cancels it (Worker.stop).
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5) as scope:
+            await pool.close()
+        if scope.cancelled_caught:
+            pool.terminate()
+        raise
+    return Pools(pool, claims)
+
+
+@dataclass
+class Parts:
+    """A running worker's parts."""
+
+    producers: list[Producer]
+    completer: Completer
+    heartbeater: Heartbeater
+    elector: Elector
+    leader: LeaderServices
+    rescuer: Rescuer
+    reaper: Reaper
+    retention: Retention
+    periodic: Periodic | None
+    control: Control
+    successor: Successor | None
+    strays: Strays
+    reports: RescueReports
+    unrunnable: UnrunnableReport
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What the parts need to know of the worker they make up."""
+
+    app: App
+    settings: WorkerSettings
+    worker_id: uuid.UUID
+    name: str
+    #: Whether the name was given (a stable name: a restart takes its runs over).
+    stable_name: bool
+    target: Target
+    queues: Mapping[str, int]
+    observers: Observers
+
+    def bounds(self) -> store_producers.Bounds:
+        """What this worker's producers declare: peers judge them by these."""
+        s = self.settings
+        return store_producers.Bounds(
+            s.fencing_bound, s.stale_after, s.rescue_grace, tuple(sorted(t.name for t in self.app))
+        )
+
+
+def build(
+    me: Identity, pools: Pools, counted: Callable[[list[Outcome], list[Outcome]], None]
+) -> Parts:
+    """Every part of a worker, wired together; ``counted`` hears of each written batch."""
+    s = me.settings
+    pool = pools.main
+    limiter = anyio.CapacityLimiter(s.max_threads)
+    completer = Completer(pool, counted, async_commit=s.async_commit)
+    reports = RescueReports(me.observers.app_hooks, me.observers.own_rescued)
+    producers = [
+        _producer(me, pools, queue, n, completer, limiter) for queue, n in me.queues.items()
+    ]
+    heartbeater = Heartbeater(
+        me.target, producers, s, worker_id=me.worker_id, worker_name=me.name,
+        bounds=me.bounds(),
+    )  # fmt: skip
+    elector = Elector(
+        pool, worker_id=me.worker_id, worker_name=me.name, ttl_s=s.leader_ttl,
+        connect_s=connect_budget_s(me.target.dsn),
+    )  # fmt: skip
+    rescuer = Rescuer(
+        pool,
+        s,
+        me.worker_id,
+        sick_queues=lambda: [p.queue for p in producers if not p.health.healthy],
+        after_rescue=lambda: leader.wake(Promoter.name),
+        reports=reports,
+    )
+    reaper = Reaper(pool, s)
+    retention = Retention(pool, s)
+    periodic = None
+    if me.app.schedules:
+        periodic = Periodic(
+            pool,
+            me.app,
+            me.worker_id,
+            interval_s=s.schedule_interval,
+            term=lambda: elector.terms,
+            worker_name=me.name,
+        )
+    services: list[LeaderService] = [Promoter(pool, s.schedule_interval)]
+    services += [periodic] if periodic else []
+    unrunnable = UnrunnableReport(pool, s.stale_after)
+    services += [rescuer, reaper, retention, Throughput(pool), Statistics(pool), unrunnable]
+    leader = LeaderServices(elector, services, everywhere=frozenset({Promoter.name}))
+    control = Control(
+        pool,
+        producers,
+        s,
+        wake_leader=elector.wake,
+        stable_name=me.name if me.stable_name else None,
+    )
+    successor = _successor(me, pool, producers, leader, reports) if me.stable_name else None
+    strays = Strays(
+        pool, producers, completer.pending_attempts, s.stale_after, reports,
+        async_commit=s.async_commit,
+    )  # fmt: skip
+    return Parts(
+        producers, completer, heartbeater, elector, leader, rescuer, reaper, retention,
+        periodic, control, successor, strays, reports, unrunnable,
+    )  # fmt: skip
+
+
+def _successor(
+    me: Identity,
+    pool: Pool,
+    producers: list[Producer],
+    leader: LeaderServices,
+    reports: RescueReports,
+) -> Successor:
+    """The watch of a stable name's previous run, whose jobs it takes over."""
+    return Successor(
+        pool,
+        me.name,
+        lambda: [i for p in producers for i in p.ids()],
+        margin_s=me.settings.heartbeat_timeout,
+        after_rescue=lambda: leader.wake(Promoter.name),
+        reports=reports,
+    )
+
+
+def _producer(
+    me: Identity,
+    pools: Pools,
+    queue: str,
+    concurrency: int,
+    completer: Completer,
+    limiter: anyio.CapacityLimiter,
+) -> Producer:
+    s = me.settings
+    return Producer(
+        queue=queue,
+        concurrency=concurrency,
+        # Every task of the App, whatever queue it is declared on: a job enqueued with
+        # queue= on another queue runs where that queue is worked.
+        tasks={t.name: t for t in me.app},
+        pool=pools.main,
+        claim_pool=pools.claims,
+        outcomes=completer.add,
+        hurry_outcomes=completer.hurry,
+        limiter=limiter,
+        poll_interval=s.poll_interval,
+        fence_after_s=s.fencing_bound,
+        claim_ahead=s.claim_ahead,
+        async_commit=s.async_commit,
+        hooks=me.observers.hooks,
+        worker_name=me.name,
+    )
+
+
+# --------------------------------------------------------------------------- observers
+# What a worker adds to an App's hooks so operators can see it work: the job log, the
+# Prometheus metrics (when the extra is installed) and OpenTelemetry tracing (when asked).
+
+
+@dataclass
+class Observers:
+    """The worker's hooks (the App's, with pgq's own joined), and the parts behind them."""
+
+    hooks: Hooks
+    joblog: JobLog
+    metrics: _metrics.WorkerMetrics | None
+    #: The App's own hooks, and pgq's own ``job_rescued`` handlers (synchronous, quick):
+    #: rescues reach them apart (``pgq._worker.recovery``).
+    app_hooks: Hooks
+    own_rescued: list[Hook]
+
+
+def observers(
+    app_hooks: Hooks,
+    worker_name: str,
+    settings: WorkerSettings,
+    stats: Callable[[], dict[str, Any]],
+    registry: CollectorRegistry | None,
+) -> Observers:
+    """Build the job log, metrics and tracing a worker's settings ask for."""
+    joblog = JobLog(worker_name, log_jobs=settings.log_jobs)
+    metrics = None
+    if settings.metrics and _metrics.available():
+        metrics = _metrics.WorkerMetrics(stats, registry)
+    elif registry is not None:
+        _metrics.require()
+    middleware: list[Middleware] = []
+    if settings.tracing:
+        from pgq._core.tracing import attempt_middleware
+
+        middleware.append(attempt_middleware(worker_name))
+    handlers: dict[EventName, list[Hook]] = {name: [] for name in EVENTS}
+    for part in (metrics.hooks() if metrics else {}, joblog.hooks()):
+        for name, hooks in part.items():
+            handlers[name] += hooks
+    joined = app_hooks.joined(handlers, middleware, joblog.failure_hooks())
+    return Observers(joined, joblog, metrics, app_hooks, handlers["job_rescued"])
+
+
+# --------------------------------------------------------------------------- the snapshot
+
+
+def worker_stats(
+    worker_id: uuid.UUID, name: str, p: Parts | None, job_log_suppressed: int
+) -> dict[str, Any]:
+    """The snapshot :meth:`pgq.Worker.stats` describes (``p``: None before the worker
+    runs)."""
+    return {
+        "worker_id": str(worker_id),
+        "worker_name": name,
+        "time": time.time(),
+        "leader": p is not None and p.elector.is_leader,
+        "leader_terms": p.elector.terms if p else 0,
+        "rescued": p.rescuer.rescued if p else 0,
+        "reaped": p.reaper.reaped if p else 0,
+        "retention_deleted": p.retention.deleted if p else 0,
+        "periodic_enqueued": p.periodic.enqueued if p and p.periodic else 0,
+        "leader_services": ({n: st.snapshot() for n, st in p.leader.status.items()} if p else {}),
+        "heartbeats": p.heartbeater.beats if p else 0,
+        "heartbeat_failures": p.heartbeater.failures if p else 0,
+        "job_log_suppressed": job_log_suppressed,
+        "predecessor_rescued": p.successor.rescued if p and p.successor else 0,
+        "duplicate_names": len(p.successor.duplicates) if p and p.successor else 0,
+        "reregistrations": p.heartbeater.reregistrations if p else 0,
+        "strays_handed_back": p.strays.handed_back if p else 0,
+        "rescue_events_waiting": p.reports.waiting if p else 0,
+        "cancelled_on_request": p.control.cancelled if p else 0,
+        "listen_reconnects": p.control.listen_reconnects if p else 0,
+        "outcomes_pending": p.completer.pending if p else 0,
+        "outcomes_held": p.completer.held if p else 0,
+        "outcomes_salvaged": p.completer.salvaged if p else 0,
+        "outcomes_waiting_on_locks": p.completer.waiting_on_locks if p else 0,
+        "resource_failures": sum(pr.resources.total for pr in p.producers) if p else 0,
+        "unrunnable": (
+            [dataclasses.asdict(u) for u in p.unrunnable.found] if p and p.elector.is_leader else []
+        ),
+        "producers": [producer.stats() for producer in p.producers] if p else [],
+    }
+
+
+# --------------------------------------------------------------------------- stoppable loops
+
+
+class Stoppable:
+    """Runs ``loop`` until it returns or is cancelled; :meth:`stop` cancels it alone and
+    waits until it has unwound (what its cleanup records is recorded by then)."""
+
+    def __init__(self, loop: Callable[[], Awaitable[None]]) -> None:
+        self._loop = loop
+        self._scope = anyio.CancelScope()
+        self._ended = anyio.Event()
+        self._started = False
+
+    async def run(self) -> None:
+        """Run the loop (start this in a task group)."""
+        self._started = True
+        try:
+            if not self._scope.cancel_called:  # stopped before it started: it never runs
+                with self._scope:
+                    await self._loop()
+        finally:
+            self._ended.set()
+
+    async def stop(self) -> None:
+        """Cancel the loop and wait until it has ended, however long its own cleanup takes
+        (at once if it has not started: it then never runs)."""
+        self._scope.cancel()
+        if self._started:
+            await self._ended.wait()

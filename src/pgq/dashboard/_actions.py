@@ -11,9 +11,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from pgq._names import check_queue_name
-from pgq._store import inspect
-from pgq._store import queues as store_queues
+from pgq._core.names import check_queue_name
+from pgq._db import inspect
+from pgq._db import queues as store_queues
 from pgq.dashboard import _security
 from pgq.dashboard._forms import Filters, field_of, read_form
 from pgq.dashboard._host import Host

@@ -21,9 +21,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
-from pgq._dsn import mask_dsn, normalize_dsn
-from pgq._store.connections import CONNECTION_ERRORS, Pool, Target, create_pool
-from pgq._store.revision import check_schema
+from pgq._core.dsn import mask_dsn, normalize_dsn
+from pgq._db.connections import CONNECTION_ERRORS, Pool, Target, create_pool
+from pgq._db.revision import check_schema
 from pgq.dashboard import _preview, _security
 from pgq.dashboard._actions import Actions
 from pgq.dashboard._pages import Pages

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from markupsafe import Markup, escape
 
-from pgq._store.inspect import Minute
+from pgq._db.inspect import Minute
 
 WIDTH, HEIGHT = 760, 200
 _LEFT, _RIGHT, _TOP, _BOTTOM = 48, 12, 14, 28

@@ -9,9 +9,9 @@ from urllib.parse import parse_qs, urlencode
 from starlette.datastructures import QueryParams
 from starlette.requests import Request
 
-from pgq import _serde
-from pgq._names import check_queue_name, check_task_name
-from pgq._store.inspect import JobFilter
+from pgq._core import serde
+from pgq._core.names import check_queue_name, check_task_name
+from pgq._db.inspect import JobFilter
 from pgq.dashboard._security import MAX_BODY_BYTES
 from pgq.errors import ConfigError, SerializationError
 from pgq.job import MAX_JOB_ID, JobState
@@ -115,7 +115,7 @@ class Filters:
             return None
         try:
             # The checks of an enqueue: what jsonb refuses (NUL, lone surrogates) is named.
-            return _serde.dumps(value, "args")
+            return serde.dumps(value, "args")
         except SerializationError as exc:
             self.errors.append(str(exc))
             return None

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pgq._store.connections import Pool
+from pgq._db.connections import Pool
 
 
 class Host(Protocol):

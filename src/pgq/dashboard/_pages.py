@@ -11,13 +11,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from pgq import _metrics, _serde
-from pgq._store import inspect, maintenance
-from pgq._store import jobs as store_jobs
-from pgq._store import leader as store_leader
-from pgq._store import producers as store_producers
-from pgq._store import queues as store_queues
-from pgq._store.connections import Pool
+from pgq._core import metrics as _metrics
+from pgq._core import serde
+from pgq._db import inspect, maintenance
+from pgq._db import jobs as store_jobs
+from pgq._db import producers as store_producers
+from pgq._db import queues as store_queues
+from pgq._db.connections import Pool
 from pgq.dashboard._chart import SERIES, throughput_svg
 from pgq.dashboard._forms import Filters
 from pgq.dashboard._host import Host
@@ -71,7 +71,7 @@ class Pages:
             notice = NOTICES[done].format(n=count, q=queue)
         return {
             "now": await maintenance.database_now(pool),
-            "leader": await store_leader.current(pool),
+            "leader": await store_producers.current_leader(pool),
             "notice": notice,
             "notice_warns": done in WARNING_NOTICES,
             "path": request.url.path,
@@ -139,7 +139,7 @@ class Pages:
             raise HTTPException(404, f"No {part!r} of a job: use {', '.join(JOB_VALUES)}.")
         job = await self._job(await self._d.pool(), request)
         value = getattr(job, part)
-        problem = _serde.unreadable(value)
+        problem = serde.unreadable(value)
         if problem is not None:
             raise HTTPException(422, f"The job's {part} cannot be shown: {problem}")
         body = json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)
@@ -211,7 +211,9 @@ async def _metrics_response(pool: Pool, count_timeout_s: float) -> Response:
         return PlainTextResponse(
             "no metrics: install the metrics extra (pip install 'pgq-async[metrics]')\n", 404
         )
-    families = await _metrics.queue_families(pool, count_timeout_s=count_timeout_s)
+    families = _metrics.queue_families(
+        *await inspect.queue_gauges(pool, count_timeout_s=count_timeout_s)
+    )
     return Response(_metrics.render_families(families), media_type=_metrics.CONTENT_TYPE)
 
 

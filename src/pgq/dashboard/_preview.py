@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pgq import _serde
+from pgq._core import serde
 
 #: Characters of JSON a job's page shows of its args, result or metadata.
 PREVIEW_CHARS = 20_000
@@ -48,7 +48,7 @@ class Tags:
 def json_preview(value: Any, limit: int, *, pretty: bool) -> Preview:
     """The JSON of ``value`` up to ``limit`` characters, encoded only that far (a value of
     any size costs a page the same)."""
-    problem = _serde.unreadable(value)
+    problem = serde.unreadable(value)
     if problem is not None:
         return Preview(f"(not shown: {problem})")
     encoder = json.JSONEncoder(

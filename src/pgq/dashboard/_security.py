@@ -18,7 +18,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pgq._names import is_host_name
+from pgq._core.names import is_host_name
 from pgq.errors import ConfigError
 
 CSRF_COOKIE = "pgq_csrf"

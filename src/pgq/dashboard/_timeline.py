@@ -27,7 +27,7 @@ _KIND_TITLES = {
 
 
 #: The reason a worker restarted under its stable name writes when it takes back its
-#: previous run's jobs (``RESCUE_PREDECESSOR`` in ``pgq._store.sql``).
+#: previous run's jobs (``RESCUE_PREDECESSOR`` in ``pgq._db.sql``).
 _RESTARTED = "worker restarted"
 
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-from pgq._store.revision import SCHEMA_REVISION
+from pgq._db.revision import SCHEMA_REVISION
 
 revision: str = "pgq_9999"
 down_revision: str | None = SCHEMA_REVISION

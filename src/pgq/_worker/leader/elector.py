@@ -7,8 +7,8 @@ import uuid
 
 import anyio
 
-from pgq._store import leader as store
-from pgq._store.connections import DATABASE_ERRORS, Pool
+from pgq._db import producers as store
+from pgq._db.connections import DATABASE_ERRORS, Pool
 from pgq._worker.liveness import clock
 
 log = logging.getLogger("pgq.leader")
@@ -83,7 +83,9 @@ class Elector:
             async with self._pool.acquire(timeout=self._acquire_s) as conn:
                 sent = clock()
                 with anyio.fail_after(self.renew_interval_s):
-                    won = await store.acquire(conn, self._worker_id, self._worker_name, self._ttl_s)
+                    won = await store.acquire_lease(
+                        conn, self._worker_id, self._worker_name, self._ttl_s
+                    )
         except DATABASE_ERRORS as exc:
             if self._held:
                 log.warning(
@@ -109,7 +111,7 @@ class Elector:
         self._held = False
         try:
             with anyio.fail_after(RESIGN_S):
-                await store.resign(self._pool, self._worker_id)
+                await store.resign_lease(self._pool, self._worker_id)
             log.info("worker %s resigned leadership", self._worker_name)
         except DATABASE_ERRORS as exc:
             log.warning(

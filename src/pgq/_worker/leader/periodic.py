@@ -7,8 +7,8 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime
 
-from pgq._store import maintenance
-from pgq._store.connections import Connection, Pool
+from pgq._db import maintenance
+from pgq._db.connections import Connection, Pool
 from pgq.app import App, JobSpec, Schedule
 from pgq.client import Client
 from pgq.job import JobState

@@ -11,12 +11,11 @@ from dataclasses import dataclass
 
 import anyio
 
-from pgq._store import maintenance
-from pgq._store.connections import DATABASE_ERRORS, Connection, Pool
-from pgq._store.maintenance import Rescued
-from pgq._worker.leader.services import SETTLE_BOUND_S
-from pgq._worker.rescue_reports import RescueReports
-from pgq._worker.unsure import Unsure
+from pgq._db import maintenance
+from pgq._db.connections import DATABASE_ERRORS, Connection, Pool
+from pgq._db.maintenance import Rescued
+from pgq._worker.leader.services import UNSURE_BOUND_S
+from pgq._worker.recovery import RescueReports, Unsure, report_rescue
 from pgq.job import JobState
 from pgq.settings import WorkerSettings
 
@@ -85,8 +84,8 @@ class Rescuer:
                 )
                 self._skipping = True
             # Bounded, and its failure is not the round's: the database is suspect now.
-            with anyio.move_on_after(SETTLE_BOUND_S), contextlib.suppress(*DATABASE_ERRORS):
-                await self.settle()
+            with anyio.move_on_after(UNSURE_BOUND_S), contextlib.suppress(*DATABASE_ERRORS):
+                await self.ask_unsure()
             return RescueResult(skipped=True)
         if self._skipping:
             log.info("leader resumes rescue rounds")
@@ -107,7 +106,7 @@ class Rescuer:
             self._after_rescue()  # first rescues are due at once: promote them now
         return result
 
-    async def settle(self) -> None:
+    async def ask_unsure(self) -> None:
         """Report the rescues whose commit's reply was lost that have landed since. Asked
         while this worker does not lead, and as it stops: the question needs no lease, and
         a leader cut off long enough to lose its commit's reply often loses its lease too."""
@@ -138,17 +137,3 @@ class Rescuer:
                 r.silent_s,
             )
             report_rescue(self._reports, r)
-
-
-def report_rescue(reports: RescueReports | None, r: Rescued) -> None:
-    """Queue the ``job_rescued`` event of the rescue ``r`` (the rescuer's, or a
-    successor's) for the hooks."""
-    if reports is not None:
-        reports.add(
-            job_id=r.id,
-            queue=r.queue,
-            task=r.task,
-            state=r.state,
-            attempt=r.attempt,
-            reason=r.reason,
-        )

@@ -8,8 +8,8 @@ import time
 
 import anyio
 
-from pgq._store import maintenance
-from pgq._store.connections import Pool
+from pgq._db import maintenance
+from pgq._db.connections import Pool
 from pgq.job import JobState
 from pgq.settings import WorkerSettings
 

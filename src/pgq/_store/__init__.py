@@ -1,9 +1,0 @@
-"""The only code that talks to Postgres.
-
-``sql`` holds every statement; ``connections`` opens pools and connections and classifies
-errors; ``rows`` maps job rows to :class:`~pgq.Job`; ``revision`` checks the schema; the
-other modules hold one function per operation (``jobs.cancel``, ``claims.claim``,
-``producers.heartbeat``, ``maintenance.rescue``, ...). Every function takes the connection
-or pool to run on first, so a caller chooses the transaction; the enqueue's plans
-(``enqueue``) run on any driver (asyncpg, psycopg, psycopg's async connection).
-"""

@@ -17,10 +17,74 @@ def test_every_worker_setting_is_in_the_configuration_reference() -> None:
         assert f"| {default} |" in row, f"{name}: documented default differs from {default}"
 
 
+ROOT = DOCS.parent
+#: The pages whose relative links are checked: every doc, and the two READMEs.
+LINKING = sorted({*DOCS.glob("**/*.md"), ROOT / "README.md", ROOT / "benchmarks" / "README.md"})
+
+
+def unfenced(text: str) -> list[str]:
+    """The lines of ``text`` outside fenced code blocks (no heading or link there)."""
+    kept: list[str] = []
+    fenced = False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            kept.append(line)
+    return kept
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: its text as rendered (links by their text, no code
+    marks), lowercased, without punctuation but hyphens and underscores, spaces as hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "")
+    text = re.sub(r"<[^>]+>", "", text).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every heading's anchor on ``page``; a repeated one gets -1, -2, ... as on GitHub."""
+    seen: dict[str, int] = {}
+    found: set[str] = set()
+    for line in unfenced(page.read_text()):
+        heading = re.match(r"#{1,6} +(.*?)(?: +#+)? *$", line)
+        if heading:
+            name = slug(heading.group(1))
+            count = seen.get(name, 0)
+            found.add(f"{name}-{count}" if count else name)
+            seen[name] = count + 1
+    return found
+
+
+def test_anchors_follow_githubs_rules() -> None:
+    assert slug("Committing without waiting for the disk (`async_commit`)") == (
+        "committing-without-waiting-for-the-disk-async_commit"
+    )
+    assert slug("What is guaranteed, exactly: three levels") == (
+        "what-is-guaranteed-exactly-three-levels"
+    )
+    assert slug("`make bench`: pgq beside PgQueuer") == "make-bench-pgq-beside-pgqueuer"
+    assert slug("What happens when…") == "what-happens-when"
+    assert slug("A killed worker's jobs") == "a-killed-workers-jobs"
+
+
 def test_links_between_docs_resolve() -> None:
-    for page in [*DOCS.glob("*.md"), DOCS.parent / "README.md"]:
-        for target in re.findall(r"\]\(([^)#]+\.(?:md|py|png))(?:#[^)]*)?\)", page.read_text()):
-            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+    """Every relative link of the docs and READMEs names a file that exists, and every
+    ``#anchor`` into a markdown page names one of its headings."""
+    broken: list[str] = []
+    for page in LINKING:
+        text = re.sub(r"`[^`\n]*`", "", "\n".join(unfenced(page.read_text())))
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)} links to {target}"
+            if not linked.exists():
+                broken.append(f"{where}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+                broken.append(f"{where}: no such heading in {linked.name}")
+    assert not broken, "\n".join(broken)
 
 
 def test_every_liveness_setting_is_explained_with_its_default() -> None:
